@@ -1,0 +1,232 @@
+"""The Camelyon-17 catalogue: which slides a dataset root holds, and what is known of each.
+
+Layout scanned (the challenge's, as unzipped; the flat variant works too)::
+
+    ROOT/center_{c}/patient_{ppp}/patient_{ppp}_node_{n}.tif
+    ROOT/center_{c}/patient_{ppp}_node_{n}.tif
+    ROOT/lesion_annotations/patient_{ppp}_node_{n}.xml
+    ROOT/stage_labels.csv      "patient,stage" (optionally a "center" column)
+
+``stage_labels.csv`` has a row ``patient_XXX.zip,<pN stage>`` per patient and a row
+``patient_XXX_node_Y.tif,<negative|itc|micro|macro>`` per slide. A slide's centre is the
+labels file's ``center`` column when it has one, else the ``center_{c}`` folder it sits
+in, else ``patient // 20``. Every inconsistency becomes a :class:`CatalogueProblem`
+with the file and line it concerns; none stops the scan of the rest.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODE_LABELS: tuple[str, ...] = ("negative", "itc", "micro", "macro")
+PATIENT_STAGES: tuple[str, ...] = ("pN0", "pN0(i+)", "pN1mi", "pN1", "pN2")
+PATIENTS_PER_CENTER = 20
+LABELS_FILE = "stage_labels.csv"
+ANNOTATIONS_DIR = "lesion_annotations"
+
+_SLIDE_NAME = re.compile(r"^patient_(\d{3})_node_(\d+)$")
+_PATIENT_NAME = re.compile(r"^patient_(\d{3})$")
+_CENTER_DIR = re.compile(r"^center_(\d+)$")
+_SLIDE_SUFFIXES = (".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class SlideRecord:
+    """One slide and what the dataset says about it."""
+
+    slide_id: str
+    path: Path
+    patient: int
+    node: int
+    center: int
+    node_label: str | None
+    patient_stage: str | None
+    annotation: Path | None
+
+    @property
+    def patient_id(self) -> str:
+        return f"patient_{self.patient:03d}"
+
+
+@dataclass(frozen=True)
+class CatalogueProblem:
+    """An inconsistency found while scanning: the file, the line (if any) and what is wrong."""
+
+    path: Path
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else str(self.path)
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class Catalogue:
+    """All slides found under ``root``, sorted by slide id, and the problems met."""
+
+    root: Path
+    slides: list[SlideRecord] = field(default_factory=list)
+    problems: list[CatalogueProblem] = field(default_factory=list)
+
+    def for_centers(self, centers: Iterable[int]) -> list[SlideRecord]:
+        wanted = set(centers)
+        return [slide for slide in self.slides if slide.center in wanted]
+
+    @property
+    def centers(self) -> list[int]:
+        return sorted({slide.center for slide in self.slides})
+
+    def get(self, slide_id: str) -> SlideRecord:
+        for slide in self.slides:
+            if slide.slide_id == slide_id:
+                return slide
+        raise KeyError(f"no slide {slide_id!r} under {self.root}")
+
+
+@dataclass
+class _Labels:
+    nodes: dict[str, str] = field(default_factory=dict)
+    patients: dict[int, str] = field(default_factory=dict)
+    centers: dict[int, int] = field(default_factory=dict)
+    node_lines: dict[str, int] = field(default_factory=dict)
+
+
+def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
+    labels = _Labels()
+    if not path.is_file():
+        problems.append(CatalogueProblem(path, None, "labels file not found; slides unlabelled"))
+        return labels
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        header = [cell.strip().lower() for cell in next(reader, [])]
+        if header[:2] != ["patient", "stage"]:
+            problems.append(
+                CatalogueProblem(path, 1, f"header is {header}, expected 'patient,stage'")
+            )
+            return labels
+        center_column = header.index("center") if "center" in header else None
+        for row in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) < 2:
+                problems.append(CatalogueProblem(path, line, f"unparseable row {row}"))
+                continue
+            name, value = row[0].strip(), row[1].strip()
+            stem = name.removesuffix(".zip").removesuffix(".tif").removesuffix(".tiff")
+            slide_match = _SLIDE_NAME.match(stem)
+            patient_match = _PATIENT_NAME.match(stem)
+            if slide_match and value in NODE_LABELS:
+                if stem in labels.nodes:
+                    problems.append(CatalogueProblem(path, line, f"{stem} labelled twice"))
+                    continue
+                labels.nodes[stem] = value
+                labels.node_lines[stem] = line
+            elif patient_match and value in PATIENT_STAGES:
+                labels.patients[int(patient_match.group(1))] = value
+            else:
+                problems.append(
+                    CatalogueProblem(path, line, f"unparseable row {','.join(row)!r}")
+                )
+                continue
+            if center_column is not None:
+                patient = int((slide_match or patient_match).group(1))  # type: ignore[union-attr]
+                try:
+                    labels.centers[patient] = int(row[center_column])
+                except (IndexError, ValueError):
+                    problems.append(CatalogueProblem(path, line, "missing or bad center value"))
+    return labels
+
+
+def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
+    """(slide path, centre folder number or None) for every slide file below ``root``."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        here = Path(dirpath)
+        center = None
+        for part in (here.name, here.parent.name):
+            match = _CENTER_DIR.match(part)
+            if match:
+                center = int(match.group(1))
+                break
+        for filename in sorted(filenames):
+            if filename.lower().endswith(_SLIDE_SUFFIXES):
+                found.append((here / filename, center))
+    return found
+
+
+def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
+    """Scan a Camelyon-17 dataset root. Never raises for content problems; see ``problems``."""
+    root = Path(root)
+    catalogue = Catalogue(root=root)
+    problems = catalogue.problems
+    if not root.is_dir():
+        problems.append(CatalogueProblem(root, None, "dataset root is not a directory"))
+        return catalogue
+    labels_path = root / LABELS_FILE
+    labels = _read_labels(labels_path, problems)
+
+    annotation_dir = root / ANNOTATIONS_DIR
+    annotations = (
+        {path.stem: path for path in sorted(annotation_dir.glob("*.xml"))}
+        if annotation_dir.is_dir()
+        else {}
+    )
+
+    seen: dict[str, Path] = {}
+    for path, folder_center in _find_slides(root):
+        stem = path.stem
+        match = _SLIDE_NAME.match(stem)
+        if match is None:
+            problems.append(CatalogueProblem(path, None, "not named patient_XXX_node_Y; skipped"))
+            continue
+        if stem in seen:
+            problems.append(CatalogueProblem(path, None, f"duplicate of {seen[stem]}; skipped"))
+            continue
+        seen[stem] = path
+        patient, node = int(match.group(1)), int(match.group(2))
+        center = labels.centers.get(patient, folder_center)
+        if center is None:
+            center = patient // PATIENTS_PER_CENTER
+        elif folder_center is not None and folder_center != center:
+            problems.append(
+                CatalogueProblem(
+                    path, None, f"in center_{folder_center} but the labels file says {center}"
+                )
+            )
+        node_label = labels.nodes.get(stem)
+        if node_label is None and labels_path.is_file():
+            problems.append(CatalogueProblem(path, None, f"no row for {stem} in {LABELS_FILE}"))
+        catalogue.slides.append(
+            SlideRecord(
+                slide_id=stem,
+                path=path,
+                patient=patient,
+                node=node,
+                center=center,
+                node_label=node_label,
+                patient_stage=labels.patients.get(patient),
+                annotation=annotations.get(stem),
+            )
+        )
+
+    for stem, line in sorted(labels.node_lines.items(), key=lambda item: item[1]):
+        if stem not in seen:
+            problems.append(CatalogueProblem(labels_path, line, f"label for missing slide {stem}"))
+    for stem, path in annotations.items():
+        if stem not in seen:
+            problems.append(CatalogueProblem(path, None, f"annotation for unknown slide {stem}"))
+    for slide in catalogue.slides:
+        if slide.annotation is not None and slide.node_label == "negative":
+            problems.append(
+                CatalogueProblem(slide.annotation, None, f"{slide.slide_id} is labelled negative")
+            )
+    catalogue.slides.sort(key=lambda slide: slide.slide_id)
+    return catalogue

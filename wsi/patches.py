@@ -1,0 +1,208 @@
+"""Patch candidates of a slide and their labels (the protocol of DESIGN.md §3.2).
+
+A candidate is a square of ``patch_size`` pixels at pyramid level ``level``, i.e. of
+``extent = patch_size * downsample(level)`` level-0 pixels, on a grid that starts at the
+slide's origin with step ``extent``; with the tile size a divisor or multiple of the
+extent (512 on Camelyon), every candidate is aligned to the file's tile grid.
+
+For each candidate, measured on the mask grid at ``mask_mpp`` microns per pixel:
+
+- ``tissue_fraction``: fraction of the box inside the tissue mask;
+- ``tumor_fraction``: fraction of the box inside tumour polygons minus carve-outs.
+
+Labels (``HEALTHY`` = 0, ``TUMOR`` = 1, ``UNUSABLE`` = -1); every label needs
+``tissue_fraction >= tissue_fraction_min``, then:
+
+- annotated slide: ``TUMOR`` when ``tumor_fraction >= tumor_fraction_min``;
+- slide labelled ``negative``: ``HEALTHY`` (labels are defined at the slide level);
+- with ``healthy_source="outside_annotations"``, also ``HEALTHY`` on annotated slides
+  other than ``itc`` ones where ``tumor_fraction == 0`` (ITC lesions are not exhaustively
+  annotated, so their "outside" is not known to be healthy);
+- everything else ``UNUSABLE``.
+
+Memory is bounded by the mask: nothing here decodes level 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from wsi.annotations import SlideAnnotations
+from wsi.masks import box_fractions, tissue_mask, tumor_mask
+from wsi.slide import Slide
+
+HEALTHY, TUMOR, UNUSABLE = 0, 1, -1
+LABEL_NAMES: dict[int, str] = {HEALTHY: "healthy", TUMOR: "tumor"}
+HealthySource = Literal["negative_slides", "outside_annotations"]
+
+log = logging.getLogger(__name__)
+
+
+class PatchError(Exception):
+    """A slide cannot supply the patches it should; names the slide and why."""
+
+    def __init__(self, slide: str, reason: str) -> None:
+        self.slide = slide
+        self.reason = reason
+        super().__init__(f"{slide}: {reason}")
+
+
+class NoTissueError(PatchError):
+    """The tissue mask of a slide is empty."""
+
+
+class NoLesionPatchError(PatchError):
+    """An annotated slide's lesions cover no candidate enough to make a tumour patch."""
+
+
+@dataclass(frozen=True)
+class PatchParams:
+    """Everything that decides which patches a slide offers and how they are labelled."""
+
+    patch_size: int = 512
+    level: int = 0
+    mask_mpp: float = 8.0
+    tissue_fraction_min: float = 0.5
+    tumor_fraction_min: float = 0.5
+    healthy_source: HealthySource = "negative_slides"
+    min_saturation: float = 0.07
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 8:
+            raise ValueError(f"patch_size must be at least 8, got {self.patch_size}")
+        if self.level < 0:
+            raise ValueError(f"level must be >= 0, got {self.level}")
+        if self.mask_mpp <= 0:
+            raise ValueError(f"mask_mpp must be positive, got {self.mask_mpp}")
+        for name in ("tissue_fraction_min", "tumor_fraction_min"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        if self.healthy_source not in ("negative_slides", "outside_annotations"):
+            raise ValueError(
+                f"healthy_source must be 'negative_slides' or 'outside_annotations', "
+                f"got {self.healthy_source!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SlideCandidates:
+    """The candidate grid of one slide with per-candidate fractions and labels."""
+
+    slide_id: str
+    extent: int
+    coords: np.ndarray
+    tissue_fraction: np.ndarray
+    tumor_fraction: np.ndarray
+    labels: np.ndarray
+    mask_downsample: float
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def indices_of(self, label: int) -> np.ndarray:
+        return np.flatnonzero(self.labels == label)
+
+    def label_counts(self) -> dict[str, int]:
+        return {name: int((self.labels == label).sum()) for label, name in LABEL_NAMES.items()}
+
+
+def candidate_grid(dimensions: tuple[int, int], extent: int) -> np.ndarray:
+    """Level-0 (x, y) top-left corners of all whole ``extent`` boxes, row by row."""
+    width, height = dimensions
+    xs = np.arange(0, width - extent + 1, extent, dtype=np.int64)
+    ys = np.arange(0, height - extent + 1, extent, dtype=np.int64)
+    grid_y, grid_x = np.meshgrid(ys, xs, indexing="ij")
+    return np.stack([grid_x.ravel(), grid_y.ravel()], axis=1)
+
+
+def assign_labels(
+    tissue_fraction: np.ndarray,
+    tumor_fraction: np.ndarray,
+    *,
+    node_label: str | None,
+    annotated: bool,
+    params: PatchParams,
+) -> np.ndarray:
+    """Labels by the rule in this module's docstring (``int8``, ``UNUSABLE`` = -1)."""
+    labels = np.full(tissue_fraction.shape, UNUSABLE, dtype=np.int8)
+    tissue = tissue_fraction >= params.tissue_fraction_min
+    if node_label == "negative" and not annotated:
+        labels[tissue] = HEALTHY
+        return labels
+    if annotated:
+        labels[tissue & (tumor_fraction >= params.tumor_fraction_min)] = TUMOR
+        if params.healthy_source == "outside_annotations" and node_label not in (None, "itc"):
+            labels[tissue & (tumor_fraction == 0)] = HEALTHY
+    return labels
+
+
+def compute_candidates(
+    slide: Slide,
+    annotations: SlideAnnotations | None,
+    node_label: str | None,
+    params: PatchParams,
+    *,
+    slide_id: str | None = None,
+) -> SlideCandidates:
+    """Masks, candidate grid, fractions and labels of one slide.
+
+    Raises :class:`NoTissueError` when the slide shows no tissue, and
+    :class:`NoLesionPatchError` when an annotated slide whose tumour patches are wanted
+    (any but ``itc``) yields none.
+    """
+    name = slide_id or slide.path.stem
+    if slide.mpp is None:
+        raise PatchError(name, "the slide has no resolution (mpp); pass one to open_slide")
+    if params.level >= slide.level_count:
+        raise PatchError(name, f"level {params.level} requested, slide has {slide.level_count}")
+    downsample = params.mask_mpp / slide.mpp
+    rgb = slide.thumbnail_at_downsample(max(downsample, 1.0))
+    downsample = slide.dimensions[0] / rgb.shape[1]
+    tissue = tissue_mask(rgb, min_saturation=params.min_saturation)
+    if not tissue.any():
+        raise NoTissueError(name, f"no tissue found at {params.mask_mpp} µm/px")
+
+    extent = round(params.patch_size * slide.level_downsamples[params.level])
+    tile = slide.tile_size
+    if tile and extent % tile[0] and tile[0] % extent:
+        log.info("%s: %d px patches are not aligned to %s tiles", name, extent, tile)
+    coords = candidate_grid(slide.dimensions, extent)
+    tissue_fraction = box_fractions(tissue, coords, extent, downsample)
+
+    tumor_regions = annotations.tumor if annotations is not None else ()
+    annotated = bool(tumor_regions)
+    if annotated:
+        assert annotations is not None
+        tumor = tumor_mask(
+            [r.vertices for r in tumor_regions],
+            [r.vertices for r in annotations.carve_outs],
+            tissue.shape,
+            downsample,
+        )
+        tumor_fraction = box_fractions(tumor, coords, extent, downsample)
+    else:
+        tumor_fraction = np.zeros(len(coords), dtype=np.float64)
+
+    labels = assign_labels(
+        tissue_fraction, tumor_fraction, node_label=node_label, annotated=annotated, params=params
+    )
+    if annotated and node_label != "itc" and not (labels == TUMOR).any():
+        raise NoLesionPatchError(
+            name,
+            f"{len(tumor_regions)} lesion(s) annotated but no candidate has tumour fraction "
+            f">= {params.tumor_fraction_min} and tissue fraction >= {params.tissue_fraction_min}",
+        )
+    return SlideCandidates(
+        slide_id=name,
+        extent=extent,
+        coords=coords,
+        tissue_fraction=tissue_fraction,
+        tumor_fraction=tumor_fraction,
+        labels=labels,
+        mask_downsample=downsample,
+    )
