@@ -135,7 +135,23 @@ class Slide:
             region = self._handle.read_region((int(x), int(y)), level, (width, height))
         except Exception as error:
             raise SlideReadError(self.path, {self.backend: _describe(error)}) from error
-        return composite_on_white(np.asarray(region))
+        pixels = composite_on_white(np.asarray(region))
+        return self._whiten_outside(pixels, x, y, level)
+
+    def _whiten_outside(self, pixels: np.ndarray, x: int, y: int, level: int) -> np.ndarray:
+        # openslide returns transparent pixels beyond the slide's edge, tiffslide black ones.
+        downsample = self.level_downsamples[level]
+        level_width, level_height = self.level_dimensions[level]
+        height, width = pixels.shape[:2]
+        cols = np.floor(x / downsample + np.arange(width))
+        rows = np.floor(y / downsample + np.arange(height))
+        outside_cols = (cols < 0) | (cols >= level_width)
+        outside_rows = (rows < 0) | (rows >= level_height)
+        if outside_cols.any() or outside_rows.any():
+            pixels = pixels.copy()
+            pixels[:, outside_cols] = WHITE
+            pixels[outside_rows, :] = WHITE
+        return pixels
 
     def read_level(self, level: int) -> np.ndarray:
         """A whole level as RGB. Refuses levels over 64 megapixels: never load level 0."""

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wsi.slide import SlideReadError, composite_on_white, open_slide
+
+VALID = ["small.svs", "boxes.tiff"]
+BROKEN = ["unopenable.tiff", "unreadable.svs"]
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_both_backends_agree_on_geometry(openslide_fixtures: Path, name: str) -> None:
+    path = openslide_fixtures / name
+    with open_slide(path, "openslide") as a, open_slide(path, "tiffslide") as b:
+        assert a.backend == "openslide" and b.backend == "tiffslide"
+        assert a.level_count == b.level_count >= 1
+        assert a.level_dimensions == b.level_dimensions
+        assert a.level_downsamples == pytest.approx(b.level_downsamples)
+        assert a.mpp == pytest.approx(b.mpp)
+        assert a.tile_size == b.tile_size
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_both_backends_read_identical_pixels(openslide_fixtures: Path, name: str) -> None:
+    path = openslide_fixtures / name
+    with open_slide(path, "openslide") as a, open_slide(path, "tiffslide") as b:
+        for level in range(a.level_count):
+            size = a.level_dimensions[level]
+            pixels_a = a.read_region(0, 0, level, size)
+            pixels_b = b.read_region(0, 0, level, size)
+            assert pixels_a.dtype == np.uint8
+            assert pixels_a.shape == (size[1], size[0], 3)
+            np.testing.assert_array_equal(pixels_a, pixels_b)
+        # an interior, unaligned region
+        region_a, region_b = a.read_region(3, 5, 0, (7, 9)), b.read_region(3, 5, 0, (7, 9))
+        np.testing.assert_array_equal(region_a, region_b)
+
+
+def test_boxes_tiff_matches_its_reference_rendering(openslide_fixtures: Path) -> None:
+    from PIL import Image
+
+    reference = np.asarray(Image.open(openslide_fixtures / "boxes.png").convert("RGB"))
+    with open_slide(openslide_fixtures / "boxes.tiff") as slide:
+        level = next(i for i, d in enumerate(slide.level_dimensions) if d == reference.shape[1::-1])
+        pixels = slide.read_region(0, 0, level, slide.level_dimensions[level])
+    # JPEG tiles: the two decoders may differ by rounding only.
+    assert np.abs(pixels.astype(int) - reference.astype(int)).max() <= 8
+
+
+@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
+def test_area_outside_the_slide_is_white(openslide_fixtures: Path, backend: str) -> None:
+    with open_slide(openslide_fixtures / "boxes.tiff", backend) as slide:
+        width, height = slide.dimensions
+        inside = slide.read_region(0, 0, 0, (width, height))
+        region = slide.read_region(width - 10, height - 10, 0, (20, 20))
+    assert (region[10:, :] == 255).all() and (region[:, 10:] == 255).all()
+    np.testing.assert_array_equal(region[:10, :10], inside[-10:, -10:])
+
+
+def test_auto_backend_prefers_openslide(openslide_fixtures: Path) -> None:
+    with open_slide(openslide_fixtures / "small.svs") as slide:
+        assert slide.backend == "openslide"
+        assert slide.mpp == pytest.approx(0.499)
+
+
+@pytest.mark.parametrize("name", BROKEN)
+@pytest.mark.parametrize("backend", ["auto", "openslide", "tiffslide"])
+def test_broken_files_raise_one_clear_error(
+    openslide_fixtures: Path, name: str, backend: str
+) -> None:
+    path = openslide_fixtures / name
+    with pytest.raises(SlideReadError) as caught:
+        open_slide(path, backend)
+    error = caught.value
+    assert error.path == path
+    assert str(path) in str(error)
+    expected = ["openslide", "tiffslide"] if backend == "auto" else [backend]
+    assert list(error.reasons) == expected
+    for backend_name in expected:
+        assert backend_name in str(error)
+        assert error.reasons[backend_name]
+
+
+def test_missing_file_is_a_slide_read_error(tmp_path: Path) -> None:
+    with pytest.raises(SlideReadError, match="no such file"):
+        open_slide(tmp_path / "patient_000_node_0.tif")
+
+
+def test_text_file_is_a_slide_read_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.tif"
+    path.write_text("not a slide")
+    with pytest.raises(SlideReadError) as caught:
+        open_slide(path)
+    assert set(caught.value.reasons) == {"openslide", "tiffslide"}
+
+
+def test_unknown_backend_is_rejected(openslide_fixtures: Path) -> None:
+    with pytest.raises(ValueError, match="unknown slide backend"):
+        open_slide(openslide_fixtures / "small.svs", "bioformats")  # type: ignore[arg-type]
+
+
+def test_thumbnail_at_requested_resolution(openslide_fixtures: Path) -> None:
+    with open_slide(openslide_fixtures / "boxes.tiff") as slide:
+        mpp = slide.mpp
+        assert mpp is not None
+        thumbnail = slide.thumbnail(mpp * 5)
+        assert thumbnail.shape == (slide.dimensions[1] // 5, slide.dimensions[0] // 5, 3)
+        full = slide.read_region(0, 0, 0, slide.dimensions)
+    # block means of level 0 and the thumbnail agree up to interpolation
+    block = full[:245, :300].reshape(49, 5, 60, 5, 3).mean(axis=(1, 3))
+    assert np.abs(block - thumbnail[:49].astype(float)).mean() < 12
+    with pytest.raises(ValueError, match="finer than level 0"):
+        open_slide(Path(slide.path)).thumbnail_at_downsample(0.5)
+
+
+def test_thumbnail_needs_a_resolution(openslide_fixtures: Path) -> None:
+    with open_slide(openslide_fixtures / "boxes.tiff") as slide:
+        slide.mpp = None
+        with pytest.raises(SlideReadError, match="no resolution"):
+            slide.thumbnail(8.0)
+
+
+def test_read_region_rejects_bad_arguments(openslide_fixtures: Path) -> None:
+    with open_slide(openslide_fixtures / "small.svs") as slide:
+        with pytest.raises(ValueError, match="level 3"):
+            slide.read_region(0, 0, 3, (4, 4))
+        with pytest.raises(ValueError, match="positive"):
+            slide.read_region(0, 0, 0, (0, 4))
+
+
+def test_composite_on_white() -> None:
+    rgba = np.array([[[0, 0, 0, 0], [0, 0, 0, 255], [100, 50, 0, 128]]], dtype=np.uint8)
+    rgb = composite_on_white(rgba)
+    assert rgb.shape == (1, 3, 3)
+    assert rgb[0, 0].tolist() == [255, 255, 255]
+    assert rgb[0, 1].tolist() == [0, 0, 0]
+    assert rgb[0, 2].tolist() == [177, 152, 127]
