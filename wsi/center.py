@@ -1,0 +1,175 @@
+"""One centre's patch store: plan which patches it holds, then read and write them.
+
+The plan (:func:`plan_center`) samples ``patches_per_class`` patches of each label over
+the centre's slides and splits them by patient; :func:`build_center_store` reads the
+planned pixels and writes ``center_{c}.h5`` atomically. A slide whose pixels turn out to
+be unreadable at this stage is dropped and the centre re-planned without it, so one bad
+slide costs its own patches only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from wsi.patches import LABEL_NAMES, PatchParams
+from wsi.sampling import PatchSelection, SlidePatches, sample_balanced, split_by_patient
+from wsi.slide import SlideReadError
+from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs
+
+log = logging.getLogger(__name__)
+
+PatchReader = Callable[[Path, int, np.ndarray, int], np.ndarray]
+"""(slide path, level, level-0 coords (N, 2), patch size) -> (N, size, size, 3) uint8."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How many patches a centre keeps and how they are split."""
+
+    patches_per_class: int = 1000
+    max_per_slide: int | None = None
+    test_fraction: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.patches_per_class < 1:
+            raise ValueError(f"patches_per_class must be >= 1, got {self.patches_per_class}")
+        if self.max_per_slide is not None and self.max_per_slide < 1:
+            raise ValueError(f"max_per_slide must be >= 1 or null, got {self.max_per_slide}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+
+class InsufficientPatchesError(Exception):
+    """A centre's slides cannot supply the requested number of patches of every label."""
+
+    def __init__(self, center: int, found: dict[str, int], requested: int) -> None:
+        self.center = center
+        self.found = found
+        self.requested = requested
+        detail = ", ".join(f"{count} {name}" for name, count in found.items())
+        super().__init__(
+            f"centre {center} can supply only {detail} patches; {requested} of each requested"
+        )
+
+
+@dataclass(frozen=True)
+class CenterPlan:
+    """The patches a centre's store will hold, and which are test."""
+
+    center: int
+    selection: PatchSelection
+    is_test: np.ndarray
+
+    def split(self, name: str) -> PatchSelection:
+        return self.selection.subset(self.is_test if name == "test" else ~self.is_test)
+
+
+@dataclass
+class CenterResult:
+    """What building a centre produced: the plan and the slides dropped on the way."""
+
+    plan: CenterPlan
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (slide id, error)
+
+
+def params_hash(patch: PatchParams, sampling: SamplingParams) -> str:
+    """Short, stable digest of every parameter that shapes a store's content."""
+    text = json.dumps({"patch": asdict(patch), "sampling": asdict(sampling)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_center(
+    center: int, slides: Sequence[SlidePatches], sampling: SamplingParams
+) -> CenterPlan:
+    """Balanced sample over ``slides``, split by patient; raises if a label falls short."""
+    selection = sample_balanced(
+        slides,
+        sampling.patches_per_class,
+        labels=tuple(LABEL_NAMES),
+        max_per_slide=sampling.max_per_slide,
+        seed=sampling.seed,
+    )
+    found = dict(zip(LABEL_NAMES.values(), selection.label_counts(len(LABEL_NAMES)), strict=True))
+    if min(found.values()) < sampling.patches_per_class:
+        raise InsufficientPatchesError(center, found, sampling.patches_per_class)
+    is_test = split_by_patient(
+        selection.patients,
+        selection.labels,
+        test_fraction=sampling.test_fraction,
+        seed=sampling.seed,
+    )
+    return CenterPlan(center=center, selection=selection, is_test=is_test)
+
+
+def write_plan(
+    plan: CenterPlan,
+    slide_paths: dict[str, Path],
+    out_path: str | os.PathLike[str],
+    attrs: StoreAttrs,
+    read_patches: PatchReader,
+    level: int,
+) -> None:
+    """Read the planned patches slide by slide and write the store atomically."""
+    sizes = {name: len(plan.split(name)) for name in ("train", "test")}
+    with PatchStoreWriter(out_path, attrs, sizes) as writer:
+        for name in ("train", "test"):
+            split = plan.split(name)
+            start = 0
+            for slide_id in np.unique(split.slide_ids):
+                rows = np.flatnonzero(split.slide_ids == slide_id)
+                images = read_patches(
+                    slide_paths[slide_id], level, split.coords[rows], attrs.patch_size
+                )
+                batch = PatchBatch(
+                    images=images,
+                    labels=split.labels[rows],
+                    patients=split.patients[rows].tolist(),
+                    slides=split.slide_ids[rows].tolist(),
+                    coords=split.coords[rows],
+                )
+                writer.write(name, start, batch)
+                start += len(rows)
+
+
+def build_center_store(
+    center: int,
+    slides: Sequence[SlidePatches],
+    patch: PatchParams,
+    sampling: SamplingParams,
+    out_path: str | os.PathLike[str],
+    read_patches: PatchReader,
+    *,
+    mpp: float,
+) -> CenterResult:
+    """Plan, read and write one centre's store, dropping slides whose pixels fail to read."""
+    remaining = list(slides)
+    dropped: list[tuple[str, str]] = []
+    attrs = StoreAttrs(
+        center=center,
+        patch_size=patch.patch_size,
+        level=patch.level,
+        mpp=mpp,
+        n_classes=len(LABEL_NAMES),
+        params_hash=params_hash(patch, sampling),
+    )
+    while True:
+        plan = plan_center(center, remaining, sampling)
+        paths = {slide.slide_id: slide.path for slide in remaining}
+        try:
+            write_plan(plan, paths, out_path, attrs, read_patches, patch.level)
+        except SlideReadError as error:
+            bad = next(s.slide_id for s in remaining if Path(s.path) == error.path)
+            log.warning("centre %d: dropping %s: %s", center, bad, error)
+            dropped.append((bad, str(error)))
+            remaining = [s for s in remaining if s.slide_id != bad]
+            continue
+        return CenterResult(plan=plan, dropped=dropped)
