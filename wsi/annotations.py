@@ -37,6 +37,9 @@ class AnnotationError(Exception):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
+        return type(self), (self.path, self.reason)
+
 
 @dataclass(frozen=True)
 class Region:

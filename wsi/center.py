@@ -60,6 +60,9 @@ class InsufficientPatchesError(Exception):
             f"centre {center} can supply only {detail} patches; {requested} of each requested"
         )
 
+    def __reduce__(self) -> tuple[type, tuple[int, dict[str, int], int]]:
+        return type(self), (self.center, self.found, self.requested)
+
 
 @dataclass(frozen=True)
 class CenterPlan:

@@ -14,9 +14,9 @@ from skimage.color import rgb2hsv
 from skimage.draw import polygon as fill_polygon
 from skimage.filters import threshold_otsu
 from skimage.morphology import (
-    binary_closing,
-    binary_opening,
+    closing,
     disk,
+    opening,
     remove_small_holes,
     remove_small_objects,
 )
@@ -49,9 +49,9 @@ def tissue_mask(
         threshold = max(float(threshold_otsu(saturation)), min_saturation)
     mask = (saturation > threshold) & (value < max_brightness)
     if closing_radius > 0:
-        mask = binary_closing(mask, disk(closing_radius))
+        mask = closing(mask, disk(closing_radius))
     if opening_radius > 0:
-        mask = binary_opening(mask, disk(opening_radius))
+        mask = opening(mask, disk(opening_radius))
     mask = remove_small_objects(mask, max_size=min_object_pixels)
     return remove_small_holes(mask, max_size=max_hole_pixels)
 

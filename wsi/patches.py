@@ -50,6 +50,9 @@ class PatchError(Exception):
         self.reason = reason
         super().__init__(f"{slide}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.slide, self.reason)
+
 
 class NoTissueError(PatchError):
     """The tissue mask of a slide is empty."""

@@ -34,6 +34,9 @@ class SlideReadError(Exception):
         detail = "; ".join(f"{backend}: {reason}" for backend, reason in self.reasons.items())
         super().__init__(f"cannot read slide {self.path} ({detail})")
 
+    def __reduce__(self) -> tuple[type, tuple[Path, dict[str, str]]]:
+        return type(self), (self.path, self.reasons)
+
 
 def _open_openslide(path: Path) -> Any:
     import openslide

@@ -52,6 +52,9 @@ class StoreError(Exception):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
+        return type(self), (self.path, self.reason)
+
 
 def store_path(directory: str | os.PathLike[str], center: int) -> Path:
     """Where centre ``center``'s store lives inside ``directory``."""

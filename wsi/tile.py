@@ -47,7 +47,8 @@ def render_preview(
                 region.vertices[:, 1] / scale, region.vertices[:, 0] / scale, shape=preview.shape
             )
             preview[rr, cc] = (0, 0, 0) if region in annotations.tumor else (0, 0, 255)
-    return preview
+    zoom = max(1, 768 // preview.shape[1])
+    return np.repeat(np.repeat(preview, zoom, axis=0), zoom, axis=1)
 
 
 def _parser() -> argparse.ArgumentParser:

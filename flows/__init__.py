@@ -1,0 +1,1 @@
+"""Prefect flows: preprocess, train, report and the whole pipeline."""

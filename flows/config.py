@@ -1,0 +1,129 @@
+"""Configuration at the edge: ``params.yaml`` sections validated once, CLI flags on top.
+
+Every field of a section model is a command-line flag (``patch_size`` -> ``--patch-size``)
+whose default comes from ``params.yaml``; the validated model is then turned into the
+typed parameter objects that the libraries take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wsi.center import SamplingParams
+from wsi.patches import PatchParams
+
+DEFAULT_PARAMS = Path("params.yaml")
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class PreprocessConfig(BaseModel):
+    """The ``preprocess:`` section of ``params.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_root: Path = Field(Path("data/synthetic"), description="Camelyon-17 dataset root")
+    out: Path = Field(Path("data/patches"), description="directory of the centre stores")
+    cache_dir: Path = Field(Path("data/cache/candidates"), description="per-slide cache")
+    centers: list[int] = Field([0, 1, 2, 3], description="centres to build stores for")
+    backend: Literal["auto", "openslide", "tiffslide"] = "auto"
+    workers: int = Field(2, ge=1, description="parallel processes for per-slide work")
+    patch_size: int = Field(512, ge=8, description="stored patch side, pixels at --level")
+    level: int = Field(0, ge=0, description="pyramid level the patches are read at")
+    mask_mpp: float = Field(8.0, gt=0, description="tissue/tumour mask resolution, µm/px")
+    tissue_fraction_min: float = Field(0.5, gt=0, le=1)
+    tumor_fraction_min: float = Field(0.5, gt=0, le=1)
+    healthy_source: Literal["negative_slides", "outside_annotations"] = "negative_slides"
+    min_saturation: float = Field(0.07, ge=0, le=1)
+    patches_per_class: int = Field(1000, ge=1, description="patches of each label per centre")
+    max_per_slide: int | None = Field(None, ge=1, description="cap per slide and label")
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+    strict: bool = Field(False, description="exit non-zero on any slide failure")
+
+    @property
+    def patch(self) -> PatchParams:
+        return PatchParams(
+            patch_size=self.patch_size,
+            level=self.level,
+            mask_mpp=self.mask_mpp,
+            tissue_fraction_min=self.tissue_fraction_min,
+            tumor_fraction_min=self.tumor_fraction_min,
+            healthy_source=self.healthy_source,
+            min_saturation=self.min_saturation,
+        )
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            patches_per_class=self.patches_per_class,
+            max_per_slide=self.max_per_slide,
+            test_fraction=self.test_fraction,
+            seed=self.seed,
+        )
+
+
+def load_section(path: Path, section: str) -> dict[str, Any]:
+    """One top-level section of a YAML parameters file (empty when the file is absent)."""
+    if not path.is_file():
+        return {}
+    content = yaml.safe_load(path.read_text()) or {}
+    values = dict(content.get(section) or {})
+    if section == "preprocess" and "data_root" not in values:
+        root = (content.get("data") or {}).get("root")
+        if root is not None:
+            values["data_root"] = root
+    return values
+
+
+def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if origin is list:
+        return args[0], {"nargs": "+"}
+    if origin is Literal:
+        return str, {"choices": list(typing.get_args(annotation))}
+    if annotation is bool:
+        return None, {"action": argparse.BooleanOptionalAction}
+    return annotation, {}
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One ``--flag`` per model field; defaults are resolved later from the params file."""
+    for name, info in model.model_fields.items():
+        kind, extra = _flag_type(info.annotation)
+        if kind is not None:
+            extra["type"] = kind
+        default = info.default if not isinstance(info.default, list) else " ".join(
+            map(str, info.default)
+        )
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{info.description or name} (default: params.yaml, else {default})",
+            **extra,
+        )
+
+
+def resolve(
+    model: type[Model], args: argparse.Namespace, params_file: Path, section: str
+) -> Model:
+    """The section from ``params_file`` with every flag given on the command line on top."""
+    values = load_section(params_file, section)
+    values.update(
+        {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None)
+         is not None}
+    )
+    return model(**values)
+
+
+__all__ = ["PreprocessConfig", "ValidationError", "add_model_flags", "load_section", "resolve"]

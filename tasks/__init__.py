@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over ``wsi`` and ``proxyfl`` (retries, caching, logging)."""

@@ -1,0 +1,229 @@
+"""The preprocessing steps as plain functions: one slide's candidates, one centre's store,
+and the Table 1 summary. Failures carry the slide, the step and the reason, so that an
+orchestrator can record them and carry on with the other slides.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from wsi.annotations import AnnotationError, read_asap
+from wsi.cache import CandidateCache
+from wsi.catalogue import SlideRecord
+from wsi.center import (
+    CenterResult,
+    InsufficientPatchesError,
+    SamplingParams,
+    build_center_store,
+)
+from wsi.patches import LABEL_NAMES, UNUSABLE, PatchError, PatchParams, compute_candidates
+from wsi.sampling import SlidePatches
+from wsi.slide import Backend, SlideReadError, open_slide
+from wsi.store import store_path
+
+
+@dataclass(frozen=True)
+class SlideFailure:
+    """A slide left out: which one, at which step (open, annotation, tissue, lesions,
+    pixels) and why."""
+
+    slide: str
+    stage: str
+    error: str
+    center: int | None = None
+
+
+class SlideStepError(Exception):
+    def __init__(self, failure: SlideFailure) -> None:
+        self.failure = failure
+        super().__init__(f"{failure.slide} [{failure.stage}]: {failure.error}")
+
+    def __reduce__(self) -> tuple[type, tuple[SlideFailure]]:
+        return type(self), (self.failure,)
+
+
+_STAGE_OF_ERROR: tuple[tuple[type[Exception], str], ...] = (
+    (AnnotationError, "annotation"),
+    (SlideReadError, "open"),
+)
+
+
+def slide_patches(
+    record: SlideRecord,
+    params: PatchParams,
+    cache: CandidateCache | None = None,
+    backend: Backend = "auto",
+) -> SlidePatches:
+    """The usable candidates of one slide, from the cache when its inputs are unchanged.
+
+    Raises :class:`SlideStepError` naming the step that failed.
+    """
+    if cache is not None:
+        cached = cache.load(record, params)
+        if cached is not None:
+            return cached
+    try:
+        annotations = read_asap(record.annotation) if record.annotation else None
+        with open_slide(record.path, backend) as slide:
+            candidates = compute_candidates(
+                slide, annotations, record.node_label, params, slide_id=record.slide_id
+            )
+    except PatchError as error:
+        stage = "tissue" if "tissue" in type(error).__name__.lower() else "lesions"
+        raise SlideStepError(
+            SlideFailure(record.slide_id, stage, error.reason, record.center)
+        ) from error
+    except (AnnotationError, SlideReadError) as error:
+        stage = next(name for kind, name in _STAGE_OF_ERROR if isinstance(error, kind))
+        raise SlideStepError(
+            SlideFailure(record.slide_id, stage, str(error), record.center)
+        ) from error
+    usable = candidates.labels != UNUSABLE
+    patches = SlidePatches(
+        slide_id=record.slide_id,
+        patient=record.patient_id,
+        path=record.path,
+        coords=candidates.coords[usable],
+        labels=candidates.labels[usable].astype(np.int64),
+    )
+    if cache is not None:
+        cache.save(record, params, patches)
+    return patches
+
+
+@dataclass
+class CenterReport:
+    """Table 1 for one centre: counts per split and label, patients, slides dropped."""
+
+    center: int
+    counts: dict[str, dict[str, int]]
+    patients: dict[str, list[str]]
+    store: str
+    failures: list[SlideFailure] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "failures": [asdict(f) for f in self.failures]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> CenterReport:
+        failures = [SlideFailure(**f) for f in data.get("failures", [])]  # type: ignore[union-attr]
+        return cls(
+            center=int(data["center"]),  # type: ignore[call-overload]
+            counts=data["counts"],  # type: ignore[arg-type]
+            patients=data["patients"],  # type: ignore[arg-type]
+            store=str(data["store"]),
+            failures=failures,
+        )
+
+
+def _level_mpp(slides: Sequence[SlidePatches], level: int, backend: Backend) -> float:
+    with open_slide(slides[0].path, backend) as slide:
+        mpp = slide.level_mpp(level)
+    if mpp is None:
+        raise SlideReadError(slides[0].path, {backend: "no resolution (mpp) in the file"})
+    return mpp
+
+
+def center_store(
+    center: int,
+    slides: Sequence[SlidePatches],
+    patch: PatchParams,
+    sampling: SamplingParams,
+    out_dir: str | os.PathLike[str],
+    backend: Backend = "auto",
+) -> CenterReport:
+    """Build ``out_dir/center_{c}.h5`` and its report (also written beside it as JSON).
+
+    Raises :class:`~wsi.center.InsufficientPatchesError` when the slides cannot supply
+    ``patches_per_class`` of each label.
+    """
+    from wsi.tiles import read_patches
+
+    if not slides:
+        raise InsufficientPatchesError(
+            center, dict.fromkeys(LABEL_NAMES.values(), 0), sampling.patches_per_class
+        )
+
+    def reader(path: Path, level: int, coords: np.ndarray, size: int) -> np.ndarray:
+        return read_patches(path, level, coords, size, backend=backend)
+
+    path = store_path(out_dir, center)
+    result: CenterResult = build_center_store(
+        center, slides, patch, sampling, path, reader, mpp=_level_mpp(slides, patch.level, backend)
+    )
+    counts: dict[str, dict[str, int]] = {}
+    patients: dict[str, list[str]] = {}
+    for split in ("train", "test"):
+        chosen = result.plan.split(split)
+        counts[split] = dict(
+            zip(LABEL_NAMES.values(), chosen.label_counts(len(LABEL_NAMES)), strict=True)
+        )
+        patients[split] = sorted(set(chosen.patients.tolist()))
+    report = CenterReport(
+        center=center,
+        counts=counts,
+        patients=patients,
+        store=path.name,
+        failures=[SlideFailure(s, "pixels", e, center) for s, e in result.dropped],
+    )
+    write_json_atomic(Path(out_dir) / f"center_{center}.json", report.to_json())
+    return report
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def summary_rows(reports: Sequence[CenterReport]) -> list[dict[str, object]]:
+    """One row per centre and split: healthy, tumour and total counts, patients."""
+    rows = []
+    for report in sorted(reports, key=lambda r: r.center):
+        for split in ("train", "test"):
+            counts = report.counts[split]
+            rows.append(
+                {
+                    "center": report.center,
+                    "split": split,
+                    **counts,
+                    "total": sum(counts.values()),
+                    "patients": " ".join(report.patients[split]),
+                }
+            )
+    return rows
+
+
+def write_summary(
+    out_dir: str | os.PathLike[str],
+    reports: Sequence[CenterReport],
+    failures: Sequence[SlideFailure],
+) -> list[dict[str, object]]:
+    """``summary.json``, ``summary.csv`` and ``failures.json`` in ``out_dir``."""
+    out_dir = Path(out_dir)
+    rows = summary_rows(reports)
+    write_json_atomic(
+        out_dir / "summary.json",
+        {"centers": {str(r.center): r.to_json() for r in reports}, "table": rows},
+    )
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    write_text_atomic(out_dir / "summary.csv", buffer.getvalue())
+    write_json_atomic(out_dir / "failures.json", [asdict(f) for f in failures])
+    return rows
