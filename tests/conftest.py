@@ -32,3 +32,13 @@ def openslide_fixtures(third_party: Path) -> Path:
 @pytest.fixture(scope="session")
 def camelyon_annotation(third_party: Path) -> Path:
     return third_party / "camelyon17" / "patient_004_node_4.xml"
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A small synthetic Camelyon-17 dataset (2 centres x 2 patients), generated once."""
+    from wsi.synth import SynthConfig, generate_dataset
+
+    root = tmp_path_factory.mktemp("camelyon17")
+    config = SynthConfig(centers=(0, 1), patients_per_center=2, width=3072, height=2048, seed=7)
+    return generate_dataset(root, config, workers=2)
