@@ -1,0 +1,18 @@
+"""Differentially private proxy-based federated learning (ProxyFL) and its baselines over MPI.
+
+One MPI rank is one client (one centre's HDF5 patch store). The entry point is
+``mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --out RUN_DIR``;
+``python -m proxyfl.privacy`` prints the (ε, δ) each client will spend.
+
+Modules, one idea each: :mod:`~proxyfl.config` (validated run configuration),
+:mod:`~proxyfl.models` (model registry), :mod:`~proxyfl.data` (patch stores as datasets),
+:mod:`~proxyfl.dml` (mutual-learning losses), :mod:`~proxyfl.dp` (Opacus DP-SGD wiring),
+:mod:`~proxyfl.accounting` (the one ε function), :mod:`~proxyfl.graphs` (communication
+schedules), :mod:`~proxyfl.comm` (model exchange over mpi4py buffers),
+:mod:`~proxyfl.algorithms` (the seven strategies), :mod:`~proxyfl.trainer` (the shared
+loop), :mod:`~proxyfl.evaluate` (accuracy, macro-accuracy), :mod:`~proxyfl.checkpoint`,
+:mod:`~proxyfl.results` (metrics.jsonl / run.json), :mod:`~proxyfl.runtime` (MPI, devices,
+seeds), :mod:`~proxyfl.validation` (agreeing on bad input across ranks).
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,172 @@
+"""The seven algorithms as small strategy objects over one training loop.
+
+What differs between them is only: whether a client also trains a private, non-DP model
+by mutual learning with the DP one (ProxyFL, FML); how the DP model is mixed after local
+training (PushSum, server average, ring pass, or not at all); what the DP model is called
+when it is evaluated; whether the data are pooled (Joint). Every algorithm trains exactly
+one model with DP-SGD — the one that is (or could be) shared: the proxy of ProxyFL and
+FML, the local/central model of the baselines (DESIGN.md §4, after the paper).
+
+| algorithm | private model | exchange of the DP model      | evaluated (primary first) |
+|-----------|---------------|-------------------------------|---------------------------|
+| ProxyFL   | yes, DML      | PushSum (``--graph``)         | private, proxy            |
+| FML       | yes, DML      | server average (rank 0)       | private, proxy            |
+| FedAvg    | no            | server average (rank 0)       | central                   |
+| AvgPush   | no            | PushSum (``--graph``)         | local                     |
+| CWT       | no            | pass to the next client (ring)| local                     |
+| Regular   | no            | none                          | local                     |
+| Joint     | no (one rank, pooled data) | none             | local                     |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from proxyfl.comm import SERVER_RANK, Communicator
+from proxyfl.graphs import Schedule
+
+ExchangeKind = Literal["none", "push_sum", "server_average", "ring"]
+
+
+class Exchange(Protocol):
+    """Mixes the DP models of a round's members; every rank calls it every round."""
+
+    def exchange(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        """``(new θ or None to keep the current one, seconds communicating)``; rounds from 1."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class NoExchange:
+    """Regular and Joint: nothing leaves the client."""
+
+    def exchange(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        return None, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+@dataclass
+class PushSumExchange:
+    """PushSum over ``schedule`` with this client's de-biasing weight ``w`` (starts at 1)."""
+
+    schedule: Schedule
+    weight: float = 1.0
+
+    def exchange(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        if comm.rank not in members or len(members) < 2:
+            return None, 0.0
+        matrix = self.schedule.matrix(round_number - 1, members, comm.size)
+        theta_new, self.weight, seconds = comm.push_sum(
+            theta, self.weight, matrix, members, round_number
+        )
+        return theta_new, seconds
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weight": self.weight}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.weight = float(state["weight"])
+
+
+class ServerAverageExchange:
+    """FedAvg / FML: rank 0, also a client, averages the members' models and broadcasts."""
+
+    def exchange(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        if not members:
+            return None, 0.0
+        average, seconds = comm.server_average(theta, members, round_number)
+        if comm.rank not in members:
+            return None, seconds if comm.rank == SERVER_RANK else 0.0
+        return average, seconds
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class RingExchange:
+    """CWT: each member passes the model it trained to the next member of the ring."""
+
+    def exchange(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        if comm.rank not in members or len(members) < 2:
+            return None, 0.0
+        received, seconds = comm.ring_pass(theta, members, round_number)
+        return received, seconds
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What one algorithm does differently from the others."""
+
+    name: str
+    mutual_learning: bool
+    exchange_kind: ExchangeKind
+    shared_label: str  # the DP model's name in metrics: "proxy", "central" or "local"
+    primary_label: str  # the model the paper reports
+    pooled_data: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def make_exchange(self, schedule: Schedule) -> Exchange:
+        if self.exchange_kind == "push_sum":
+            return PushSumExchange(schedule)
+        if self.exchange_kind == "server_average":
+            return ServerAverageExchange()
+        if self.exchange_kind == "ring":
+            return RingExchange()
+        return NoExchange()
+
+    @property
+    def evaluated_labels(self) -> tuple[str, ...]:
+        """Labels of the evaluated models, primary first."""
+        labels = ("private", self.shared_label) if self.mutual_learning else (self.shared_label,)
+        return tuple(sorted(labels, key=lambda label: label != self.primary_label))
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "ProxyFL": Strategy("ProxyFL", True, "push_sum", "proxy", "private"),
+    "FML": Strategy("FML", True, "server_average", "proxy", "private"),
+    "FedAvg": Strategy("FedAvg", False, "server_average", "central", "central"),
+    "AvgPush": Strategy("AvgPush", False, "push_sum", "local", "local"),
+    "CWT": Strategy("CWT", False, "ring", "local", "local"),
+    "Regular": Strategy("Regular", False, "none", "local", "local"),
+    "Joint": Strategy("Joint", False, "none", "local", "local", pooled_data=True),
+}
+
+
+def strategy_for(algorithm: str) -> Strategy:
+    """The :class:`Strategy` of ``algorithm`` (a ``KeyError`` naming the choices)."""
+    try:
+        return STRATEGIES[algorithm]
+    except KeyError:
+        raise KeyError(
+            f"unknown algorithm {algorithm!r}; choose one of {', '.join(STRATEGIES)}"
+        ) from None

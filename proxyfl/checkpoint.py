@@ -1,0 +1,66 @@
+"""Per-rank, per-round checkpoints: written atomically, the last few kept, resumed together.
+
+Each rank writes ``RUN_DIR/checkpoints/rank_{k}/round_{r:04d}.pt`` after round r: models,
+optimizer states, accountant history, generator states, PushSum weight, its send/access
+logs and timings — everything needed for ``--resume`` to continue to the same result as an
+uninterrupted run. A rank can be at most one round ahead of another when a run dies (the
+per-round metrics gather keeps them in step), so with two or more checkpoints kept every
+rank still holds the round that all ranks agree on (the minimum of their latest rounds).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_PATTERN = re.compile(r"round_(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"rank_{rank}"
+
+
+def checkpoint_path(run_dir: Path, rank: int, round_number: int) -> Path:
+    return checkpoint_dir(run_dir, rank) / f"round_{round_number:04d}.pt"
+
+
+def available_rounds(run_dir: Path, rank: int) -> list[int]:
+    """Rounds this rank has a complete checkpoint for, in increasing order."""
+    directory = checkpoint_dir(run_dir, rank)
+    if not directory.is_dir():
+        return []
+    rounds = []
+    for entry in directory.iterdir():
+        match = _PATTERN.search(entry.name)
+        if match and not entry.name.startswith("."):
+            rounds.append(int(match.group(1)))
+    return sorted(rounds)
+
+
+def save_checkpoint(
+    run_dir: Path, rank: int, round_number: int, state: dict[str, Any], keep: int = 2
+) -> Path:
+    """Write ``state`` atomically, then delete all but the newest ``keep`` checkpoints."""
+    path = checkpoint_path(run_dir, rank, round_number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    for old in available_rounds(run_dir, rank)[:-keep]:
+        checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, Any]:
+    return torch.load(
+        checkpoint_path(run_dir, rank, round_number), map_location="cpu", weights_only=False
+    )
+
+
+def clear_checkpoints(run_dir: Path, rank: int) -> None:
+    for old in available_rounds(run_dir, rank):
+        checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)

@@ -1,0 +1,227 @@
+"""Moving shared models between ranks: PushSum, server averaging and ring passing over MPI.
+
+A model crosses ranks as one contiguous float32 buffer (its parameters flattened in
+``model.parameters()`` order) through mpi4py's buffer calls (``Sendrecv``, ``Isend`` /
+``Irecv``, ``Reduce`` / ``Bcast``): no pickling. Only the model handed to these functions
+ever leaves a rank; the trainer hands them the proxy (or the shared model of a baseline),
+never a private model. Every send is recorded in a :class:`SendLog` (round, kind, peer,
+number of values, BLAKE2b digest of the exact bytes), which the run writes per rank.
+
+PushSum (Kempe et al. 2003; Nedić & Olshevsky 2016; Assran et al. 2019). A client holds
+its de-biased parameters θ_k and a weight w_k (1 at the start). With a column-stochastic
+``P(t)`` over the round's members it sends ``P[j,k]·(w_k θ_k)`` and ``P[j,k]·w_k`` to each
+out-neighbour j and keeps ``P[k,k]`` of both, then
+
+    z_k ← Σ_j P[k,j] · w_j θ_j,    w_k ← Σ_j P[k,j] · w_j,    θ_k ← z_k / w_k.
+
+The mass ``Σ_k w_k θ_k`` and ``Σ_k w_k`` are conserved, so θ_k tends to the plain average of
+the initial θ's. Algorithm 1 of the paper writes the sent message as ``P[j,k]·θ_k``; it is
+the same thing for the paper's permutation graph (w stays 1), and sending the numerator
+``w_k θ_k`` is what keeps the de-biasing exact for any column-stochastic P.
+
+Server averaging (FedAvg, FML): rank 0 also plays the server. Members ``Reduce`` their
+buffers to it (a sum), it divides by the number of members and ``Bcast``s the average back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+MODEL_TAG = 101
+WEIGHT_TAG = 102
+SERVER_RANK = 0
+
+
+def flatten_parameters(model: nn.Module) -> np.ndarray:
+    """All parameters of ``model`` as one contiguous float32 numpy vector (a copy, on CPU)."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+    return np.ascontiguousarray(flat.numpy(), dtype=np.float32)
+
+
+def assign_flat_parameters(model: nn.Module, flat: np.ndarray) -> None:
+    """Copy ``flat`` (as produced by :func:`flatten_parameters`) into ``model``'s parameters."""
+    source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    expected = sum(p.numel() for p in model.parameters())
+    if source.numel() != expected:
+        raise ValueError(f"buffer has {source.numel()} values, model has {expected}")
+    offset = 0
+    with torch.no_grad():
+        for parameter in model.parameters():
+            count = parameter.numel()
+            parameter.copy_(source[offset : offset + count].view_as(parameter))
+            offset += count
+
+
+def digest(buffer: np.ndarray) -> str:
+    """BLAKE2b-128 of a contiguous array's bytes."""
+    return hashlib.blake2b(memoryview(np.ascontiguousarray(buffer)), digest_size=16).hexdigest()
+
+
+@dataclass
+class SendLog:
+    """What this rank has sent: one entry per message."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    with_digests: bool = True
+
+    def record(self, round_number: int, kind: str, peer: int | str, buffer: np.ndarray) -> None:
+        self.entries.append(
+            {
+                "round": round_number,
+                "kind": kind,
+                "peer": peer,
+                "values": int(buffer.size),
+                "dtype": str(buffer.dtype),
+                "digest": digest(buffer) if self.with_digests else None,
+            }
+        )
+
+
+class Communicator:
+    """Model exchanges over an mpi4py communicator; returns the seconds spent in MPI calls."""
+
+    def __init__(self, comm: Any, log: SendLog | None = None) -> None:
+        self.comm = comm
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self.log = log if log is not None else SendLog()
+        self._server_groups: dict[tuple[int, ...], Any] = {}
+
+    # -- PushSum -------------------------------------------------------------------------
+    def push_sum(
+        self,
+        theta: np.ndarray,
+        weight: float,
+        matrix: np.ndarray,
+        members: list[int],
+        round_number: int,
+    ) -> tuple[np.ndarray, float, float]:
+        """One PushSum round; returns ``(θ_new, w_new, seconds)``. Non-members must not call."""
+        me = members.index(self.rank)
+        numerator = np.ascontiguousarray(theta * np.float32(weight), dtype=np.float32)
+        sends: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for j, peer in enumerate(members):
+            if j != me and matrix[j, me] != 0.0:
+                share = np.float32(matrix[j, me])
+                buffer = numerator if share == 1.0 else np.ascontiguousarray(numerator * share)
+                sends.append((peer, buffer, np.array([matrix[j, me] * weight], dtype=np.float64)))
+        sources = [peer for j, peer in enumerate(members) if j != me and matrix[me, j] != 0.0]
+        received = [np.empty_like(numerator) for _ in sources]
+        received_weights = [np.empty(1, dtype=np.float64) for _ in sources]
+        for peer, buffer, weight_buffer in sends:
+            self.log.record(round_number, "model", peer, buffer)
+            self.log.record(round_number, "weight", peer, weight_buffer)
+
+        start = time.perf_counter()
+        if len(sends) == 1 and len(sources) == 1:
+            peer, buffer, weight_buffer = sends[0]
+            self.comm.Sendrecv(
+                buffer, dest=peer, sendtag=MODEL_TAG,
+                recvbuf=received[0], source=sources[0], recvtag=MODEL_TAG,
+            )  # fmt: skip
+            self.comm.Sendrecv(
+                weight_buffer, dest=peer, sendtag=WEIGHT_TAG,
+                recvbuf=received_weights[0], source=sources[0], recvtag=WEIGHT_TAG,
+            )  # fmt: skip
+        else:
+            requests = []
+            for source, buffer, weight_buffer in zip(
+                sources, received, received_weights, strict=True
+            ):
+                requests.append(self.comm.Irecv(buffer, source=source, tag=MODEL_TAG))
+                requests.append(self.comm.Irecv(weight_buffer, source=source, tag=WEIGHT_TAG))
+            for peer, buffer, weight_buffer in sends:
+                requests.append(self.comm.Isend(buffer, dest=peer, tag=MODEL_TAG))
+                requests.append(self.comm.Isend(weight_buffer, dest=peer, tag=WEIGHT_TAG))
+            if requests:
+                requests[0].Waitall(requests)
+        seconds = time.perf_counter() - start
+
+        keep = float(matrix[me, me])
+        total = numerator * np.float32(keep) if keep != 0.0 else np.zeros_like(numerator)
+        new_weight = keep * weight
+        for buffer, weight_buffer in zip(received, received_weights, strict=True):
+            total += buffer
+            new_weight += float(weight_buffer[0])
+        theta_new = np.ascontiguousarray(total / np.float32(new_weight), dtype=np.float32)
+        return theta_new, new_weight, seconds
+
+    # -- server average ------------------------------------------------------------------
+    def _server_group(self, members: list[int]) -> Any:
+        """The sub-communicator of the members plus the server (collective over the world)."""
+        key = tuple(members)
+        if key not in self._server_groups:
+            inside = self.rank in members or self.rank == SERVER_RANK
+            color = 0 if inside else _undefined_color()
+            self._server_groups[key] = self.comm.Split(color, key=self.rank)
+        return self._server_groups[key]
+
+    def server_average(
+        self, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        """Average of the members' buffers, computed by rank 0; every world rank must call.
+
+        Returns ``(average, seconds)`` on members and the server, ``(None, 0.0)`` elsewhere.
+        """
+        group = self._server_group(members)
+        if self.rank not in members and self.rank != SERVER_RANK:
+            return None, 0.0
+        contributes = self.rank in members
+        send = (
+            np.ascontiguousarray(theta, dtype=np.float32)
+            if contributes
+            else np.zeros_like(theta, dtype=np.float32)
+        )
+        result = np.empty_like(send)
+        if contributes and self.rank != SERVER_RANK:
+            self.log.record(round_number, "model", SERVER_RANK, send)
+        start = time.perf_counter()
+        group.Reduce(send, result, root=0)  # sum; group rank 0 is world rank 0
+        if self.rank == SERVER_RANK:
+            result /= np.float32(max(len(members), 1))
+            self.log.record(round_number, "server_average", "members", result)
+        group.Bcast(result, root=0)
+        seconds = time.perf_counter() - start
+        return result, seconds
+
+    # -- ring (cyclical weight transfer) -------------------------------------------------
+    def ring_pass(
+        self, theta: np.ndarray, members: list[int], round_number: int
+    ) -> tuple[np.ndarray, float]:
+        """Send ``theta`` to the next member, receive the previous member's."""
+        if len(members) < 2:
+            return theta, 0.0
+        me = members.index(self.rank)
+        dest = members[(me + 1) % len(members)]
+        source = members[(me - 1) % len(members)]
+        send = np.ascontiguousarray(theta, dtype=np.float32)
+        received = np.empty_like(send)
+        self.log.record(round_number, "model", dest, send)
+        start = time.perf_counter()
+        self.comm.Sendrecv(
+            send, dest=dest, sendtag=MODEL_TAG, recvbuf=received, source=source, recvtag=MODEL_TAG
+        )
+        return received, time.perf_counter() - start
+
+    def free(self) -> None:
+        """Release the sub-communicators made for server averaging."""
+        from mpi4py import MPI
+
+        for group in self._server_groups.values():
+            if group != MPI.COMM_NULL:
+                group.Free()
+        self._server_groups.clear()
+
+
+def _undefined_color() -> int:
+    from mpi4py import MPI
+
+    return MPI.UNDEFINED

@@ -1,0 +1,197 @@
+"""The run configuration: one validated object, from ``params.yaml``'s ``train:`` section and CLI.
+
+Field names are the keys of ``params.yaml``'s ``train:`` section and, with ``_`` written as
+``-``, the command-line options of :mod:`proxyfl.run`. Defaults are the paper's
+histopathology configuration (ProxyFL, Nature Communications 2023): 30 rounds of one local
+epoch, batch 32, Adam / DP-Adam with learning rate 1e-3, σ = 1.4, C = 0.7, δ = 1e-5,
+α = β = 0.3, GroupNorm ResNet-18 for every model. The input size defaults to the stores'
+own patch size (512 px on the real data); nothing here assumes 512 px or two classes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from proxyfl.graphs import parse_schedule_spec
+from proxyfl.names import ALGORITHMS, MODEL_NAMES
+
+logger = logging.getLogger(__name__)
+
+Algorithm = Literal["ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Joint"]
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says what and how to fix it."""
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run depends on (and nothing about where it runs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Algorithm = "ProxyFL"
+    data: Path | None = None
+    out: Path | None = None
+    centers: list[int] | None = None
+    rounds: int = Field(30, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    eval_batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    sigma: float = Field(1.4, ge=0)
+    clip: float = Field(0.7, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    dml_alpha: float = Field(0.3, ge=0, le=1)
+    dml_beta: float = Field(0.3, ge=0, le=1)
+    private_model: list[str] = Field(default_factory=lambda: ["resnet18_gn"])
+    proxy_model: str = "resnet18_gn"
+    input_size: int | None = Field(None, ge=1)
+    seed: int = 0
+    device: DeviceChoice = "auto"
+    graph: str = "exponential"
+    epsilon_budget: float | None = Field(None, gt=0)
+    resume: bool = False
+    workers: int = Field(0, ge=0)
+    keep_checkpoints: int = Field(2, ge=2)
+    # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
+    stop_after_round: int | None = Field(None, ge=1)
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _known_algorithm(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            for name in ALGORITHMS:
+                if value.lower() == name.lower():
+                    return name
+            raise ValueError(f"unknown algorithm {value!r}; choose one of {', '.join(ALGORITHMS)}")
+        return value
+
+    @field_validator("private_model", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("private_model")
+    @classmethod
+    def _known_private_models(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one private model name is needed")
+        for name in value:
+            _check_model_name(name)
+        return value
+
+    @field_validator("proxy_model")
+    @classmethod
+    def _known_proxy_model(cls, value: str) -> str:
+        _check_model_name(value)
+        return value
+
+    @field_validator("centers")
+    @classmethod
+    def _distinct_centers(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("--centers needs at least one centre")
+        negative = [c for c in value if c < 0]
+        if negative:
+            raise ValueError(f"centre ids must be non-negative, got {negative}")
+        repeated = sorted({c for c in value if value.count(c) > 1})
+        if repeated:
+            raise ValueError(f"centre(s) {repeated} listed more than once in --centers {value}")
+        return value
+
+    @field_validator("graph")
+    @classmethod
+    def _known_graph(cls, value: str) -> str:
+        parse_schedule_spec(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.centers is not None and len(self.private_model) not in (1, len(self.centers)):
+            raise ValueError(
+                f"--private-model lists {len(self.private_model)} models for "
+                f"{len(self.centers)} centres; give one name, or one per centre"
+            )
+        return self
+
+    def require_paths(self) -> tuple[Path, Path]:
+        """``(data, out)``; a :class:`ConfigError` if either is missing."""
+        if self.data is None or self.out is None:
+            raise ConfigError("both --data DIR and --out RUN_DIR are required")
+        return self.data, self.out
+
+    def private_model_for(self, client: int) -> str:
+        """The private architecture of client ``client`` (one name for all, or one each)."""
+        if len(self.private_model) == 1:
+            return self.private_model[0]
+        return self.private_model[client]
+
+    def client_centers(self, world_size: int) -> list[int]:
+        """The centre of each client, in rank order (default 0..K-1)."""
+        return list(self.centers) if self.centers is not None else list(range(world_size))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields that must not change when a run is resumed."""
+        ignored = {"resume", "stop_after_round", "device", "workers", "keep_checkpoints"}
+        data = self.model_dump(mode="json")
+        return {key: value for key, value in data.items() if key not in ignored}
+
+
+def _check_model_name(name: str) -> None:
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+
+
+def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    return {str(key).replace("-", "_"): value for key, value in raw.items()}
+
+
+def load_config_section(path: Path) -> dict[str, Any]:
+    """Read ``path`` (YAML) and return its ``train:`` section (or the whole mapping).
+
+    Keys that are not configuration fields (e.g. the lists of algorithms and seeds a
+    pipeline loops over) are dropped with a log message, so that ``params.yaml`` can hold
+    them beside the training parameters.
+    """
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read config file {path}: {error}") from error
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"config file {path} must hold a mapping")
+    section = document.get("train", document)
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: 'train' must be a mapping")
+    values = _normalise_keys(section)
+    known = set(TrainConfig.model_fields)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        logger.info("config %s: ignoring keys that are not training options: %s", path, unknown)
+    return {key: value for key, value in values.items() if key in known}
+
+
+def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> TrainConfig:
+    """Merge (CLI wins) and validate; a :class:`ConfigError` with readable reasons."""
+    merged = {**file_values, **_normalise_keys(cli_values)}
+    try:
+        return TrainConfig(**merged)
+    except ValidationError as error:
+        reasons = []
+        for item in error.errors():
+            where = ".".join(str(part) for part in item["loc"]) or "config"
+            message = str(item["msg"]).removeprefix("Value error, ")
+            reasons.append(f"--{where.replace('_', '-')}: {message}")
+        raise ConfigError("; ".join(reasons)) from None

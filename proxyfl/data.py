@@ -1,0 +1,129 @@
+"""Patch stores as PyTorch datasets, through the one schema in :mod:`wsi.store`.
+
+Images stay uint8 (N, S, S, 3) on disk and cross the DataLoader as uint8 (3, S, S)
+tensors; :func:`prepare_images` turns a batch into model input on the device:
+``x = (pixel/255 - 0.5) / 0.5`` ∈ [-1, 1] per channel, then, when ``input_size`` differs
+from S, a bilinear (antialiased) resize to ``input_size``×``input_size``.
+
+Every split a process opens goes through :func:`open_split`, which records ``(path, split)``
+in an :class:`AccessLog`; the run writes that log per rank so that anyone can check that
+rank k opened no other centre's training split.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from wsi.store import PatchSplitReader, store_path
+
+
+@dataclass
+class AccessLog:
+    """Which ``(store path, split)`` pairs this process has opened, in order."""
+
+    opened: list[dict[str, str]] = field(default_factory=list)
+
+    def record(self, path: Path, split: str) -> None:
+        entry = {"path": str(Path(path).resolve()), "split": split}
+        if entry not in self.opened:
+            self.opened.append(entry)
+
+
+ACCESS_LOG = AccessLog()
+
+
+def open_split(
+    directory: str | os.PathLike[str], center: int, split: str, log: AccessLog = ACCESS_LOG
+) -> PatchSplitReader:
+    """A reader over centre ``center``'s ``split``, recorded in ``log``."""
+    path = store_path(directory, center)
+    log.record(path, split)
+    return PatchSplitReader(path, split)
+
+
+class PatchDataset(Dataset):
+    """The concatenation of one or more store splits: items ``(uint8 (3,S,S), int64 label)``."""
+
+    def __init__(self, readers: Sequence[PatchSplitReader]) -> None:
+        if not readers:
+            raise ValueError("a dataset needs at least one split")
+        sizes = {reader.info.attrs.patch_size for reader in readers}
+        if len(sizes) != 1:
+            raise ValueError(f"splits have different patch sizes {sorted(sizes)}")
+        self.readers = list(readers)
+        self.patch_size = sizes.pop()
+        self._offsets = np.cumsum([0] + [len(reader) for reader in self.readers])
+        self.labels = np.concatenate([reader.labels for reader in self.readers]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        part = int(np.searchsorted(self._offsets, index, side="right") - 1)
+        return part, index - int(self._offsets[part])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        part, local = self._locate(int(index))
+        image = self.readers[part].image(local)
+        return _to_chw(image), torch.tensor(self.labels[index], dtype=torch.int64)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A batch in one read per split (DataLoader calls this instead of ``__getitem__``)."""
+        indices = [int(i) for i in indices]
+        if not indices:
+            return []
+        images: list[np.ndarray | None] = [None] * len(indices)
+        located = [self._locate(i) for i in indices]
+        for part, reader in enumerate(self.readers):
+            wanted = [(slot, local) for slot, (p, local) in enumerate(located) if p == part]
+            if not wanted:
+                continue
+            block = reader.images([local for _, local in wanted])
+            for (slot, _), image in zip(wanted, block, strict=True):
+                images[slot] = image
+        return [
+            (_to_chw(image), torch.tensor(self.labels[i], dtype=torch.int64))
+            for image, i in zip(images, indices, strict=True)
+        ]
+
+
+def _to_chw(image: np.ndarray | None) -> torch.Tensor:
+    assert image is not None
+    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+
+def prepare_images(
+    images: torch.Tensor, device: torch.device, input_size: int | None = None
+) -> torch.Tensor:
+    """uint8 (N, 3, S, S) → float32 in [-1, 1] on ``device``, resized to ``input_size``."""
+    x = images.to(device, non_blocking=True).float().div_(255.0).sub_(0.5).div_(0.5)
+    if input_size is not None and x.shape[0] > 0 and x.shape[-1] != input_size:
+        x = F.interpolate(
+            x, size=(input_size, input_size), mode="bilinear", align_corners=False, antialias=True
+        )
+    elif input_size is not None and x.shape[0] == 0:
+        x = x.new_zeros((0, x.shape[1], input_size, input_size))
+    return x
+
+
+def iterate_batches(
+    readers: Sequence[PatchSplitReader], batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Every patch of ``readers`` in order, as uint8 (B, 3, S, S) and int64 (B,) tensors."""
+    for reader in readers:
+        for start in range(0, len(reader), batch_size):
+            stop = min(start + batch_size, len(reader))
+            block = reader.images(slice(start, stop))
+            images = torch.from_numpy(np.ascontiguousarray(block.transpose(0, 3, 1, 2)))
+            labels = torch.from_numpy(reader.labels[start:stop].astype(np.int64))
+            yield images, labels

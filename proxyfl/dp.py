@@ -1,0 +1,128 @@
+"""DP-SGD through Opacus: per-example clipping, Gaussian noise, Poisson sampling, RDP.
+
+``PrivacyEngine(accountant="rdp").make_private(...)`` wraps the model in a
+``GradSampleModule`` (per-example gradients from hooks), the optimizer in a
+``DPOptimizer`` and the loader in a ``DPDataLoader``. One step on a Poisson batch B
+(each example drawn with probability q) computes
+
+    g̃ = ( Σ_{i∈B} g_i / max(1, ‖g_i‖₂ / C)  +  N(0, σ² C² I) ) / E|B|
+
+with ``E|B| = int(N q)``, then lets the wrapped optimizer (Adam: "DP-Adam") step on g̃,
+and the RDP accountant records one step of (σ, q).
+
+Both models of a client train from the same DP data loader, so the private model sees
+exactly the proxy's batches. Poisson sampling can draw an empty batch; then the private
+model skips its step (it has no data and no privacy to protect), while the DP model still
+takes its noise-only step and the accountant counts it, as DP-SGD requires.
+
+Seeds: Poisson sampling draws from ``sampler_generator`` and the noise from
+``noise_generator`` (``secure_mode=False``), so a run is reproducible and its generator
+states can be checkpointed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from opacus import GradSampleModule, PrivacyEngine
+from opacus.accountants import RDPAccountant
+from opacus.data_loader import DPDataLoader
+from opacus.optimizers import DPOptimizer
+from opacus.validators import ModuleValidator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from proxyfl.accounting import poisson_schedule
+
+warnings.filterwarnings("ignore", message="Secure RNG turned off")
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
+class DPIncompatibleModelError(ValueError):
+    """The model has layers DP-SGD cannot train (e.g. BatchNorm)."""
+
+
+@dataclass
+class PrivateTraining:
+    """A model trained with DP-SGD: the wrapped module, its DP optimizer, loader, accountant."""
+
+    module: GradSampleModule
+    optimizer: DPOptimizer
+    loader: DPDataLoader
+    accountant: RDPAccountant
+    sample_rate: float
+    steps_per_epoch: int
+
+    @property
+    def model(self) -> nn.Module:
+        """The plain model inside the per-sample-gradient wrapper."""
+        return self.module._module
+
+
+def check_dp_compatible(model: nn.Module, name: str) -> None:
+    """Raise :class:`DPIncompatibleModelError` listing what Opacus cannot train."""
+    problems = ModuleValidator.validate(model, strict=False)
+    if problems:
+        details = "; ".join(str(problem) for problem in problems)
+        raise DPIncompatibleModelError(f"model {name} cannot be trained with DP-SGD: {details}")
+
+
+def make_private(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    sigma: float,
+    clip: float,
+    sampler_generator: torch.Generator,
+    noise_generator: torch.Generator,
+    workers: int = 0,
+) -> PrivateTraining:
+    """Wrap ``model``/``optimizer`` for DP-SGD on ``dataset`` with Poisson batches of mean B."""
+    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, generator=sampler_generator, num_workers=workers
+    )
+    module, dp_optimizer, dp_loader = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+        poisson_sampling=True,
+        noise_generator=noise_generator,
+    )
+    sample_rate, steps = poisson_schedule(len(dataset), batch_size)  # type: ignore[arg-type]
+    if abs(dp_loader.sample_rate - sample_rate) > 1e-12 or len(dp_loader) != steps:
+        raise RuntimeError(
+            f"Opacus sampled q={dp_loader.sample_rate} x {len(dp_loader)} steps, "
+            f"accounting assumes q={sample_rate} x {steps}"
+        )
+    assert isinstance(engine.accountant, RDPAccountant)
+    return PrivateTraining(
+        module=module,
+        optimizer=dp_optimizer,
+        loader=dp_loader,
+        accountant=engine.accountant,
+        sample_rate=sample_rate,
+        steps_per_epoch=steps,
+    )
+
+
+def noise_only_step(training: PrivateTraining) -> None:
+    """The DP step of an empty Poisson batch: no gradient, noise N(0, σ²C²I) / E|B|, counted.
+
+    Each parameter gets an empty (0, *shape) per-sample gradient, so the DP optimizer
+    sums nothing, adds its noise, divides by the expected batch size, calls the
+    accountant and steps, exactly as for a non-empty batch.
+    """
+    optimizer = training.optimizer
+    optimizer.zero_grad(set_to_none=True)
+    for parameter in optimizer.params:
+        parameter.grad_sample = torch.zeros(
+            (0, *parameter.shape), dtype=parameter.dtype, device=parameter.device
+        )
+    optimizer.step()

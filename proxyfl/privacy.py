@@ -1,0 +1,95 @@
+"""``python -m proxyfl.privacy``: the (ε, δ) each client and Joint will spend, before training.
+
+    python -m proxyfl.privacy --train-sizes 2338 2726 2937 2841 --sigma 1.4 \\
+        --batch-size 32 --epochs 30 --delta 1e-5 [--json]
+
+``--epochs`` is the number of passes over a client's data (rounds × local epochs). Joint's
+ε is for the pooled size. The figures come from :func:`proxyfl.accounting.planned_epsilon`,
+the same function training reads its ε through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from proxyfl.accounting import planned_epsilon, poisson_schedule
+
+
+def privacy_report(
+    train_sizes: Sequence[int], sigma: float, batch_size: int, epochs: int, delta: float
+) -> dict[str, Any]:
+    """``{"clients": [{"client", "n_train", "epsilon"}...], "joint": {"n_train", "epsilon"}}``."""
+
+    def entry(n_train: int) -> dict[str, Any]:
+        sample_rate, steps = poisson_schedule(n_train, batch_size)
+        epsilon = planned_epsilon(n_train, batch_size, sigma, epochs, delta)
+        return {
+            "n_train": n_train,
+            "epsilon": epsilon if math.isfinite(epsilon) else None,
+            "sample_rate": sample_rate,
+            "steps": steps * epochs,
+        }
+
+    clients = [{"client": index, **entry(n)} for index, n in enumerate(train_sizes)]
+    return {
+        "sigma": sigma,
+        "delta": delta,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "clients": clients,
+        "joint": entry(sum(train_sizes)),
+    }
+
+
+def _format_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"σ = {report['sigma']}, δ = {report['delta']}, B = {report['batch_size']}, "
+        f"epochs = {report['epochs']}",
+        f"{'client':>8} {'n_train':>8} {'steps':>7} {'epsilon':>9}",
+    ]
+
+    def fmt(value: float | None) -> str:
+        return "inf" if value is None else f"{value:.3f}"
+
+    for item in report["clients"]:
+        lines.append(
+            f"{item['client']:>8} {item['n_train']:>8} {item['steps']:>7} {fmt(item['epsilon']):>9}"
+        )
+    joint = report["joint"]
+    lines.append(
+        f"{'Joint':>8} {joint['n_train']:>8} {joint['steps']:>7} {fmt(joint['epsilon']):>9}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m proxyfl.privacy",
+        description="Per-client and Joint ε of DP-SGD training (RDP accountant).",
+    )
+    parser.add_argument("--train-sizes", type=int, nargs="+", required=True)
+    parser.add_argument("--sigma", type=float, default=1.4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=30, help="rounds × local epochs")
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    if any(n < 1 for n in args.train_sizes):
+        parser.error("--train-sizes must be positive")
+    if args.batch_size < 1 or args.epochs < 0 or not 0 < args.delta < 1 or args.sigma < 0:
+        parser.error("need --batch-size >= 1, --epochs >= 0, 0 < --delta < 1, --sigma >= 0")
+    report = privacy_report(args.train_sizes, args.sigma, args.batch_size, args.epochs, args.delta)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(_format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Entry point of training, one client per MPI rank::
+
+    mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --out RUN_DIR
+
+Rank i is the client of ``--centers``[i] (default 0..K-1) and opens only that centre's
+training split; every client evaluates on the merged test splits of all listed centres.
+Joint runs as one rank over the pooled training splits of the listed centres.
+
+Bad input (a missing or malformed store, a centre listed twice, more ranks than centres,
+an unknown model or algorithm, a batch larger than a client's data, ...) is reported
+before any training: rank 0 prints every rank's message and all ranks exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from proxyfl.config import TrainConfig, build_config, load_config_section
+from proxyfl.names import ALGORITHMS, JOINT_CENTER, MODEL_NAMES
+from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
+from proxyfl.validation import SetupError, agree, check_or_exit, exit_together, run_phase
+from wsi.store import StoreError, read_store_info, store_path
+
+if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
+    from proxyfl.trainer import ClientData, ClientTrainer
+
+
+logger = logging.getLogger("proxyfl.run")
+
+
+class _ParserError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of exiting, so all ranks can fail together."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ParserError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m proxyfl.run",
+        description=(
+            "Train one client per MPI rank with ProxyFL or a baseline. Launch with "
+            "mpiexec -n K python -m mpi4py -m proxyfl.run ..."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    add = parser.add_argument
+    add("--algorithm", help=f"one of {', '.join(ALGORITHMS)} (default ProxyFL)")
+    add("--data", type=Path, help="directory holding center_{c}.h5 patch stores")
+    add("--out", type=Path, help="run directory for metrics.jsonl, run.json, checkpoints")
+    add("--config", type=Path, help="YAML file whose train: section gives defaults")
+    add("--centers", type=int, nargs="+", help="centre of each rank (default 0..K-1)")
+    add("--rounds", type=int, help="communication rounds (default 30)")
+    add("--local-epochs", type=int, help="local epochs per round (default 1)")
+    add("--batch-size", type=int, help="expected Poisson batch size B (default 32)")
+    add("--eval-batch-size", type=int, help="batch size for evaluation (default 64)")
+    add("--lr", type=float, help="Adam / DP-Adam learning rate (default 1e-3)")
+    add("--weight-decay", type=float, help="Adam weight decay (default 1e-4)")
+    add("--sigma", type=float, help="DP-SGD noise multiplier σ (default 1.4)")
+    add("--clip", type=float, help="DP-SGD per-example clipping norm C (default 0.7)")
+    add("--delta", type=float, help="δ of the (ε, δ) guarantee (default 1e-5)")
+    add("--dml-alpha", type=float, help="KL weight α of the private model's loss (0.3)")
+    add("--dml-beta", type=float, help="KL weight β of the proxy's loss (0.3)")
+    add("--private-model", nargs="+", help=f"one name or one per client: {MODEL_NAMES}")
+    add("--proxy-model", help="the shared (DP) model's architecture (default resnet18_gn)")
+    add("--input-size", type=int, help="resize patches to this size (default: store's)")
+    add("--seed", type=int, help="run seed (default 0)")
+    add("--device", choices=("auto", "cpu", "cuda"), help="default auto")
+    add("--graph", help="exponential | exponential_mix | exponential_uneven | file:PATH")
+    add("--epsilon-budget", type=float, help="a client stops once ε would exceed this")
+    add("--resume", action="store_true", help="continue from the run directory's checkpoints")
+    add("--workers", type=int, help="DataLoader worker processes (default 0)")
+    add("--keep-checkpoints", type=int, help="checkpoints kept per rank (default 2)")
+    add("--stop-after-round", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None) -> TrainConfig:
+    """CLI (and optional ``--config`` file) → validated :class:`TrainConfig`."""
+    try:
+        namespace = build_parser().parse_args(argv)
+    except _ParserError as error:
+        raise SetupError(str(error)) from None
+    values = vars(namespace)
+    config_file = values.pop("config", None)
+    file_values = load_config_section(config_file) if config_file else {}
+    config = build_config(file_values, values)
+    config.require_paths()
+    return config
+
+
+def _client_label(config: TrainConfig, size: int) -> Any:
+    centers = config.client_centers(size)
+
+    def label(rank: int) -> str:
+        if config.algorithm != "Joint" and rank < len(centers):
+            return f"rank {rank} (centre {centers[rank]})"
+        return f"rank {rank}"
+
+    return label
+
+
+def check_world(config: TrainConfig, size: int) -> None:
+    """The job's shape against the configuration."""
+    centers = config.client_centers(size)
+    if config.algorithm == "Joint":
+        if size != 1:
+            raise SetupError(
+                f"Joint trains one model on pooled data as one rank; launch it with "
+                f"mpiexec -n 1 (got {size} ranks)"
+            )
+        if len(config.private_model) not in (1, len(centers)):
+            raise SetupError("--private-model must list one name or one per centre")
+        return
+    if size > len(centers):
+        raise SetupError(
+            f"{size} ranks but only {len(centers)} centre(s) listed ({centers}); "
+            f"launch at most one rank per centre"
+        )
+    if size < len(centers):
+        logger.info(
+            "%d ranks for %d listed centres: centres %s train, all are evaluated on",
+            size, len(centers), centers[:size],
+        )  # fmt: skip
+    if len(config.private_model) not in (1, size):
+        raise SetupError(
+            f"--private-model lists {len(config.private_model)} models for {size} clients"
+        )
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What a rank will read, checked against the stores' metadata."""
+
+    client: int
+    center: int
+    train_centers: list[int]
+    test_centers: list[int]
+    n_classes: int
+    patch_size: int
+
+
+def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
+    """Check the stores this rank needs (schema, agreement, sizes) without opening images."""
+    data_dir, _ = config.require_paths()
+    if not data_dir.is_dir():
+        raise SetupError(f"data directory {data_dir} does not exist")
+    centers = config.client_centers(size)
+    if config.algorithm == "Joint":
+        train_centers, center, client = centers, JOINT_CENTER, 0
+    else:
+        train_centers, center, client = [centers[rank]], centers[rank], rank
+    infos = {}
+    for c in centers:
+        try:
+            infos[c] = read_store_info(store_path(data_dir, c))
+        except StoreError as error:
+            raise SetupError(f"centre {c}: {error.path}: {error.reason}") from None
+    sizes = {c: info.attrs.patch_size for c, info in infos.items()}
+    classes = {c: info.attrs.n_classes for c, info in infos.items()}
+    if len(set(sizes.values())) != 1:
+        raise SetupError(f"stores disagree on the patch size: {sizes}")
+    if len(set(classes.values())) != 1:
+        raise SetupError(f"stores disagree on the number of classes: {classes}")
+    n_classes = next(iter(classes.values()))
+    if n_classes < 2:
+        raise SetupError(f"stores declare {n_classes} class(es); at least 2 are needed")
+    n_train = sum(len(infos[c].splits["train"]) for c in train_centers)
+    if n_train == 0:
+        raise SetupError(f"no training patches in centre(s) {train_centers}")
+    if config.batch_size > n_train:
+        raise SetupError(
+            f"--batch-size {config.batch_size} is larger than the {n_train} training "
+            f"patches of centre(s) {train_centers}"
+        )
+    if sum(len(infos[c].splits["test"]) for c in centers) == 0:
+        raise SetupError(f"the test splits of centres {centers} are all empty")
+    return StorePlan(
+        client=client,
+        center=center,
+        train_centers=list(train_centers),
+        test_centers=list(centers),
+        n_classes=n_classes,
+        patch_size=next(iter(sizes.values())),
+    )
+
+
+def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
+    """Open this rank's training split(s) and every listed centre's test split."""
+    from proxyfl.data import PatchDataset, open_split
+    from proxyfl.trainer import ClientData
+
+    data_dir, _ = config.require_paths()
+    return ClientData(
+        client=plan.client,
+        center=plan.center,
+        train=PatchDataset([open_split(data_dir, c, "train") for c in plan.train_centers]),
+        test_splits=[open_split(data_dir, c, "test") for c in plan.test_centers],
+        n_classes=plan.n_classes,
+        patch_size=plan.patch_size,
+    )
+
+
+def check_resumable(config: TrainConfig, run_dir: Path) -> None:
+    """A resumed run must have the configuration it started with."""
+    run_file = run_dir / RUN_FILE
+    if not run_file.is_file():
+        return
+    saved = json.loads(run_file.read_text()).get("fingerprint")
+    current = json.loads(json.dumps(config.fingerprint()))
+    if saved is not None and saved != current:
+        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        raise SetupError(f"--resume with a changed configuration ({', '.join(changed)})")
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    _configure_logging(rank)
+    wall_start = time.perf_counter()
+
+    config, error = run_phase(lambda: parse_config(argv))
+    check_or_exit(comm, error)
+    assert config is not None
+    label = _client_label(config, size)
+
+    _, error = run_phase(lambda: check_world(config, size))
+    _fail_if_any(comm, error, label)
+    plan, error = run_phase(lambda: check_stores(config, rank, size))
+    _fail_if_any(comm, error, label)
+    assert plan is not None
+    _, run_dir = config.require_paths()
+
+    from proxyfl import checkpoint as ckpt
+    from proxyfl.algorithms import strategy_for
+    from proxyfl.graphs import parse_schedule_spec
+    from proxyfl.runtime import make_runtime
+    from proxyfl.trainer import ClientTrainer, StopAfterRound, latest_common_round, run_training
+
+    runtime, error = run_phase(lambda: make_runtime(comm, config.device))
+    _fail_if_any(comm, error, label)
+    assert runtime is not None
+    data, error = run_phase(lambda: open_client_data(config, plan))
+    _fail_if_any(comm, error, label)
+    assert data is not None
+
+    def build() -> ClientTrainer:
+        if config.resume:
+            check_resumable(config, run_dir)
+        return ClientTrainer(
+            config=config,
+            runtime=runtime,
+            strategy=strategy_for(config.algorithm),
+            data=data,
+            schedule=parse_schedule_spec(config.graph),
+            run_dir=run_dir,
+        )
+
+    trainer, error = run_phase(build)
+    _fail_if_any(comm, error, label)
+    assert trainer is not None
+
+    def resume() -> int:
+        if not config.resume:
+            return 0
+        common = latest_common_round(comm, run_dir, rank)
+        if common:
+            trainer.load_state_dict(ckpt.load_checkpoint(run_dir, rank, common))
+            logger.info("resuming after round %d", common)
+        else:
+            logger.info("--resume: no checkpoints in %s, starting from round 1", run_dir)
+        return common
+
+    start_round, error = run_phase(resume)
+    _fail_if_any(comm, error, label)
+    assert start_round is not None
+
+    if not config.resume or start_round == 0:
+        ckpt.clear_checkpoints(run_dir, rank)
+        if rank == 0:
+            (run_dir / METRICS_FILE).unlink(missing_ok=True)
+    records = comm.gather(_client_summary(trainer), root=0)
+    if rank == 0:
+        _write_run_json(config, size, records, status="running")
+    comm.Barrier()
+
+    try:
+        run_training(trainer, start_round)
+    except StopAfterRound:
+        logger.warning("stopping after round %s (test hook)", config.stop_after_round)
+        raise
+
+    records = comm.gather(trainer.rank_record(), root=0)
+    wall = comm.gather(time.perf_counter() - wall_start, root=0)
+    if rank == 0:
+        _write_run_json(config, size, records, status="finished", wall=wall)
+    trainer.communicator.free()
+    return 0
+
+
+def _fail_if_any(comm: Any, error: str | None, label: Any) -> None:
+    messages = agree(comm, error, label)
+    if messages:
+        exit_together(comm, messages)
+
+
+def _client_summary(trainer: ClientTrainer) -> dict[str, Any]:
+    from proxyfl.runtime import environment_summary
+
+    return {
+        "rank": trainer.runtime.rank,
+        "client": trainer.data.client,
+        "center": trainer.data.center,
+        "device": str(trainer.runtime.device),
+        "local_rank": trainer.runtime.local_rank,
+        "hostname": trainer.runtime.hostname,
+        "n_train": len(trainer.data.train),
+        "private_model": (
+            trainer.config.private_model_for(trainer.data.client)
+            if trainer.strategy.mutual_learning
+            else None
+        ),
+        "shared_model": trainer.config.proxy_model,
+        "shared_parameters": trainer.shared_parameters,
+        "private_parameters": trainer.private_parameters,
+        "sample_rate": trainer.dp.sample_rate,
+        "steps_per_round": trainer.steps_per_round,
+        **environment_summary(),
+    }
+
+
+def _write_run_json(
+    config: TrainConfig,
+    size: int,
+    records: list[dict[str, Any]],
+    status: str,
+    wall: list[float] | None = None,
+) -> None:
+    _, run_dir = config.require_paths()
+    payload: dict[str, Any] = {
+        "status": status,
+        "algorithm": config.algorithm,
+        "config": config.model_dump(mode="json"),
+        "fingerprint": config.fingerprint(),
+        "world_size": size,
+        "clients": records,
+        "devices": [record["device"] for record in records],
+        "versions": library_versions(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if status == "finished":
+        timings = [record["timings"] for record in records]
+        payload["timings"] = {
+            "per_rank": timings,
+            "wall_seconds": max(wall) if wall else None,
+            "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
+            "max_comm_seconds": max(t["comm_seconds"] for t in timings),
+            "total_train_seconds": sum(t["train_seconds"] for t in timings),
+            "total_eval_seconds": sum(t["eval_seconds"] for t in timings),
+        }
+        payload["epsilon"] = {str(r["client"]): r["epsilon"] for r in records}
+    atomic_write_json(run_dir / RUN_FILE, payload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

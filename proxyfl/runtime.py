@@ -1,0 +1,118 @@
+"""Where a rank runs: its MPI communicator, its device, its random seeds.
+
+Device mapping: with GPUs, rank r uses ``cuda:(local rank mod #GPUs)`` (the local rank is
+r's index among the ranks on its node), so four GPUs give one client each and one GPU is
+shared; without GPUs every rank uses the CPU with one thread, so K ranks on K cores do not
+oversubscribe each other.
+
+Seeds are derived with NumPy's ``SeedSequence`` from the run seed and a purpose (and the
+client's centre where clients must differ): :func:`derived_seed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """This process's place in the MPI job."""
+
+    comm: Any
+    rank: int
+    size: int
+    local_rank: int
+    device: torch.device
+    hostname: str
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+def mpi_world() -> Any:
+    """``MPI.COMM_WORLD`` (size 1 when not launched by mpiexec)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def local_rank_of(comm: Any) -> int:
+    """This rank's index among the ranks sharing its node."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return int(node.Get_rank())
+    finally:
+        node.Free()
+
+
+class DeviceError(RuntimeError):
+    """The requested device is not available."""
+
+
+def choose_device(choice: str, local_rank: int) -> torch.device:
+    """``cuda:(local_rank mod #GPUs)`` for ``auto``/``cuda`` when GPUs exist, else the CPU."""
+    if choice not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"unknown device {choice!r}; choose auto, cpu or cuda")
+    has_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if choice == "cuda" and not has_cuda:
+        raise DeviceError("--device cuda was requested but no CUDA GPU is visible")
+    if choice != "cpu" and has_cuda:
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def make_runtime(comm: Any, device_choice: str) -> Runtime:
+    """Set up this rank: device selected (and made current), CPU threads limited."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local_rank = local_rank_of(comm)
+    device = choose_device(device_choice, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    return Runtime(
+        comm=comm,
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        device=device,
+        hostname=socket.gethostname(),
+    )
+
+
+def derived_seed(seed: int, purpose: str, *keys: int) -> int:
+    """A 63-bit seed from the run seed, a purpose name and integer keys (e.g. a centre)."""
+    words = [int(seed) & 0xFFFFFFFF, *(int(b) for b in purpose.encode()), *map(int, keys)]
+    return int(
+        np.random.SeedSequence(words).generate_state(2, dtype=np.uint32).view(np.uint64)[0]
+        >> np.uint64(1)
+    )
+
+
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A torch generator on ``device`` seeded with ``seed``."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def environment_summary() -> dict[str, Any]:
+    """Launcher-visible facts about this process (for run.json)."""
+    return {
+        "pid": os.getpid(),
+        "cuda_available": torch.cuda.is_available(),
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "torch_threads": torch.get_num_threads(),
+    }

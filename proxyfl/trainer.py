@@ -1,0 +1,380 @@
+"""The one training loop every algorithm runs, one client per MPI rank.
+
+Round t = 1..T at client k:
+
+1. participation: a client whose ε after this round's steps would exceed
+   ``--epsilon-budget`` stops for good (no more training, no more sharing); the ranks
+   agree on the round's members with one small ``allgather`` of flags;
+2. local training (members only): ``local_epochs`` epochs of Poisson batches from the
+   DP data loader. With mutual learning both models take a step on every batch (DML
+   losses, :mod:`proxyfl.dml`): the private model with Adam, the DP model with DP-Adam.
+   An empty batch gives the DP model a noise-only step and the private model none;
+3. exchange of the DP model, by the algorithm's strategy (:mod:`proxyfl.algorithms`);
+4. evaluation of the strategy's models on the merged test splits of all listed centres;
+5. ε from the accountant (:func:`proxyfl.accounting.epsilon_from_history`), metrics
+   gathered to rank 0 and written, checkpoint written.
+
+Models are initialised from seeds derived from ``--seed``: the DP (shared) model from the
+same seed on every client (a common starting point, as FedAvg needs), the private model
+from a seed that also depends on the client's centre.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from proxyfl import checkpoint as ckpt
+from proxyfl.accounting import epsilon_from_history, merge_history
+from proxyfl.algorithms import Strategy
+from proxyfl.comm import Communicator, assign_flat_parameters, flatten_parameters
+from proxyfl.config import TrainConfig
+from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
+from proxyfl.dml import dml_losses
+from proxyfl.dp import PrivateTraining, check_dp_compatible, make_private, noise_only_step
+from proxyfl.evaluate import Scores, evaluate_models
+from proxyfl.graphs import Schedule
+from proxyfl.models import build_model, count_parameters
+from proxyfl.results import (
+    METRICS_FILE,
+    atomic_write_json,
+    read_metrics,
+    write_metrics,
+)
+from proxyfl.runtime import Runtime, derived_seed, seeded_generator
+from wsi.store import PatchSplitReader
+
+logger = logging.getLogger(__name__)
+
+
+class StopAfterRound(SystemExit):
+    """Raised on every rank by the ``--stop-after-round`` test hook."""
+
+
+@dataclass
+class ClientData:
+    """What one client trains on and evaluates on."""
+
+    client: int
+    center: int  # JOINT_CENTER for Joint's pooled data
+    train: PatchDataset
+    test_splits: list[PatchSplitReader]
+    n_classes: int
+    patch_size: int
+
+
+@dataclass
+class Timings:
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+@dataclass
+class RoundLosses:
+    shared: float | None = None
+    private: float | None = None
+    steps: int = 0
+    empty_batches: int = 0
+
+
+@dataclass
+class ClientTrainer:
+    """One client's models, optimizers, accountant and loop state."""
+
+    config: TrainConfig
+    runtime: Runtime
+    strategy: Strategy
+    data: ClientData
+    schedule: Schedule
+    run_dir: Path
+    communicator: Communicator = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg, device = self.config, self.runtime.device
+        self.input_size = cfg.input_size or self.data.patch_size
+        self.communicator = Communicator(self.runtime.comm)
+        self.timings = Timings()
+        self.active = True
+        self.last_scores: dict[str, Scores] | None = None
+
+        torch.manual_seed(derived_seed(cfg.seed, "shared-init"))
+        shared = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
+        check_dp_compatible(shared, cfg.proxy_model)
+        self.private: nn.Module | None = None
+        self.private_optimizer: torch.optim.Optimizer | None = None
+        if self.strategy.mutual_learning:
+            name = cfg.private_model_for(self.data.client)
+            torch.manual_seed(derived_seed(cfg.seed, "private-init", self.data.center))
+            self.private = build_model(name, self.data.n_classes, self.input_size).to(device)
+            self.private_optimizer = torch.optim.Adam(
+                self.private.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            )
+        self.sampler_generator = seeded_generator(
+            derived_seed(cfg.seed, "poisson-sampling", self.data.center), torch.device("cpu")
+        )
+        self.noise_generator = seeded_generator(
+            derived_seed(cfg.seed, "dp-noise", self.data.center), device
+        )
+        self.dp: PrivateTraining = make_private(
+            shared,
+            torch.optim.Adam(shared.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+            self.data.train,
+            batch_size=cfg.batch_size,
+            sigma=cfg.sigma,
+            clip=cfg.clip,
+            sampler_generator=self.sampler_generator,
+            noise_generator=self.noise_generator,
+            workers=cfg.workers,
+        )
+        self.exchange = self.strategy.make_exchange(self.schedule)
+        self.shared_parameters = count_parameters(self.dp.model)
+        self.private_parameters = count_parameters(self.private) if self.private else 0
+
+    # -- privacy -------------------------------------------------------------------------
+    @property
+    def steps_per_round(self) -> int:
+        return self.dp.steps_per_epoch * self.config.local_epochs
+
+    def epsilon(self) -> float:
+        return epsilon_from_history(self.dp.accountant.history, self.config.delta)
+
+    def within_budget_after_next_round(self) -> bool:
+        """Would ε after one more round stay within ``--epsilon-budget``?"""
+        if self.config.epsilon_budget is None:
+            return True
+        planned = merge_history(
+            [*self.dp.accountant.history, (self.config.sigma, self.dp.sample_rate,
+                                           self.steps_per_round)]
+        )  # fmt: skip
+        return epsilon_from_history(planned, self.config.delta) <= self.config.epsilon_budget
+
+    # -- one round -----------------------------------------------------------------------
+    def train_round(self) -> RoundLosses:
+        """``local_epochs`` epochs of Poisson batches; both models step on every batch."""
+        cfg, device = self.config, self.runtime.device
+        losses = RoundLosses()
+        shared_sum = private_sum = 0.0
+        self.dp.module.train()
+        if self.private is not None:
+            self.private.train()
+        for _ in range(cfg.local_epochs):
+            for images, labels in self.dp.loader:
+                if labels.shape[0] == 0:
+                    noise_only_step(self.dp)
+                    losses.empty_batches += 1
+                    continue
+                x = prepare_images(images, device, self.input_size)
+                y = labels.to(device)
+                self.dp.optimizer.zero_grad(set_to_none=True)
+                shared_logits = self.dp.module(x)
+                if self.private is not None and self.private_optimizer is not None:
+                    self.private_optimizer.zero_grad(set_to_none=True)
+                    private_logits = self.private(x)
+                    private_loss, shared_loss = dml_losses(
+                        private_logits, shared_logits, y, cfg.dml_alpha, cfg.dml_beta
+                    )
+                    private_loss.backward()
+                    self.private_optimizer.step()
+                    private_sum += float(private_loss.detach())
+                else:
+                    shared_loss = F.cross_entropy(shared_logits, y)
+                shared_loss.backward()
+                self.dp.optimizer.step()
+                shared_sum += float(shared_loss.detach())
+                losses.steps += 1
+        if losses.steps:
+            losses.shared = shared_sum / losses.steps
+            if self.private is not None:
+                losses.private = private_sum / losses.steps
+        return losses
+
+    def exchange_round(self, members: list[int], round_number: int) -> float:
+        """Mix the DP model with the other members'; returns seconds spent communicating."""
+        theta = flatten_parameters(self.dp.model)
+        self.runtime.comm.Barrier()  # waiting for slower clients is not communication
+        new_theta, seconds = self.exchange.exchange(self.communicator, theta, members, round_number)
+        if new_theta is not None:
+            assign_flat_parameters(self.dp.model, new_theta)
+        return seconds
+
+    def evaluate(self) -> dict[str, Scores]:
+        models: dict[str, nn.Module] = {self.strategy.shared_label: self.dp.model}
+        if self.private is not None:
+            models["private"] = self.private
+        return evaluate_models(
+            models,
+            self.data.test_splits,
+            self.data.n_classes,
+            self.runtime.device,
+            self.input_size,
+            self.config.eval_batch_size,
+        )
+
+    def metric_rows(
+        self, round_number: int, scores: dict[str, Scores], losses: RoundLosses, comm_s: float
+    ) -> list[dict[str, Any]]:
+        epsilon = self.epsilon()
+        rows = []
+        for label in self.strategy.evaluated_labels:
+            loss = losses.private if label == "private" else losses.shared
+            rows.append(
+                {
+                    "algorithm": self.strategy.name,
+                    "seed": self.config.seed,
+                    "client": self.data.client,
+                    "round": round_number,
+                    "accuracy": scores[label].accuracy,
+                    "macro_accuracy": scores[label].macro_accuracy,
+                    "epsilon": epsilon if math.isfinite(epsilon) else None,
+                    "delta": self.config.delta,
+                    "train_loss": loss,
+                    "comm_seconds": comm_s,
+                    "evaluated_model": label,
+                    "center": self.data.center,
+                    "primary": label == self.strategy.primary_label,
+                    "active": self.active,
+                    "n_train": len(self.data.train),
+                }
+            )
+        return rows
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self, round_number: int) -> dict[str, Any]:
+        return {
+            "round": round_number,
+            "shared_model": self.dp.model.state_dict(),
+            "shared_optimizer": self.dp.optimizer.original_optimizer.state_dict(),
+            "private_model": self.private.state_dict() if self.private else None,
+            "private_optimizer": (
+                self.private_optimizer.state_dict() if self.private_optimizer else None
+            ),
+            "accountant": self.dp.accountant.state_dict(),
+            "sampler_generator": self.sampler_generator.get_state(),
+            "noise_generator": self.noise_generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "exchange": self.exchange.state_dict(),
+            "active": self.active,
+            "last_scores": self.last_scores,
+            "send_log": list(self.communicator.log.entries),
+            "timings": self.timings.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dp.model.load_state_dict(state["shared_model"])
+        self.dp.optimizer.original_optimizer.load_state_dict(state["shared_optimizer"])
+        if self.private is not None and self.private_optimizer is not None:
+            self.private.load_state_dict(state["private_model"])
+            self.private_optimizer.load_state_dict(state["private_optimizer"])
+        self.dp.accountant.load_state_dict(state["accountant"])
+        self.sampler_generator.set_state(state["sampler_generator"])
+        self.noise_generator.set_state(state["noise_generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.exchange.load_state_dict(state["exchange"])
+        self.active = bool(state["active"])
+        self.last_scores = state["last_scores"]
+        self.communicator.log.entries = list(state["send_log"])
+        self.timings = Timings(**state["timings"])
+
+    def private_digest_source(self) -> np.ndarray | None:
+        """The private model's flat parameters (for checks that it never left the rank)."""
+        return flatten_parameters(self.private) if self.private is not None else None
+
+    def rank_record(self) -> dict[str, Any]:
+        return {
+            "rank": self.runtime.rank,
+            "client": self.data.client,
+            "center": self.data.center,
+            "device": str(self.runtime.device),
+            "hostname": self.runtime.hostname,
+            "n_train": len(self.data.train),
+            "shared_parameters": self.shared_parameters,
+            "private_parameters": self.private_parameters,
+            "opened": list(ACCESS_LOG.opened),
+            "sent": list(self.communicator.log.entries),
+            "timings": self.timings.as_dict(),
+            "epsilon": self.epsilon(),
+            "active": self.active,
+        }
+
+
+def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
+    """The newest round every rank has a checkpoint for (0: none)."""
+    mine = ckpt.available_rounds(run_dir, rank)
+    latest = comm.allgather(mine[-1] if mine else 0)
+    common = min(latest)
+    if common and common not in mine:
+        raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
+    return common
+
+
+def run_training(trainer: ClientTrainer, start_round: int) -> None:
+    """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each."""
+    cfg, runtime = trainer.config, trainer.runtime
+    comm = runtime.comm
+    metrics_path = trainer.run_dir / METRICS_FILE
+    rows: list[dict[str, Any]] = []
+    if runtime.is_root:
+        rows = [r for r in read_metrics(metrics_path) if r["round"] <= start_round]
+    for round_number in range(start_round + 1, cfg.rounds + 1):
+        if trainer.active and not trainer.within_budget_after_next_round():
+            logger.warning(
+                "client %d stops before round %d: ε would exceed the budget %.3g",
+                trainer.data.client, round_number, cfg.epsilon_budget,
+            )  # fmt: skip
+            trainer.active = False
+        flags = comm.allgather(trainer.active)
+        members = [rank for rank, active in enumerate(flags) if active]
+
+        started = time.perf_counter()
+        losses = trainer.train_round() if trainer.active else RoundLosses()
+        trainer.timings.train_seconds += time.perf_counter() - started
+
+        comm_seconds = trainer.exchange_round(members, round_number)
+        trainer.timings.comm_seconds += comm_seconds
+
+        started = time.perf_counter()
+        if trainer.active or trainer.last_scores is None:  # a stopped client's models are frozen
+            trainer.last_scores = trainer.evaluate()
+        trainer.timings.eval_seconds += time.perf_counter() - started
+
+        round_rows = trainer.metric_rows(round_number, trainer.last_scores, losses, comm_seconds)
+        gathered = comm.gather(round_rows, root=0)
+        if runtime.is_root:
+            rows.extend(row for part in gathered for row in part)
+            write_metrics(metrics_path, rows)
+        logger.info(
+            "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
+            round_number, cfg.rounds, trainer.data.client,
+            " ".join(f"{k}={v.accuracy:.3f}" for k, v in trainer.last_scores.items()),
+            trainer.epsilon(), losses.shared, comm_seconds,
+        )  # fmt: skip
+
+        started = time.perf_counter()
+        ckpt.save_checkpoint(
+            trainer.run_dir,
+            runtime.rank,
+            round_number,
+            trainer.state_dict(round_number),
+            keep=cfg.keep_checkpoints,
+        )
+        trainer.timings.checkpoint_seconds += time.perf_counter() - started
+        atomic_write_json(
+            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", trainer.rank_record()
+        )
+        if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
+            comm.Barrier()
+            raise StopAfterRound(3)

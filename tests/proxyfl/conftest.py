@@ -1,0 +1,148 @@
+"""Fixtures for proxyfl tests: tiny patch stores with a learnable signal, and MPI launching."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
+
+REPO = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+PATCH = 16
+N_TRAIN = 40
+N_TEST = 10
+
+
+def make_split(
+    rng: np.random.Generator, n: int, center: int, split: str, size: int, n_classes: int = 2
+) -> PatchBatch:
+    """Noisy patches whose class sets the mean of the red channel (a learnable signal)."""
+    labels = np.arange(n) % n_classes
+    rng.shuffle(labels)
+    images = rng.integers(0, 120, size=(n, size, size, 3)).astype(np.int64)
+    images[..., 0] += (labels * 110 // max(n_classes - 1, 1))[:, None, None]
+    images[..., 2] += 20 * center
+    patients = [f"patient_{center:02d}{split[0]}{i % 3}" for i in range(n)]
+    slides = [f"{p}_node_{i % 2}" for i, p in enumerate(patients)]
+    coords = np.stack([np.arange(n) * size, np.zeros(n, dtype=np.int64)], axis=1)
+    return PatchBatch(
+        images=np.clip(images, 0, 255).astype(np.uint8),
+        labels=labels,
+        patients=patients,
+        slides=slides,
+        coords=coords,
+    )
+
+
+def write_stores(
+    directory: Path,
+    centers: Sequence[int] = (0, 1, 2, 3),
+    n_train: int | Sequence[int] = N_TRAIN,
+    n_test: int = N_TEST,
+    size: int = PATCH,
+    n_classes: int = 2,
+    seed: int = 0,
+) -> Path:
+    """``center_{c}.h5`` stores in ``directory`` for each centre."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sizes = [n_train] * len(centers) if isinstance(n_train, int) else list(n_train)
+    for center, n in zip(centers, sizes, strict=True):
+        rng = np.random.default_rng(seed * 100 + center)
+        attrs = StoreAttrs(
+            center=center, patch_size=size, level=0, mpp=0.25, n_classes=n_classes,
+            params_hash="test",
+        )  # fmt: skip
+        write_patch_store(
+            store_path(directory, center),
+            attrs,
+            {
+                "train": make_split(rng, n, center, "train", size, n_classes),
+                "test": make_split(rng, n_test, center, "test", size, n_classes),
+            },
+        )
+    return directory
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four 16×16 RGB stores, 2 classes, 40 train / 10 test patches each."""
+    return write_stores(tmp_path_factory.mktemp("stores"))
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_mpi(
+    n: int, module_args: Sequence[str], timeout: float = 240, script: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout."""
+    target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
+    command = [
+        str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", *target,
+        *map(str, module_args),
+    ]  # fmt: skip
+    return subprocess.run(
+        command, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def train_args(data: Path, out: Path, algorithm: str, **options: Any) -> list[str]:
+    """CLI arguments for a small, fast CPU run (cnn1 proxy, mlp private, 2 rounds)."""
+    settings: dict[str, Any] = {
+        "rounds": 2, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
+        "device": "cpu", "seed": 0, "sigma": 1.0, "clip": 1.0, "lr": 1e-2,
+    }  # fmt: skip
+    settings.update(options)
+    args = ["--algorithm", algorithm, "--data", str(data), "--out", str(out)]
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, list | tuple):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def explain(result: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-3000:]}\n"
+        f"STDERR:\n{result.stderr[-6000:]}"
+    )
+
+
+class Helpers:
+    """The helpers above, for tests (``--import-mode=importlib`` cannot import conftest)."""
+
+    run_mpi = staticmethod(run_mpi)
+    train_args = staticmethod(train_args)
+    read_jsonl = staticmethod(read_jsonl)
+    explain = staticmethod(explain)
+    write_stores = staticmethod(write_stores)
+    mpiexec = MPIEXEC
+    repo = REPO
+
+
+@pytest.fixture(scope="session")
+def helpers() -> type[Helpers]:
+    return Helpers
