@@ -83,25 +83,35 @@ def test_label_rule() -> None:
     tissue = np.array([0.9, 0.9, 0.9, 0.2, 0.6])
     tumor = np.array([0.0, 0.7, 0.3, 0.9, 0.5])
     params = PatchParams()
-    negative = assign_labels(tissue, tumor * 0, node_label="negative", annotated=False,
-                             params=params)
+    negative = assign_labels(
+        tissue, tumor * 0, node_label="negative", annotated=False, params=params
+    )
     assert negative.tolist() == [HEALTHY, HEALTHY, HEALTHY, UNUSABLE, HEALTHY]
     annotated = assign_labels(tissue, tumor, node_label="macro", annotated=True, params=params)
     assert annotated.tolist() == [UNUSABLE, TUMOR, UNUSABLE, UNUSABLE, TUMOR]
     outside = PatchParams(healthy_source="outside_annotations")
-    assert assign_labels(tissue, tumor, node_label="macro", annotated=True,
-                         params=outside).tolist() == [HEALTHY, TUMOR, UNUSABLE, UNUSABLE, TUMOR]
+    assert assign_labels(
+        tissue, tumor, node_label="macro", annotated=True, params=outside
+    ).tolist() == [HEALTHY, TUMOR, UNUSABLE, UNUSABLE, TUMOR]
     # never healthy patches from an ITC slide, and nothing from unannotated positives
-    assert assign_labels(tissue, tumor, node_label="itc", annotated=True,
-                         params=outside).tolist() == [UNUSABLE, TUMOR, UNUSABLE, UNUSABLE, TUMOR]
-    assert (assign_labels(tissue, tumor, node_label="micro", annotated=False,
-                          params=params) == UNUSABLE).all()
+    assert assign_labels(
+        tissue, tumor, node_label="itc", annotated=True, params=outside
+    ).tolist() == [UNUSABLE, TUMOR, UNUSABLE, UNUSABLE, TUMOR]
+    assert (
+        assign_labels(tissue, tumor, node_label="micro", annotated=False, params=params) == UNUSABLE
+    ).all()
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"patch_size": 4}, {"tissue_fraction_min": 0}, {"tumor_fraction_min": 1.5},
-     {"healthy_source": "everywhere"}, {"mask_mpp": 0}, {"level": -1}],
+    [
+        {"patch_size": 4},
+        {"tissue_fraction_min": 0},
+        {"tumor_fraction_min": 1.5},
+        {"healthy_source": "everywhere"},
+        {"mask_mpp": 0},
+        {"level": -1},
+    ],
 )
 def test_invalid_patch_params(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -119,16 +129,22 @@ def test_candidates_of_synthetic_slides_follow_the_rule(synthetic_dataset) -> No
         assert (candidates.coords % candidates.extent == 0).all()
         tumor = [r.vertices for r in annotations.tumor]
         carve = [r.vertices for r in annotations.carve_outs]
-        for (x, y), label, fraction in zip(candidates.coords, candidates.labels,
-                                           candidates.tumor_fraction, strict=True):
+        for (x, y), label, fraction in zip(
+            candidates.coords, candidates.labels, candidates.tumor_fraction, strict=True
+        ):
             reference = exact_tumor_fraction(tumor, carve, x, y, candidates.extent)
             # the mask-grid fraction tracks the exact one to within its pixel size
             assert abs(fraction - reference) < 0.25
             if label == TUMOR:
                 assert reference >= 0.35
                 checked += 1
-            elif reference > 0.8 and candidates.tissue_fraction[
-                np.flatnonzero((candidates.coords == (x, y)).all(axis=1))[0]] >= 0.6:
+            elif (
+                reference > 0.8
+                and candidates.tissue_fraction[
+                    np.flatnonzero((candidates.coords == (x, y)).all(axis=1))[0]
+                ]
+                >= 0.6
+            ):
                 pytest.fail(f"{synth.slide_id} ({x}, {y}) is inside a lesion but not tumour")
     assert checked > 0
     negative = next(s for s in synthetic_dataset.slides if s.label == "negative")

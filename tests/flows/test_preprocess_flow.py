@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.preprocess import main
+from wsi.annotations import read_asap
+from wsi.catalogue import scan_camelyon
+from wsi.slide import open_slide
+from wsi.store import read_store_info, store_path
+from wsi.synth import SynthManifest
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH_SIZE = 128
+PER_CLASS = 6
+
+
+def _run(root: Path, out: Path, *extra: str) -> int:
+    return main(
+        [
+            "--config",
+            str(REPO / "params.yaml"),
+            "--data-root",
+            str(root),
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(out.parent / f"{out.name}-cache"),
+            "--centers",
+            "0",
+            "1",
+            "--patch-size",
+            str(PATCH_SIZE),
+            "--patches-per-class",
+            str(PER_CLASS),
+            "--workers",
+            "2",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def built(synthetic_dataset: SynthManifest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "patches"
+    assert _run(synthetic_dataset.root, out) == 0
+    return out
+
+
+def test_stores_hold_the_slides_pixels_with_labels_by_the_rule(
+    built: Path, synthetic_dataset: SynthManifest
+) -> None:
+    catalogue = scan_camelyon(synthetic_dataset.root)
+    for center in (0, 1):
+        info = read_store_info(store_path(built, center))
+        assert info.attrs.patch_size == PATCH_SIZE and info.attrs.center == center
+        assert info.attrs.mpp == pytest.approx(0.25)
+        import h5py
+
+        with h5py.File(store_path(built, center)) as h5:
+            for split in ("train", "test"):
+                images = h5[split]["images"][()]
+                meta = info.splits[split]
+                for index, (slide_id, (x, y), label) in enumerate(
+                    zip(meta.slides, meta.coords, meta.labels, strict=True)
+                ):
+                    record = catalogue.get(slide_id)
+                    assert record.center == center
+                    with open_slide(record.path, "tiffslide") as slide:
+                        expected = slide.read_region(int(x), int(y), 0, (PATCH_SIZE, PATCH_SIZE))
+                    np.testing.assert_array_equal(images[index], expected)
+                    if label == 0:
+                        assert record.node_label == "negative"
+                    else:
+                        assert record.annotation is not None
+                        lesions = read_asap(record.annotation).tumor
+                        centre = np.array([x + PATCH_SIZE / 2, y + PATCH_SIZE / 2])
+                        from matplotlib.path import Path as PolygonPath
+
+                        assert any(PolygonPath(r.vertices).contains_point(centre) for r in lesions)
+
+
+def test_counts_are_balanced_and_patients_disjoint(built: Path) -> None:
+    summary = json.loads((built / "summary.json").read_text())
+    for center in (0, 1):
+        info = read_store_info(store_path(built, center))
+        train, test = info.splits["train"], info.splits["test"]
+        assert set(train.patients).isdisjoint(test.patients)
+        assert np.bincount(np.concatenate([train.labels, test.labels])).tolist() == [PER_CLASS] * 2
+        report = summary["centers"][str(center)]
+        assert report["counts"]["train"] == dict(
+            zip(("healthy", "tumor"), train.label_counts(2), strict=True)
+        )
+        assert report["patients"]["test"] == sorted(set(test.patients))
+    csv_lines = (built / "summary.csv").read_text().splitlines()
+    assert csv_lines[0] == "center,split,healthy,tumor,total,patients" and len(csv_lines) == 5
+    assert json.loads((built / "failures.json").read_text()) == []
+
+
+def test_corrupt_slide_is_recorded_and_the_rest_stored(
+    synthetic_dataset: SynthManifest, tmp_path: Path
+) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    victim = next(s for s in scan_camelyon(root).slides if s.node_label == "negative")
+    victim.path.write_bytes(b"II*\x00" + os.urandom(4000))
+    out = tmp_path / "patches"
+    assert _run(root, out) == 0
+    failures = json.loads((out / "failures.json").read_text())
+    assert [(f["slide"], f["stage"]) for f in failures] == [(victim.slide_id, "open")]
+    assert str(victim.path) in failures[0]["error"]
+    for center in (0, 1):
+        stored = read_store_info(store_path(out, center)).splits["train"].slides
+        assert victim.slide_id not in stored
+    assert _run(root, tmp_path / "strict", "--strict") == 1
+
+
+def test_short_centre_fails_naming_it(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    assert _run(synthetic_dataset.root, tmp_path / "p", "--patches-per-class", "5000") == 1
+    error = capsys.readouterr().err
+    assert "centre 0 can supply only" in error and "5000 of each requested" in error
+    assert not store_path(tmp_path / "p", 0).exists()
+
+
+def test_bad_parameters_exit_2(synthetic_dataset: SynthManifest, tmp_path: Path, capsys) -> None:
+    assert _run(synthetic_dataset.root, tmp_path / "p", "--test-fraction", "1.5") == 2
+    assert "test_fraction" in capsys.readouterr().err
+    assert _run(tmp_path / "nowhere", tmp_path / "p") == 2
+
+
+def test_killed_run_reruns_to_identical_stores(
+    synthetic_dataset: SynthManifest, built: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "patches"
+    cache = tmp_path / "patches-cache"
+    command = [
+        sys.executable,
+        "-m",
+        "flows.preprocess",
+        "--config",
+        str(REPO / "params.yaml"),
+        "--data-root",
+        str(synthetic_dataset.root),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(cache),
+        "--centers",
+        "0",
+        "1",
+        "--patch-size",
+        str(PATCH_SIZE),
+        "--patches-per-class",
+        str(PER_CLASS),
+        "--workers",
+        "1",
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(cache.glob("*.npz"))) < 3:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    done = len(list(cache.glob("*.npz")))
+    assert 3 <= done < 20, "the run should have been killed midway"
+    assert not list(out.glob("*.h5")) if out.exists() else True
+    assert _run(synthetic_dataset.root, out) == 0
+    assert len(list(cache.glob("*.npz"))) == 20
+    for center in (0, 1):
+        assert store_path(out, center).read_bytes() == store_path(built, center).read_bytes()
