@@ -25,10 +25,11 @@ Rules the generated data follow
   the thresholds it used; :attr:`SynthConfig.itc_max_um` and
   :attr:`SynthConfig.macro_min_um` give them in code.
 * **Which labels.** Per patient (with stream ``(seed, patient)``): ``min_negative_nodes``
-  (2) nodes are ``negative``, ``min_tumour_nodes`` (2) are ``micro`` or ``macro``, the
-  others are drawn from all four labels; the order is shuffled. So every centre has both
-  negative slides (healthy patches) and annotated tumour slides, even with N = 2. Set
-  both minimums to 0 to see every patient stage.
+  (2) nodes are ``negative``, ``min_tumour_nodes`` (2) are ``micro`` or ``macro`` with at
+  least one ``macro``, the others are drawn from all four labels; the order is shuffled.
+  So every centre has both negative slides (healthy patches) and annotated slides with
+  large lesions (tumour patches), even with N = 2; with the defaults every patient is
+  ``pN1`` or ``pN2``. Set both minimums to 0 to see every patient stage.
 * **Patient stage** (pN rules, as in Camelyon-17): ``pN0`` all nodes negative;
   ``pN0(i+)`` only ITCs; ``pN1mi`` micro-metastases but no macro; ``pN1`` 1-3 positive
   (micro or macro) nodes with at least one macro; ``pN2`` 4-9 positive nodes with at
@@ -279,7 +280,10 @@ def assign_node_labels(config: SynthConfig, patient: int) -> tuple[str, ...]:
     """Target labels of a patient's nodes, from the stream (seed, patient)."""
     rng = np.random.default_rng([config.seed, patient, 0, _STREAM_LABELS])
     labels = ["negative"] * config.min_negative_nodes
-    labels += [str(rng.choice(TUMOUR_LABELS, p=[0.4, 0.6])) for _ in range(config.min_tumour_nodes)]
+    if config.min_tumour_nodes:  # one macro-metastasis: large lesions give tumour patches
+        labels.append("macro")
+    more_tumour = max(config.min_tumour_nodes - 1, 0)
+    labels += [str(rng.choice(TUMOUR_LABELS, p=[0.5, 0.5])) for _ in range(more_tumour)]
     free = config.nodes_per_patient - len(labels)
     labels += [str(rng.choice(NODE_LABELS, p=[0.45, 0.15, 0.15, 0.25])) for _ in range(free)]
     order = rng.permutation(len(labels))
