@@ -1,4 +1,8 @@
-"""The synthetic Camelyon-17 generator, checked on real files it writes."""
+"""The synthetic Camelyon-17 generator, checked on real files it writes.
+
+Most tests use the session fixture ``synthetic_dataset`` (tests/conftest.py: 2 centres x
+2 patients x 5 nodes); the others write their own tiny datasets.
+"""
 
 from __future__ import annotations
 
@@ -69,15 +73,18 @@ def test_slides_read_the_same_in_openslide_and_tiffslide(
             tiffslide.TiffSlide(slide.slide_path) as ts_slide,
         ):
             assert os_slide.properties["openslide.vendor"] == "generic-tiff"
-            assert os_slide.level_count == ts_slide.level_count == config.level_count == 3
-            assert os_slide.level_dimensions == ts_slide.level_dimensions
-            assert os_slide.level_dimensions == ((2048, 1536), (1024, 768), (512, 384))
+            dims = synth.level_dimensions(config.width, config.height, config.level_count)
+            assert os_slide.level_count == ts_slide.level_count == config.level_count >= 3
+            assert os_slide.level_dimensions == ts_slide.level_dimensions == tuple(dims)
+            assert max(dims[-1]) <= 512
             assert float(os_slide.properties["openslide.mpp-x"]) == pytest.approx(0.25)
             assert float(os_slide.properties["openslide.mpp-y"]) == pytest.approx(0.25)
             assert float(ts_slide.properties["tiffslide.mpp-x"]) == pytest.approx(0.25)
-            assert os_slide.properties["openslide.level[0].tile-width"] == "256"
-            regions = [(256, 512, (512, 512)), (300, 200, (300, 400)), (0, 0, (512, 384))]
-            for level, (x, y, size) in enumerate(regions):
+            tile = os_slide.properties["openslide.level[0].tile-width"]
+            assert tile == str(config.tile_size)
+            last = config.level_count - 1
+            regions = [(0, 256, 512, (512, 512)), (1, 300, 200, (300, 400)), (last, 0, 0, dims[-1])]
+            for level, x, y, size in regions:
                 a = np.asarray(os_slide.read_region((x, y), level, size))
                 b = np.asarray(ts_slide.read_region((x, y), level, size))
                 assert a.shape[:2] == b.shape[:2] == size[::-1]
@@ -102,11 +109,12 @@ def test_slides_through_wsi_slide_backends(synthetic_dataset: SynthManifest) -> 
 
 
 def test_tiff_structure(synthetic_dataset: SynthManifest) -> None:
+    tile = synthetic_dataset.config.tile_size
     with tifffile.TiffFile(synthetic_dataset.slides[0].slide_path) as tif:
         assert tif.is_bigtiff
-        assert len(tif.pages) == 3
+        assert len(tif.pages) == synthetic_dataset.config.level_count
         for level, page in enumerate(tif.pages):
-            assert page.is_tiled and (page.tilewidth, page.tilelength) == (256, 256)
+            assert page.is_tiled and (page.tilewidth, page.tilelength) == (tile, tile)
             assert page.compression == tifffile.COMPRESSION.JPEG
             assert page.subfiletype == (1 if level else 0)
             assert page.tags["ResolutionUnit"].value == tifffile.RESUNIT.CENTIMETER
@@ -273,6 +281,7 @@ def test_config_rejects_impossible_values() -> None:
 
 def test_annotations_exist_exactly_for_lesion_slides(synthetic_dataset: SynthManifest) -> None:
     root = synthetic_dataset.root
+    width, height = synthetic_dataset.config.width, synthetic_dataset.config.height
     xml_files = {p.stem for p in (root / "lesion_annotations").glob("*.xml")}
     lesion_slides = {s.slide_id for s in synthetic_dataset.slides if s.label != "negative"}
     assert xml_files == lesion_slides
@@ -291,8 +300,8 @@ def test_annotations_exist_exactly_for_lesion_slides(synthetic_dataset: SynthMan
             assert 12 <= len(region.vertices) <= 40
             np.testing.assert_allclose(region.vertices, polygon, atol=1e-3)
             x_min, y_min, x_max, y_max = region.bounds
-            assert 0 <= x_min < x_max < 2048
-            assert 0 <= y_min < y_max < 1536
+            assert 0 <= x_min < x_max < width
+            assert 0 <= y_min < y_max < height
         for region, polygon in zip(read.carve_outs, slide.carve_outs, strict=True):
             np.testing.assert_allclose(region.vertices, polygon, atol=1e-3)
 
@@ -342,6 +351,7 @@ def test_background_is_white_and_tissue_covers_part_of_the_slide(
 
 
 def test_lesions_look_different_from_healthy_tissue(synthetic_dataset: SynthManifest) -> None:
+    width, height = synthetic_dataset.config.width, synthetic_dataset.config.height
     macro = [s for s in synthetic_dataset.slides if s.label == "macro"]
     assert macro
     for slide in macro[:3]:
@@ -350,7 +360,7 @@ def test_lesions_look_different_from_healthy_tissue(synthetic_dataset: SynthMani
         x1, y1 = np.ceil(lesion.max(axis=0)).astype(int)
         margin = 128
         x0, y0 = max(x0 - margin, 0), max(y0 - margin, 0)
-        x1, y1 = min(x1 + margin, 2048), min(y1 + margin, 1536)
+        x1, y1 = min(x1 + margin, width), min(y1 + margin, height)
         with open_slide(slide.slide_path, backend="tiffslide") as handle:
             rgb = handle.read_region(x0, y0, 0, (x1 - x0, y1 - y0))
         tumour = _mask(slide.metastases, x0, y0, rgb.shape[:2])
