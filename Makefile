@@ -29,8 +29,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
-	$(BIN)/python -m wsi.synth --out $(DEMO_DATA) --patients-per-center 2 --seed 0
-	$(BIN)/python -m wsi.tile_demo --data-root $(DEMO_DATA)
+	$(BIN)/python -m wsi.synth --out $(DEMO_DATA) --patients-per-center 4 --seed 0 --workers 2
+	$(BIN)/python -m wsi.tile --data-root $(DEMO_DATA) --preview data/preview.png
+	$(BIN)/python -m flows.preprocess --data-root $(DEMO_DATA) --out data/patches
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -30,7 +30,7 @@ from rich.table import Table
 from flows.config import DEFAULT_PARAMS, PreprocessConfig, ValidationError, add_model_flags, resolve
 from tasks.preprocess import centre_store, patch_summary, slide_candidates, slide_catalogue
 from wsi.center import InsufficientPatchesError
-from wsi.preprocess import CenterReport, SlideFailure
+from wsi.preprocess import CenterReport, SlideFailure, read_center_reports
 from wsi.sampling import SlidePatches
 
 log = logging.getLogger(__name__)
@@ -63,36 +63,46 @@ def preprocess(config: PreprocessConfig) -> list[CenterReport]:
     )
     outcomes = [f.result() for f in _with_progress(list(candidate_futures), "slides")]
 
-    failures = [o for o in outcomes if isinstance(o, SlideFailure)]
+    slide_failures: dict[int, list[SlideFailure]] = defaultdict(list)
     by_center: dict[int, list[SlidePatches]] = defaultdict(list)
     for record, outcome in zip(records, outcomes, strict=True):
         if isinstance(outcome, SlidePatches):
             by_center[record.center].append(outcome)
+        else:
+            slide_failures[record.center].append(outcome)
 
     store_futures = [
         centre_store.submit(
-            center, by_center[center], config.patch, config.sampling, config.out, config.backend
+            center,
+            by_center[center],
+            config.patch,
+            config.sampling,
+            config.out,
+            config.backend,
+            slide_failures[center],
         )
         for center in config.centers
     ]
-    reports: list[CenterReport] = []
     short: list[str] = []
-    for future in _with_progress(store_futures, "centre stores"):
+    unplaced: list[SlideFailure] = []  # failures of centres that got no store
+    for center, future in zip(
+        config.centers, _with_progress(store_futures, "centre stores"), strict=True
+    ):
         try:
-            report = future.result()
+            future.result()
         except InsufficientPatchesError as error:
             short.append(str(error))
-            continue
-        reports.append(report)
-        failures.extend(report.failures)
+            unplaced.extend(slide_failures[center])
 
-    rows = patch_summary(config.out, reports, failures)
+    rows = patch_summary(config.out, unplaced)
+    reports = read_center_reports(config.out)
+    failures = [f for r in reports if r.center in config.centers for f in r.failures] + unplaced
     print_summary(rows, failures)
     if short:
         raise PreprocessFailed("; ".join(short))
     if config.strict and failures:
         raise PreprocessFailed(f"{len(failures)} slide(s) failed and --strict is set")
-    return reports
+    return [report for report in reports if report.center in config.centers]
 
 
 def print_summary(rows: list[dict[str, object]], failures: list[SlideFailure]) -> None:

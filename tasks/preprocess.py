@@ -56,9 +56,10 @@ def centre_store(
     sampling: SamplingParams,
     out: Path,
     backend: Backend,
+    slide_failures: Sequence[SlideFailure],
 ) -> CenterReport:
     """``out/center_{c}.h5``: never cached by Prefect, since DVC owns this output."""
-    report = center_store(center, slides, patch, sampling, out, backend)
+    report = center_store(center, slides, patch, sampling, out, backend, slide_failures)
     get_run_logger().info(
         "center_%d.h5: train %s, test %s", center, report.counts["train"], report.counts["test"]
     )
@@ -66,8 +67,6 @@ def centre_store(
 
 
 @task(name="patch summary")
-def patch_summary(
-    out: Path, reports: Sequence[CenterReport], failures: Sequence[SlideFailure]
-) -> list[dict[str, object]]:
-    """``summary.json``, ``summary.csv`` and ``failures.json``."""
-    return write_summary(out, reports, failures)
+def patch_summary(out: Path, unplaced: Sequence[SlideFailure]) -> list[dict[str, object]]:
+    """``summary.json``, ``summary.csv`` and ``failures.json`` over all centre reports."""
+    return write_summary(out, unplaced)

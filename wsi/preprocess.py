@@ -139,8 +139,12 @@ def center_store(
     sampling: SamplingParams,
     out_dir: str | os.PathLike[str],
     backend: Backend = "auto",
+    slide_failures: Sequence[SlideFailure] = (),
 ) -> CenterReport:
     """Build ``out_dir/center_{c}.h5`` and its report (also written beside it as JSON).
+
+    ``slide_failures`` are the centre's slides that failed earlier steps; the report
+    keeps them with those dropped here, so each centre's JSON tells its whole story.
 
     Raises :class:`~wsi.center.InsufficientPatchesError` when the slides cannot supply
     ``patches_per_class`` of each label.
@@ -172,7 +176,10 @@ def center_store(
         counts=counts,
         patients=patients,
         store=path.name,
-        failures=[SlideFailure(s, "pixels", e, center) for s, e in result.dropped],
+        failures=[
+            *slide_failures,
+            *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
+        ],
     )
     write_json_atomic(Path(out_dir) / f"center_{center}.json", report.to_json())
     return report
@@ -207,13 +214,23 @@ def summary_rows(reports: Sequence[CenterReport]) -> list[dict[str, object]]:
     return rows
 
 
+def read_center_reports(out_dir: str | os.PathLike[str]) -> list[CenterReport]:
+    """Every ``center_{c}.json`` report in ``out_dir``, by centre."""
+    reports = [
+        CenterReport.from_json(json.loads(path.read_text()))
+        for path in Path(out_dir).glob("center_*.json")
+    ]
+    return sorted(reports, key=lambda report: report.center)
+
+
 def write_summary(
-    out_dir: str | os.PathLike[str],
-    reports: Sequence[CenterReport],
-    failures: Sequence[SlideFailure],
+    out_dir: str | os.PathLike[str], extra_failures: Sequence[SlideFailure] = ()
 ) -> list[dict[str, object]]:
-    """``summary.json``, ``summary.csv`` and ``failures.json`` in ``out_dir``."""
+    """``summary.json``, ``summary.csv`` and ``failures.json`` over every centre report in
+    ``out_dir`` (so centres built by separate runs, e.g. one DVC stage each, add up)."""
     out_dir = Path(out_dir)
+    reports = read_center_reports(out_dir)
+    failures = [f for report in reports for f in report.failures] + list(extra_failures)
     rows = summary_rows(reports)
     write_json_atomic(
         out_dir / "summary.json",
