@@ -10,6 +10,7 @@ import csv
 import re
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -430,14 +431,14 @@ def test_same_seed_gives_identical_bytes_whatever_the_workers(tmp_path: Path) ->
     assert a.keys() == b.keys()
     assert all(a[name] == b[name] for name in a)
 
-    other = generate_dataset(tmp_path / "c", SynthConfig(**{**TINY.__dict__, "seed": 4}))
+    other = generate_dataset(tmp_path / "c", replace(TINY, seed=4))
     c = _files(other.root)
     tifs = [name for name in a if name.endswith(".tif")]
     assert all(a[name] != c[name] for name in tifs)
 
 
 def test_flat_layout(tmp_path: Path) -> None:
-    config = SynthConfig(**{**TINY.__dict__, "layout": "flat"})
+    config = replace(TINY, layout="flat")
     manifest = generate_dataset(tmp_path, config)
     for slide in manifest.slides:
         assert slide.slide_path == tmp_path / "center_1" / f"{slide.slide_id}.tif"
