@@ -228,6 +228,28 @@ class TileReader:
         """(tile width, tile height) of the level this reader reads."""
         return self.info.tile_width, self.info.tile_height
 
+    @property
+    def tile_byte_counts(self) -> np.ndarray:
+        """Compressed size of every tile of this level, in row-major tile order."""
+        return self._counts.copy()
+
+    @property
+    def jpeg_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``imagecodecs.jpeg8_decode`` for this level's tiles."""
+        if self.info.compression != _JPEG:
+            raise ValueError(f"{self.path}: level {self.level} is not JPEG-compressed")
+        return {
+            "tables": self._jpegtables,
+            "colorspace": self._colorspace,
+            "outcolorspace": "RGB",
+        }
+
+    def raw_tile(self, col: int, row: int) -> bytes:
+        """The compressed bytes of tile (col, row) of this level (empty for a tile with none)."""
+        if not (0 <= col < self.info.tiles_across and 0 <= row < self.info.tiles_down):
+            raise IndexError(f"{self.path}: no tile ({col}, {row}) at level {self.level}")
+        return self._raw(row * self.info.tiles_across + col)
+
     # -- tile access ------------------------------------------------------------------
 
     def _raw(self, index: int) -> bytes:

@@ -198,3 +198,15 @@ def test_bad_arguments(synthetic_slide: Path) -> None:
         read_patches(synthetic_slide, 0, [(0, 0, 0)], 16)
     with TileReader(synthetic_slide) as reader, pytest.raises(ValueError, match="size"):
         reader.read_region(0, 0, (0, 16))
+
+
+def test_raw_tiles_decode_to_the_patch(synthetic_slide: Path) -> None:
+    import imagecodecs
+
+    with TileReader(synthetic_slide) as reader:
+        assert reader.tile_size == (256, 256)
+        assert len(reader.tile_byte_counts) == 6 * 5
+        tile = imagecodecs.jpeg8_decode(reader.raw_tile(2, 1), **reader.jpeg_arguments)
+        assert np.array_equal(tile, reader.read_patch(512, 256, 256))
+        with pytest.raises(IndexError):
+            reader.raw_tile(6, 0)

@@ -1,0 +1,57 @@
+"""Run the benchmarks: ``python -m bench [NAME ...]``.
+
+Every module ``bench/bench_<name>.py`` with a ``main()`` is a benchmark; with no names all
+of them run in turn (sorted by name), otherwise only those named (``preprocess`` or
+``bench_preprocess``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+PREFIX = "bench_"
+
+log = logging.getLogger("bench")
+
+
+def available() -> list[str]:
+    """Names (without the ``bench_`` prefix) of the benchmark modules in this folder."""
+    folder = Path(__file__).resolve().parent
+    return sorted(path.stem[len(PREFIX) :] for path in folder.glob(f"{PREFIX}*.py"))
+
+
+def run(names: Sequence[str] | None = None) -> int:
+    known = available()
+    chosen = [name.removeprefix(PREFIX) for name in names] if names else known
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; available: {known}", file=sys.stderr)
+        return 2
+    status = 0
+    for name in chosen:
+        module = importlib.import_module(f"{__package__ or 'bench'}.{PREFIX}{name}")
+        print(f"== bench {name} ==", flush=True)
+        start = time.perf_counter()
+        result = module.main()
+        print(f"== bench {name}: {time.perf_counter() - start:.1f} s ==", flush=True)
+        if isinstance(result, int) and result:
+            status = result
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {available()})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return run(args.names)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
