@@ -83,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         catalogue = scan_camelyon(args.data_root)
         for problem in catalogue.problems:
             log.warning("%s", problem)
-        annotated = [s for s in catalogue.slides if s.annotation is not None]
+        # by default the first macro-metastasis slide: its lesions surely give patches
+        annotated = sorted(
+            (s for s in catalogue.slides if s.annotation is not None),
+            key=lambda s: (s.node_label != "macro", s.slide_id),
+        )
         if args.slide_id is None and not annotated:
             print(f"error: no annotated slide under {args.data_root}", file=sys.stderr)
             return 2
