@@ -94,7 +94,7 @@ def make_runtime(comm: Any, device_choice: str) -> Runtime:
 
 def derived_seed(seed: int, purpose: str, *keys: int) -> int:
     """A 63-bit seed from the run seed, a purpose name and integer keys (e.g. a centre)."""
-    words = [int(seed) & 0xFFFFFFFF, *(int(b) for b in purpose.encode()), *map(int, keys)]
+    words = [int(seed) % 2**32, *purpose.encode(), *(int(k) % 2**32 for k in keys)]
     return int(
         np.random.SeedSequence(words).generate_state(2, dtype=np.uint32).view(np.uint64)[0]
         >> np.uint64(1)

@@ -8,10 +8,12 @@ message (prefixed with the failing rank) and all ranks exit with status 2.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
 
@@ -28,7 +30,8 @@ def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:
         raise
     except Exception as error:  # any failure must reach the agreement, never hang a peer
         message = str(error) or type(error).__name__
-        if not isinstance(error, SetupError | ValueError | KeyError | OSError | RuntimeError):
+        if not isinstance(error, SetupError | ValueError | KeyError | OSError):
+            logger.exception("unexpected error during setup")
             message = f"{type(error).__name__}: {message}"
         return None, message
 

@@ -1,0 +1,55 @@
+"""Bad input under real mpiexec: one clear message before any training, all ranks exit != 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def broken_dirs(helpers: Any, stores: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("broken")
+    missing = root / "missing"
+    missing.mkdir()
+    (missing / "center_0.h5").symlink_to(stores / "center_0.h5")
+    malformed = root / "malformed"
+    malformed.mkdir()
+    (malformed / "center_0.h5").symlink_to(stores / "center_0.h5")
+    (malformed / "center_1.h5").write_bytes(b"this is not an HDF5 file\n" * 10)
+    return {"missing": missing, "malformed": malformed}
+
+
+CASES = {
+    "missing store": (2, "missing", {}, "centre 1: ", "no such patch store"),
+    "malformed store": (2, "malformed", {}, "centre 1: ", "not a readable HDF5 patch store"),
+    "centre listed twice": (2, None, {"centers": [0, 0]}, "", "listed more than once"),
+    "more ranks than centres": (3, None, {"centers": [0, 1]}, "", "3 ranks but only 2 centre"),
+    "unknown model": (2, None, {"proxy_model": "resnet50"}, "", "unknown model 'resnet50'"),
+    "unknown private model": (2, None, {"private_model": "vgg"}, "", "unknown model 'vgg'"),
+    "unknown algorithm": (2, None, {"algorithm": "FedProx"}, "", "unknown algorithm 'FedProx'"),
+    "batch larger than data": (2, None, {"batch_size": 41}, "", "larger than the 40 training"),
+    "joint with several ranks": (2, None, {"algorithm": "Joint"}, "", "launch it with mpiexec -n"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_gives_one_clear_message_and_every_rank_fails(
+    helpers: Any, stores: Path, broken_dirs: dict, tmp_path: Path, case: str
+) -> None:
+    ranks, data_key, settings, context, message = CASES[case]
+    options = dict(settings)
+    data = broken_dirs[data_key] if data_key else stores
+    algorithm = options.pop("algorithm", "ProxyFL")
+    args = helpers.train_args(data, tmp_path / "run", algorithm, **options)
+    result = helpers.run_mpi(ranks, args, timeout=120)
+    assert result.returncode != 0, helpers.explain(result)
+    errors = [line for line in result.stderr.splitlines() if "proxyfl.run: error:" in line]
+    # Rank 0 prints each distinct problem once (a message shared by ranks is merged).
+    assert 1 <= len(errors) <= ranks and len(set(errors)) == len(errors), helpers.explain(result)
+    assert all(message in line and context in line and "rank" in line for line in errors), errors
+    assert "Traceback" not in result.stderr, helpers.explain(result)
+    # Nothing was trained or written.
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,168 @@
+"""In-process unit tests: models, losses, graphs, evaluation, configuration, devices, buffers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from opacus.validators import ModuleValidator
+from torch import nn
+
+from proxyfl.comm import assign_flat_parameters, flatten_parameters
+from proxyfl.config import ConfigError, TrainConfig, build_config, load_config_section
+from proxyfl.dml import dml_losses
+from proxyfl.evaluate import confusion_matrix, scores_from_confusion
+from proxyfl.graphs import check_column_stochastic, exponential_offset, parse_schedule_spec
+from proxyfl.models import ModelInputError, build_model, count_parameters
+from proxyfl.names import MODEL_NAMES
+from proxyfl.runtime import DeviceError, choose_device, derived_seed
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize(("size", "classes"), [(16, 2), (28, 5)])
+def test_registry_models_fit_any_size_and_class_count(name: str, size: int, classes: int) -> None:
+    model = build_model(name, n_classes=classes, input_size=size)
+    assert model(torch.zeros(3, 3, size, size)).shape == (3, classes)
+    assert ModuleValidator.validate(model, strict=False) == []  # trainable with DP-SGD
+
+
+def test_resnet18_gn_is_torchvision_resnet18_with_group_norm() -> None:
+    import torchvision
+
+    model = build_model("resnet18_gn", n_classes=2, input_size=32)
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert norms and all(m.num_groups == 32 for m in norms)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    reference = torchvision.models.resnet18(num_classes=2)
+    assert count_parameters(model) == count_parameters(reference)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
+
+
+def test_paper_models_have_the_appendix_layers() -> None:
+    mlp = build_model("mlp", n_classes=10, input_size=28, in_channels=1)
+    assert [m.out_features for m in mlp.modules() if isinstance(m, nn.Linear)] == [200, 200, 10]
+    cnn1 = build_model("cnn1", n_classes=10, input_size=32)
+    assert [m.out_channels for m in cnn1.modules() if isinstance(m, nn.Conv2d)] == [6, 16]
+    assert [m.out_features for m in cnn1.modules() if isinstance(m, nn.Linear)] == [64, 10]
+    cnn2 = build_model("cnn2", n_classes=10, input_size=32)
+    assert [m.out_channels for m in cnn2.modules() if isinstance(m, nn.Conv2d)] == [128, 128]
+    lenet = build_model("lenet5", n_classes=10, input_size=28, in_channels=1)
+    assert [m.out_features for m in lenet.modules() if isinstance(m, nn.Linear)] == [120, 84, 10]
+    assert lenet.classifier[0].in_features == 16 * 4 * 4  # the classic LeNet-5 on 28 px
+
+
+def test_models_reject_inputs_too_small_and_unknown_names() -> None:
+    with pytest.raises(ModelInputError, match="at least"):
+        build_model("lenet5", n_classes=2, input_size=8)
+    with pytest.raises(KeyError, match="unknown model"):
+        build_model("resnet50", n_classes=2, input_size=32)
+
+
+def test_dml_losses_mix_cross_entropy_and_detached_kl() -> None:
+    torch.manual_seed(0)
+    private = torch.randn(6, 3, requires_grad=True)
+    proxy = torch.randn(6, 3, requires_grad=True)
+    y = torch.randint(0, 3, (6,))
+    private_loss, proxy_loss = dml_losses(private, proxy, y, alpha=0.3, beta=0.6)
+    ce = nn.functional.cross_entropy(private, y)
+    kl = nn.functional.kl_div(private.log_softmax(-1), proxy.softmax(-1), reduction="batchmean")
+    assert private_loss.item() == pytest.approx((0.7 * ce + 0.3 * kl).item(), rel=1e-6)
+    # Each loss moves only its own model.
+    private_loss.backward()
+    assert proxy.grad is None and private.grad is not None
+    proxy_loss.backward()
+    assert proxy.grad is not None
+    same, _ = dml_losses(private, private.detach(), y, alpha=0.5, beta=0.5)
+    assert same.item() == pytest.approx(0.5 * ce.item(), rel=1e-6)  # KL(p‖p) = 0
+
+
+def test_exponential_schedule_matches_the_paper() -> None:
+    schedule = parse_schedule_spec("exponential")
+    assert [exponential_offset(t, 4) for t in range(5)] == [1, 2, 1, 2, 1]
+    assert [exponential_offset(t, 8) for t in range(4)] == [1, 2, 4, 1]
+    assert [exponential_offset(t, 2) for t in range(3)] == [1, 1, 1]
+    for t in range(4):
+        matrix = schedule.matrix(t, [0, 1, 2, 3, 4, 5, 6, 7], 8)
+        check_column_stochastic(matrix)
+        assert sorted(matrix.sum(axis=1)) == [1.0] * 8  # a permutation
+        s = exponential_offset(t, 8)
+        assert all(matrix[(k + s) % 8, k] == 1.0 for k in range(8))
+    uneven = parse_schedule_spec("exponential_uneven").matrix(0, [0, 2, 3], 4)
+    check_column_stochastic(uneven)
+    assert not np.allclose(uneven.sum(axis=1), 1.0)  # not row-stochastic
+
+
+def test_graph_file_is_validated(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("[[[0.5, 0.5], [0.4, 0.5]]]")
+    with pytest.raises(ValueError, match="not column-stochastic"):
+        parse_schedule_spec(f"file:{bad}")
+    with pytest.raises(ValueError, match="unknown graph"):
+        parse_schedule_spec("ring-of-fire")
+
+
+def test_macro_accuracy_is_mean_per_class_recall() -> None:
+    targets = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    predictions = np.array([0, 0, 0, 1, 1, 0, 2, 2])
+    scores = scores_from_confusion(confusion_matrix(predictions, targets, 4))
+    assert scores.accuracy == pytest.approx(6 / 8)
+    assert scores.macro_accuracy == pytest.approx((3 / 4 + 1 / 2 + 1) / 3)
+    assert scores.per_class_recall[3] is None  # absent class left out of the mean
+
+
+def test_config_defaults_are_the_papers_histopathology_setting() -> None:
+    config = TrainConfig()
+    assert (config.rounds, config.local_epochs, config.batch_size, config.lr) == (30, 1, 32, 1e-3)
+    assert (config.sigma, config.clip, config.delta) == (1.4, 0.7, 1e-5)
+    assert (config.dml_alpha, config.dml_beta) == (0.3, 0.3)
+    assert config.proxy_model == "resnet18_gn" and config.private_model == ["resnet18_gn"]
+    assert config.graph == "exponential" and config.input_size is None
+
+
+def test_config_from_params_yaml_with_cli_overrides(tmp_path: Path) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "preprocess:\n  patch_size: 512\n"
+        "train:\n  rounds: 5\n  batch-size: 16\n  private_model: [cnn1, mlp]\n"
+        "  centers: [0, 1]\n  seeds: [0, 1, 2]\n  algorithms: [ProxyFL]\n"
+    )
+    values = load_config_section(params)
+    assert "seeds" not in values and values["batch_size"] == 16
+    config = build_config(values, {"rounds": 7, "algorithm": "fedavg"})
+    assert config.rounds == 7 and config.batch_size == 16 and config.algorithm == "FedAvg"
+    assert config.private_model_for(1) == "mlp"
+    with pytest.raises(ConfigError, match="listed more than once"):
+        build_config({}, {"centers": [1, 2, 1]})
+    with pytest.raises(ConfigError, match="unknown algorithm"):
+        build_config({}, {"algorithm": "SCAFFOLD"})
+    with pytest.raises(ConfigError, match="unknown model"):
+        build_config({}, {"private_model": ["cnn1", "vit"]})
+
+
+def test_devices_and_seeds() -> None:
+    assert choose_device("cpu", 3) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert choose_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(DeviceError, match="no CUDA GPU"):
+            choose_device("cuda", 0)
+    else:
+        count = torch.cuda.device_count()
+        assert choose_device("auto", count + 1) == torch.device("cuda", (count + 1) % count)
+    assert derived_seed(0, "noise", 1) != derived_seed(0, "noise", 2)
+    assert derived_seed(0, "noise", 1) == derived_seed(0, "noise", 1)
+    assert derived_seed(0, "a", -1) >= 0
+
+
+def test_flat_buffer_round_trip() -> None:
+    model = build_model("cnn1", n_classes=3, input_size=16)
+    flat = flatten_parameters(model)
+    assert flat.dtype == np.float32 and flat.flags.c_contiguous
+    assert flat.size == count_parameters(model)
+    other = build_model("cnn1", n_classes=3, input_size=16)
+    assign_flat_parameters(other, flat)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="values"):
+        assign_flat_parameters(other, flat[:-1])
