@@ -116,6 +116,8 @@ def check_world(config: TrainConfig, size: int) -> None:
     """The job's shape against the configuration."""
     centers = config.client_centers(size)
     if config.algorithm == "Joint":
+        if config.centers is None:
+            raise SetupError("Joint pools the training splits of --centers: list them")
         if size != 1:
             raise SetupError(
                 f"Joint trains one model on pooled data as one rank; launch it with "

@@ -30,7 +30,10 @@ CASES = {
     "unknown private model": (2, None, {"private_model": "vgg"}, "", "unknown model 'vgg'"),
     "unknown algorithm": (2, None, {"algorithm": "FedProx"}, "", "unknown algorithm 'FedProx'"),
     "batch larger than data": (2, None, {"batch_size": 41}, "", "larger than the 40 training"),
-    "joint with several ranks": (2, None, {"algorithm": "Joint"}, "", "launch it with mpiexec -n"),
+    "joint with several ranks": (
+        2, None, {"algorithm": "Joint", "centers": [0, 1]}, "", "launch it with mpiexec -n 1"
+    ),
+    "joint without centres": (1, None, {"algorithm": "Joint"}, "", "list them"),
 }
 
 
