@@ -23,6 +23,8 @@ states can be checkpointed.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +38,17 @@ from torch.utils.data import DataLoader, Dataset
 
 from proxyfl.accounting import poisson_schedule
 
-warnings.filterwarnings("ignore", message="Secure RNG turned off")
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
+# Expected with seeded noise, and harmless (the first layer's input needs no gradient).
+_QUIET = ("Secure RNG turned off", "Full backward hook is firing")
+
+
+@contextmanager
+def quiet_opacus() -> Iterator[None]:
+    """Silence the two warnings Opacus and torch give on every run of this set-up."""
+    with warnings.catch_warnings():
+        for message in _QUIET:
+            warnings.filterwarnings("ignore", message=message)
+        yield
 
 
 class DPIncompatibleModelError(ValueError):
@@ -82,19 +93,20 @@ def make_private(
     workers: int = 0,
 ) -> PrivateTraining:
     """Wrap ``model``/``optimizer`` for DP-SGD on ``dataset`` with Poisson batches of mean B."""
-    engine = PrivacyEngine(accountant="rdp", secure_mode=False)
     loader = DataLoader(
         dataset, batch_size=batch_size, generator=sampler_generator, num_workers=workers
     )
-    module, dp_optimizer, dp_loader = engine.make_private(
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        noise_multiplier=sigma,
-        max_grad_norm=clip,
-        poisson_sampling=True,
-        noise_generator=noise_generator,
-    )
+    with quiet_opacus():
+        engine = PrivacyEngine(accountant="rdp", secure_mode=False)
+        module, dp_optimizer, dp_loader = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=clip,
+            poisson_sampling=True,
+            noise_generator=noise_generator,
+        )
     sample_rate, steps = poisson_schedule(len(dataset), batch_size)  # type: ignore[arg-type]
     if abs(dp_loader.sample_rate - sample_rate) > 1e-12 or len(dp_loader) != steps:
         raise RuntimeError(

@@ -40,7 +40,13 @@ from proxyfl.comm import Communicator, assign_flat_parameters, flatten_parameter
 from proxyfl.config import TrainConfig
 from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
 from proxyfl.dml import dml_losses
-from proxyfl.dp import PrivateTraining, check_dp_compatible, make_private, noise_only_step
+from proxyfl.dp import (
+    PrivateTraining,
+    check_dp_compatible,
+    make_private,
+    noise_only_step,
+    quiet_opacus,
+)
 from proxyfl.evaluate import Scores, evaluate_models
 from proxyfl.graphs import Schedule
 from proxyfl.models import build_model, count_parameters
@@ -192,7 +198,8 @@ class ClientTrainer:
                     private_sum += float(private_loss.detach())
                 else:
                     shared_loss = F.cross_entropy(shared_logits, y)
-                shared_loss.backward()
+                with quiet_opacus():
+                    shared_loss.backward()
                 self.dp.optimizer.step()
                 shared_sum += float(shared_loss.detach())
                 losses.steps += 1

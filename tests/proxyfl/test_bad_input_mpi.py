@@ -31,7 +31,11 @@ CASES = {
     "unknown algorithm": (2, None, {"algorithm": "FedProx"}, "", "unknown algorithm 'FedProx'"),
     "batch larger than data": (2, None, {"batch_size": 41}, "", "larger than the 40 training"),
     "joint with several ranks": (
-        2, None, {"algorithm": "Joint", "centers": [0, 1]}, "", "launch it with mpiexec -n 1"
+        2,
+        None,
+        {"algorithm": "Joint", "centers": [0, 1]},
+        "",
+        "launch it with mpiexec -n 1",
     ),
     "joint without centres": (1, None, {"algorithm": "Joint"}, "", "list them"),
 }

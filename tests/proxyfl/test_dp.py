@@ -49,6 +49,7 @@ def _per_example_gradients(model: torch.nn.Module, x: torch.Tensor, y: torch.Ten
     return torch.stack(grads)
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_per_example_clipping_bounds_every_gradient() -> None:
     torch.manual_seed(0)
     model = build_model("cnn1", n_classes=2, input_size=16)
