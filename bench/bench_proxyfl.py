@@ -45,7 +45,7 @@ def bench_dml_step(device_name: str, input_size: int, batch: int, repeats: int) 
     from torch.utils.data import TensorDataset
 
     from proxyfl.dml import dml_losses
-    from proxyfl.dp import make_private
+    from proxyfl.dp import make_private, quiet_opacus
     from proxyfl.models import build_model
     from proxyfl.runtime import choose_device
 
@@ -106,7 +106,8 @@ def bench_dml_step(device_name: str, input_size: int, batch: int, repeats: int) 
         dp.optimizer.zero_grad(set_to_none=True)
         private_loss, proxy_loss = dml_losses(dp_private(x), dp.module(x), y, 0.3, 0.3)
         private_loss.backward()
-        proxy_loss.backward()
+        with quiet_opacus():
+            proxy_loss.backward()
         dp_private_opt.step()
         dp.optimizer.step()
 
