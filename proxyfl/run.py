@@ -167,7 +167,9 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     infos = {}
     for c in centers:
         try:
-            infos[c] = read_store_info(store_path(data_dir, c))
+            # another client's training split stays unread, metadata included
+            splits = ("train", "test") if c in train_centers else ("test",)
+            infos[c] = read_store_info(store_path(data_dir, c), splits=splits)
         except StoreError as error:
             raise SetupError(f"centre {c}: {error.path}: {error.reason}") from None
     sizes = {c: info.attrs.patch_size for c, info in infos.items()}

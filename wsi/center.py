@@ -120,27 +120,32 @@ def write_plan(
     attrs: StoreAttrs,
     read_patches: PatchReader,
     level: int,
+    chunk_size: int = 64,
 ) -> None:
-    """Read the planned patches slide by slide and write the store atomically."""
+    """Read the planned patches slide by slide, ``chunk_size`` at a time, and write the
+    store atomically."""
     sizes = {name: len(plan.split(name)) for name in ("train", "test")}
     with PatchStoreWriter(out_path, attrs, sizes) as writer:
         for name in ("train", "test"):
             split = plan.split(name)
             start = 0
             for slide_id in np.unique(split.slide_ids):
-                rows = np.flatnonzero(split.slide_ids == slide_id)
-                images = read_patches(
-                    slide_paths[slide_id], level, split.coords[rows], attrs.patch_size
-                )
-                batch = PatchBatch(
-                    images=images,
-                    labels=split.labels[rows],
-                    patients=split.patients[rows].tolist(),
-                    slides=split.slide_ids[rows].tolist(),
-                    coords=split.coords[rows],
-                )
-                writer.write(name, start, batch)
-                start += len(rows)
+                slide_rows = np.flatnonzero(split.slide_ids == slide_id)
+                # bounded memory: a slide with thousands of patches is read in chunks
+                for first in range(0, len(slide_rows), chunk_size):
+                    rows = slide_rows[first : first + chunk_size]
+                    images = read_patches(
+                        slide_paths[slide_id], level, split.coords[rows], attrs.patch_size
+                    )
+                    batch = PatchBatch(
+                        images=images,
+                        labels=split.labels[rows],
+                        patients=split.patients[rows].tolist(),
+                        slides=split.slide_ids[rows].tolist(),
+                        coords=split.coords[rows],
+                    )
+                    writer.write(name, start, batch)
+                    start += len(rows)
 
 
 def build_center_store(

@@ -24,7 +24,15 @@ from wsi.center import (
     SamplingParams,
     build_center_store,
 )
-from wsi.patches import LABEL_NAMES, UNUSABLE, PatchError, PatchParams, compute_candidates
+from wsi.patches import (
+    LABEL_NAMES,
+    UNUSABLE,
+    NoLesionPatchError,
+    NoTissueError,
+    PatchError,
+    PatchParams,
+    compute_candidates,
+)
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend, SlideReadError, open_slide
 from wsi.store import store_path
@@ -50,9 +58,13 @@ class SlideStepError(Exception):
         return type(self), (self.failure,)
 
 
+# The step a slide failed at, by error type; the most specific type comes first.
 _STAGE_OF_ERROR: tuple[tuple[type[Exception], str], ...] = (
     (AnnotationError, "annotation"),
     (SlideReadError, "open"),
+    (NoTissueError, "tissue"),
+    (NoLesionPatchError, "lesions"),
+    (PatchError, "candidates"),
 )
 
 
@@ -76,15 +88,12 @@ def slide_patches(
             candidates = compute_candidates(
                 slide, annotations, record.node_label, params, slide_id=record.slide_id
             )
-    except PatchError as error:
-        stage = "tissue" if "tissue" in type(error).__name__.lower() else "lesions"
-        raise SlideStepError(
-            SlideFailure(record.slide_id, stage, error.reason, record.center)
-        ) from error
-    except (AnnotationError, SlideReadError) as error:
+    except (AnnotationError, SlideReadError, PatchError) as error:
         stage = next(name for kind, name in _STAGE_OF_ERROR if isinstance(error, kind))
+        # a PatchError's text starts with the slide id, which the record already holds
+        message = error.reason if isinstance(error, PatchError) else str(error)
         raise SlideStepError(
-            SlideFailure(record.slide_id, stage, str(error), record.center)
+            SlideFailure(record.slide_id, stage, message, record.center)
         ) from error
     usable = candidates.labels != UNUSABLE
     patches = SlidePatches(

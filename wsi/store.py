@@ -226,11 +226,19 @@ def _decode(values: np.ndarray) -> tuple[str, ...]:
     return tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values)
 
 
-def read_store_info(path: str | os.PathLike[str]) -> StoreInfo:
-    """Open ``path``, check it against the schema and return its metadata.
+def read_store_info(
+    path: str | os.PathLike[str], splits: Sequence[str] = SPLITS
+) -> StoreInfo:
+    """Open ``path``, check it against the schema and return the metadata of ``splits``.
 
+    Every split's structure is checked (shapes only); labels, patients, slides and
+    coordinates are read for ``splits`` alone, so a client can check another centre's
+    store without reading anything of its training split.
     Raises :class:`StoreError` naming the file and the first thing wrong with it.
     """
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"unknown split(s) {sorted(unknown)}; the schema has {SPLITS}")
     path = Path(path)
     if not path.is_file():
         raise StoreError(path, "no such patch store")
@@ -250,7 +258,7 @@ def read_store_info(path: str | os.PathLike[str]) -> StoreInfo:
                 n_classes=int(h5.attrs["n_classes"]),
                 params_hash=str(h5.attrs["params_hash"]),
             )
-            splits: dict[str, SplitInfo] = {}
+            loaded: dict[str, SplitInfo] = {}
             for split in SPLITS:
                 if split not in h5:
                     raise StoreError(path, f"missing group /{split}")
@@ -264,10 +272,12 @@ def read_store_info(path: str | os.PathLike[str]) -> StoreInfo:
                     raise StoreError(path, f"/{split}/images has shape {shape} for {n} labels")
                 if any(group[name].shape[0] != n for name in FIELDS):
                     raise StoreError(path, f"/{split} datasets differ in length")
+                if split not in splits:
+                    continue
                 labels = group["labels"][()].astype(np.int64)
                 if n and (labels.min() < 0 or labels.max() >= attrs.n_classes):
                     raise StoreError(path, f"/{split}/labels outside 0..{attrs.n_classes - 1}")
-                splits[split] = SplitInfo(
+                loaded[split] = SplitInfo(
                     labels=labels,
                     patients=_decode(group["patients"][()]),
                     slides=_decode(group["slides"][()]),
@@ -277,7 +287,7 @@ def read_store_info(path: str | os.PathLike[str]) -> StoreInfo:
         raise
     except (OSError, KeyError, ValueError) as error:
         raise StoreError(path, f"not a readable HDF5 patch store ({error})") from error
-    return StoreInfo(path=path, attrs=attrs, splits=splits)
+    return StoreInfo(path=path, attrs=attrs, splits=loaded)
 
 
 class PatchSplitReader:
@@ -290,7 +300,7 @@ class PatchSplitReader:
     def __init__(self, path: str | os.PathLike[str], split: str) -> None:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; the schema has {SPLITS}")
-        self.info = read_store_info(path)
+        self.info = read_store_info(path, splits=(split,))
         self.path = self.info.path
         self.split = split
         self.labels = self.info.splits[split].labels

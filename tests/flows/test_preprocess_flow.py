@@ -24,29 +24,18 @@ PATCH_SIZE = 128
 PER_CLASS = 6
 
 
+def _flags(root: Path, out: Path, workers: int = 2) -> list[str]:
+    """The preprocessing command line every test shares (small patches, two centres)."""
+    return [
+        *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
+        *("--out", str(out), "--cache-dir", str(out.parent / f"{out.name}-cache")),
+        *("--centers", "0", "1", "--patch-size", str(PATCH_SIZE)),
+        *("--patches-per-class", str(PER_CLASS), "--workers", str(workers)),
+    ]
+
+
 def _run(root: Path, out: Path, *extra: str) -> int:
-    return main(
-        [
-            "--config",
-            str(REPO / "params.yaml"),
-            "--data-root",
-            str(root),
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(out.parent / f"{out.name}-cache"),
-            "--centers",
-            "0",
-            "1",
-            "--patch-size",
-            str(PATCH_SIZE),
-            "--patches-per-class",
-            str(PER_CLASS),
-            "--workers",
-            "2",
-            *extra,
-        ]
-    )
+    return main([*_flags(root, out), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -148,23 +137,7 @@ def test_killed_run_reruns_to_identical_stores(
         sys.executable,
         "-m",
         "flows.preprocess",
-        "--config",
-        str(REPO / "params.yaml"),
-        "--data-root",
-        str(synthetic_dataset.root),
-        "--out",
-        str(out),
-        "--cache-dir",
-        str(cache),
-        "--centers",
-        "0",
-        "1",
-        "--patch-size",
-        str(PATCH_SIZE),
-        "--patches-per-class",
-        str(PER_CLASS),
-        "--workers",
-        "1",
+        *_flags(synthetic_dataset.root, out, workers=1),
     ]
     process = subprocess.Popen(
         command,
@@ -180,7 +153,7 @@ def test_killed_run_reruns_to_identical_stores(
     process.wait(timeout=30)
     done = len(list(cache.glob("*.npz")))
     assert 3 <= done < 20, "the run should have been killed midway"
-    assert not list(out.glob("*.h5")) if out.exists() else True
+    assert not list(out.glob("*.h5")), "no store may be published before the run completes"
     assert _run(synthetic_dataset.root, out) == 0
     assert len(list(cache.glob("*.npz"))) == 20
     for center in (0, 1):

@@ -189,3 +189,13 @@ def test_missing_and_non_hdf5_stores(tmp_path: Path) -> None:
     junk.write_bytes(b"\x00" * 100)
     with pytest.raises(StoreError, match="not a readable HDF5 patch store"):
         PatchSplitReader(junk, "train")
+
+
+def test_metadata_of_chosen_splits_only(tmp_path: Path) -> None:
+    path = tmp_path / "center_2.h5"
+    write_patch_store(path, ATTRS, {"train": _batch(3, 0), "test": _batch(2, 1)})
+    info = read_store_info(path, splits=("test",))
+    assert list(info.splits) == ["test"] and len(info.splits["test"]) == 2
+    assert list(PatchSplitReader(path, "train").info.splits) == ["train"]
+    with pytest.raises(ValueError, match="unknown split"):
+        read_store_info(path, splits=("validation",))

@@ -1,0 +1,49 @@
+"""A slide whose level-0 pixels cannot be decoded, though its masks can, is dropped from
+its centre's store with a "pixels" failure, and the store is built from the others."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import tifffile
+
+from wsi.cache import CandidateCache
+from wsi.catalogue import scan_camelyon
+from wsi.center import SamplingParams
+from wsi.patches import PatchParams
+from wsi.preprocess import center_store, slide_patches
+from wsi.store import read_store_info, store_path
+from wsi.synth import SynthManifest
+
+
+def _corrupt_level0_tiles(path: Path) -> None:
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[0]
+        spans = list(zip(page.dataoffsets, page.databytecounts, strict=True))
+    with path.open("r+b") as handle:
+        for offset, count in spans:
+            handle.seek(offset)
+            handle.write(b"\x00" * min(count, 64))  # no JPEG start-of-image in any tile
+
+
+def test_unreadable_pixels_drop_the_slide(synthetic_dataset: SynthManifest, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    params = PatchParams(patch_size=128)
+    records = scan_camelyon(root).for_centers([0])
+    patches = [
+        slide_patches(r, params, CandidateCache(tmp_path / "cache"))
+        for r in records
+        if r.node_label in ("negative", "macro")
+    ]
+    victim = next(p for p in patches if (p.labels == 0).any())
+    _corrupt_level0_tiles(victim.path)
+
+    report = center_store(0, patches, params, SamplingParams(patches_per_class=6), tmp_path / "out")
+
+    assert [(f.slide, f.stage) for f in report.failures] == [(victim.slide_id, "pixels")]
+    assert str(victim.path) in report.failures[0].error
+    info = read_store_info(store_path(tmp_path / "out", 0))
+    stored = info.splits["train"].slides + info.splits["test"].slides
+    assert victim.slide_id not in stored and len(stored) == 12
