@@ -16,6 +16,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from proxyfl.config import Algorithm, ConfigError, TrainConfig
+from proxyfl.launch import TrainingJob
+from proxyfl.names import ALGORITHMS
 from wsi.center import SamplingParams
 from wsi.patches import PatchParams
 
@@ -69,6 +72,80 @@ class PreprocessConfig(BaseModel):
         )
 
 
+# TrainConfig fields a training flow sets per job, so they are not options of the section
+JOB_FIELDS = frozenset({"algorithm", "seed", "data", "out", "centers", "resume",
+                        "stop_after_round"})
+
+
+class TrainFlowConfig(BaseModel):
+    """The ``train:`` section: which runs to launch, and the engine's options for all of them.
+
+    ``options`` holds ``proxyfl.run`` options (the fields of :class:`proxyfl.config.TrainConfig`
+    other than the per-job ones), passed to every job as explicit command-line flags.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithms: list[Algorithm] = Field(list(ALGORITHMS), description="methods to train")
+    seeds: list[int] = Field([0], description="seeds; every method runs once per seed")
+    centers: list[int] = Field([0, 1, 2, 3], description="the clients' centres")
+    data: Path = Field(Path("data/patches"), description="directory of the centre stores")
+    runs: Path = Field(Path("runs"), description="runs land in RUNS/{algorithm}/seed_{s}")
+    options: dict[str, Any] = Field({}, description="proxyfl.run options")
+
+    def model_post_init(self, context: Any) -> None:
+        unknown = sorted(set(self.options) - set(TrainConfig.model_fields))
+        per_job = sorted(set(self.options) & JOB_FIELDS)
+        if unknown:
+            raise ConfigError(f"train.options: unknown training option(s) {unknown}")
+        if per_job:
+            raise ConfigError(f"train.options: {per_job} are set per job by the flow")
+        for algorithm in self.algorithms:  # fail at the edge, before any job starts
+            self.engine_config(algorithm, self.seeds[0] if self.seeds else 0)
+
+    def engine_config(self, algorithm: str, seed: int) -> TrainConfig:
+        """The validated configuration one job will run with."""
+        values = {**self.options, "algorithm": algorithm, "seed": seed,
+                  "data": self.data, "out": self.run_dir(algorithm, seed),
+                  "centers": list(self.centers)}
+        try:
+            return TrainConfig(**values)
+        except ValidationError as error:
+            reasons = "; ".join(
+                f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors()
+            )
+            raise ConfigError(f"train.options: {reasons}") from None
+
+    def run_dir(self, algorithm: str, seed: int) -> Path:
+        return self.runs / algorithm / f"seed_{seed}"
+
+    def jobs(self) -> list[TrainingJob]:
+        """One job per (algorithm, seed), in the paper's order of methods."""
+        return [
+            TrainingJob(
+                algorithm=algorithm,
+                seed=seed,
+                data=self.data,
+                out=self.run_dir(algorithm, seed),
+                centers=tuple(self.centers),
+                options=dict(self.options),
+            )
+            for algorithm in self.algorithms
+            for seed in self.seeds
+        ]
+
+
+class ReportConfig(BaseModel):
+    """The ``report:`` section (the methods and seeds come from ``train:``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runs: Path = Field(Path("runs"), description="the training runs to report on")
+    out: Path = Field(Path("results"), description="tables, metrics.json, curves and plots")
+    algorithms: list[Algorithm] = Field(list(ALGORITHMS), description="methods to report")
+    seeds: list[int] = Field([0], description="seeds to report")
+
+
 def load_section(path: Path, section: str) -> dict[str, Any]:
     """One top-level section of a YAML parameters file (empty when the file is absent)."""
     if not path.is_file():
@@ -79,6 +156,11 @@ def load_section(path: Path, section: str) -> dict[str, Any]:
         root = (content.get("data") or {}).get("root")
         if root is not None:
             values["data_root"] = root
+    if section == "report":
+        train = content.get("train") or {}
+        for key in ("runs", "algorithms", "seeds"):
+            if key in train and key not in values:
+                values[key] = train[key]
     return values
 
 
@@ -96,9 +178,15 @@ def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
     return annotation, {}
 
 
-def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+def add_model_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    exclude: frozenset[str] = frozenset(),
+) -> None:
     """One ``--flag`` per model field; defaults are resolved later from the params file."""
     for name, info in model.model_fields.items():
+        if name in exclude:
+            continue
         kind, extra = _flag_type(info.annotation)
         if kind is not None:
             extra["type"] = kind
@@ -126,4 +214,13 @@ def resolve(
     return model(**values)
 
 
-__all__ = ["PreprocessConfig", "ValidationError", "add_model_flags", "load_section", "resolve"]
+__all__ = [
+    "ConfigError",
+    "PreprocessConfig",
+    "ReportConfig",
+    "TrainFlowConfig",
+    "ValidationError",
+    "add_model_flags",
+    "load_section",
+    "resolve",
+]

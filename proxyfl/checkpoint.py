@@ -10,6 +10,7 @@ rank still holds the round that all ranks agree on (the minimum of their latest 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -62,5 +63,10 @@ def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, An
 
 
 def clear_checkpoints(run_dir: Path, rank: int) -> None:
+    """Delete this rank's checkpoints, and the checkpoint folders once they are empty."""
     for old in available_rounds(run_dir, rank):
         checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
+    for directory in (checkpoint_dir(run_dir, rank), Path(run_dir) / "checkpoints"):
+        # not empty (another rank's, a stray file) or already gone: leave it
+        with contextlib.suppress(OSError):
+            directory.rmdir()

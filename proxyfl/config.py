@@ -60,6 +60,8 @@ class TrainConfig(BaseModel):
     resume: bool = False
     workers: int = Field(0, ge=0)
     keep_checkpoints: int = Field(2, ge=2)
+    # A finished run deletes its checkpoints (hundreds of MB per rank) unless asked to keep them.
+    keep_final_checkpoints: bool = False
     # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
     stop_after_round: int | None = Field(None, ge=1)
 
@@ -143,7 +145,8 @@ class TrainConfig(BaseModel):
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields that must not change when a run is resumed."""
-        ignored = {"resume", "stop_after_round", "device", "workers", "keep_checkpoints"}
+        ignored = {"resume", "stop_after_round", "device", "workers", "keep_checkpoints",
+                   "keep_final_checkpoints"}
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
 

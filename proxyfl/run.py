@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--resume", action="store_true", help="continue from the run directory's checkpoints")
     add("--workers", type=int, help="DataLoader worker processes (default 0)")
     add("--keep-checkpoints", type=int, help="checkpoints kept per rank (default 2)")
+    add(
+        "--keep-final-checkpoints",
+        action="store_true",
+        help="keep a finished run's checkpoints (deleted by default: they serve --resume)",
+    )
     add("--stop-after-round", type=int, help=argparse.SUPPRESS)
     return parser
 
@@ -317,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("stopping after round %s (test hook)", config.stop_after_round)
         raise
 
+    if not config.keep_final_checkpoints:
+        ckpt.clear_checkpoints(run_dir, rank)
     records = comm.gather(trainer.rank_record(), root=0)
     wall = comm.gather(time.perf_counter() - wall_start, root=0)
     if rank == 0:

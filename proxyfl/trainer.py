@@ -367,7 +367,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
             round_number, cfg.rounds, trainer.data.client,
             " ".join(f"{k}={v.accuracy:.3f}" for k, v in trainer.last_scores.items()),
-            trainer.epsilon(), losses.shared, comm_seconds,
+            trainer.epsilon(), _format_loss(losses.shared), comm_seconds,
         )  # fmt: skip
 
         started = time.perf_counter()
@@ -385,3 +385,8 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
             comm.Barrier()
             raise StopAfterRound(3)
+
+
+def _format_loss(loss: float | None) -> str:
+    """A round's mean training loss for the log ("-" when the client did not train)."""
+    return "-" if loss is None else f"{loss:.4f}"

@@ -1206,7 +1206,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="dataset root to write")
     parser.add_argument("--patients-per-center", type=int, default=defaults.patients_per_center)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--centers", type=int, nargs="+", default=list(defaults.centers))
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--centers", type=int, nargs="+", default=list(defaults.centers))
+    which.add_argument("--num-centers", type=int, help="centres 0 .. N-1 (instead of --centers)")
     parser.add_argument("--nodes-per-patient", type=int, default=defaults.nodes_per_patient)
     parser.add_argument("--width", type=int, default=defaults.width, help="level-0 px")
     parser.add_argument("--height", type=int, default=defaults.height, help="level-0 px")
@@ -1233,7 +1235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = SynthConfig(
-            centers=tuple(args.centers),
+            centers=tuple(
+                range(args.num_centers) if args.num_centers is not None else args.centers
+            ),
             patients_per_center=args.patients_per_center,
             nodes_per_patient=args.nodes_per_patient,
             seed=args.seed,

@@ -106,6 +106,7 @@ def train_args(data: Path, out: Path, algorithm: str, **options: Any) -> list[st
     settings: dict[str, Any] = {
         "rounds": 2, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
         "device": "cpu", "seed": 0, "sigma": 1.0, "clip": 1.0, "lr": 1e-2,
+        "keep_final_checkpoints": True,  # the tests inspect the models a run ended with
     }  # fmt: skip
     settings.update(options)
     args = ["--algorithm", algorithm, "--data", str(data), "--out", str(out)]

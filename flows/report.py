@@ -1,0 +1,70 @@
+"""Report flow: runs/ -> the paper's Table 2 (accuracy, macro-accuracy, ε) and Figure 8.
+
+    finished runs -> report files: results/tables/{accuracy,privacy}.{md,csv},
+                     results/metrics.json, results/curves/*.csv, results/plots/*.png
+
+    python -m flows.report
+    python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
+
+Defaults come from ``params.yaml`` (``report:``, and the methods and seeds of ``train:``).
+Prints both tables. Exits 1 when a requested run is missing or unfinished, 2 on a bad
+parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prefect import flow
+from rich.console import Console
+from rich.markdown import Markdown
+
+from flows.config import DEFAULT_PARAMS, ReportConfig, ValidationError, add_model_flags, resolve
+from proxyfl.report import ReportError, ReportPaths
+from tasks.report import finished_runs, report_files
+
+
+@flow(name="report")
+def report(config: ReportConfig) -> ReportPaths:
+    """Write the report of ``config.runs`` under ``config.out`` and print both tables."""
+    runs = finished_runs(config.runs, config.algorithms, config.seeds)
+    paths = report_files(runs, config.out)
+    print_tables(paths)
+    return paths
+
+
+def print_tables(paths: ReportPaths) -> None:
+    console = Console()
+    for title, table in (("Accuracy", paths.accuracy_md), ("Privacy", paths.privacy_md)):
+        console.print(f"\n[bold]{title}[/bold] ({table})")
+        console.print(Markdown(table.read_text()))
+    console.print(f"\nplots: {', '.join(str(p) for p in paths.plots())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.report",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_PARAMS,
+                        help="parameters file whose 'report:' and 'train:' sections give defaults")
+    add_model_flags(parser, ReportConfig)
+    args = parser.parse_args(argv)
+    try:
+        config = resolve(ReportConfig, args, args.config, "report")
+    except (ValidationError, ValueError) as error:
+        print(f"error: invalid report parameters: {error}", file=sys.stderr)
+        return 2
+    try:
+        report(config)
+    except ReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

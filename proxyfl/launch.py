@@ -1,0 +1,210 @@
+"""Launch one training run as an MPI job and follow what its ranks say.
+
+A run is ``mpiexec -n K python -m mpi4py -m proxyfl.run ...`` with K = the number of
+clients (one for Joint, which pools the clients' data). ``mpiexec`` is called by its full
+path next to the interpreter (pip's ``mpich`` installs it there), and ``-m mpi4py`` makes
+an exception in any rank abort the whole job instead of leaving the others waiting.
+
+Every line the job prints is handed to a callback as it arrives (a Prefect task forwards
+them to the run's log) and appended to ``RUN_DIR/job.log``. When the job fails,
+:class:`TrainingJobFailed` carries the exit code, the rank that failed and its last lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+JOB_LOG = "job.log"
+_RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
+# MPICH's report of a rank that called MPI_Abort (what `-m mpi4py` does on an exception)
+_ABORTED_PROCESS = re.compile(r"MPI_Abort\(.*\)\D*process (\d+)")
+_ERROR_LEVELS = (" ERROR ", " CRITICAL ")
+# proxyfl.run's own report of a rank's setup error, printed by rank 0 for every rank
+_REPORTED_RANK = re.compile(r"error: rank (\d+)\b")
+
+
+def mpiexec_path() -> Path:
+    """``mpiexec`` beside this interpreter (the venv's), else the first one on ``PATH``."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file():
+        return beside
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError(
+            f"no mpiexec next to {sys.executable} or on PATH: `pip install mpich` provides one"
+        )
+    return Path(found)
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One (algorithm, seed) run over ``centers``, written to ``out``.
+
+    ``options`` are further ``proxyfl.run`` options (``{"rounds": 3}`` -> ``--rounds 3``);
+    ``config_file`` is a YAML file whose ``train:`` section gives the other defaults.
+    """
+
+    algorithm: str
+    seed: int
+    data: Path
+    out: Path
+    centers: Sequence[int]
+    config_file: Path | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.algorithm == "Joint" else len(self.centers)
+
+    def arguments(self) -> list[str]:
+        """The ``proxyfl.run`` command-line arguments of this job."""
+        args = ["--algorithm", self.algorithm, "--seed", str(self.seed)]
+        args += ["--data", str(self.data), "--out", str(self.out)]
+        args += ["--centers", *map(str, self.centers)]
+        if self.config_file is not None:
+            args += ["--config", str(self.config_file)]
+        for key, value in self.options.items():
+            flag = "--" + key.replace("_", "-")
+            if value is None or value is False:
+                continue
+            if value is True:
+                args.append(flag)
+            elif isinstance(value, list | tuple):
+                args += [flag, *map(str, value)]
+            else:
+                args += [flag, str(value)]
+        return args
+
+    def command(self) -> list[str]:
+        """The whole ``mpiexec`` command line."""
+        return [
+            str(mpiexec_path()), "-n", str(self.ranks),
+            sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments(),
+        ]  # fmt: skip
+
+
+class TrainingJobFailed(RuntimeError):
+    """The MPI job exited non-zero; the message names the run, the exit code and the rank."""
+
+    def __init__(self, job: TrainingJob, exit_code: int, rank: int | None, lines: list[str]):
+        self.job, self.exit_code, self.rank, self.lines = job, exit_code, rank, lines
+        who = f"rank {rank}" if rank is not None else "the job"
+        tail = "\n".join(f"  {line}" for line in lines)
+        super().__init__(
+            f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; "
+            f"last lines of {who} (full log: {job.out / JOB_LOG}):\n{tail}"
+        )
+
+
+class _RankTails:
+    """The last lines of each rank, and which rank failed first.
+
+    The failing rank is, in order of trust: the rank ``proxyfl.run`` reports an error for
+    (its setup checks), the rank MPICH says called ``MPI_Abort`` (an uncaught exception
+    under ``-m mpi4py``), the first rank that logged an error.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.by_rank: dict[int | None, deque[str]] = defaultdict(lambda: deque(maxlen=keep))
+        self.reported: dict[int, list[str]] = defaultdict(list)
+        self.aborted: int | None = None
+        self.first_error: int | None = None
+        self._current: int | None = None
+
+    def add(self, line: str) -> None:
+        reported = _REPORTED_RANK.search(line)
+        if reported:
+            self.reported[int(reported.group(1))].append(line)
+        prefix = _RANK_PREFIX.search(line)
+        if prefix:
+            self._current = int(prefix.group(1))
+            if self.first_error is None and any(level in line for level in _ERROR_LEVELS):
+                self.first_error = self._current
+        else:
+            # an unprefixed line (a traceback) continues the rank that spoke last
+            abort = _ABORTED_PROCESS.search(line)
+            if abort and self.aborted is None:
+                self.aborted = int(abort.group(1))
+        self.by_rank[self._current].append(line)
+
+    def failing_rank(self) -> int | None:
+        if self.reported:
+            return min(self.reported)
+        return self.aborted if self.aborted is not None else self.first_error
+
+    def lines_of(self, rank: int | None) -> list[str]:
+        """The rank's own last lines, then what was reported about it."""
+        if rank is None:
+            return [line for lines in self.by_rank.values() for line in lines]
+        own = list(self.by_rank.get(rank, ()))
+        return own + [line for line in self.reported.get(rank, ()) if line not in own]
+
+
+def run_job(
+    job: TrainingJob,
+    on_line: Callable[[str], None] = logger.info,
+    tail_lines: int = 25,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Run ``job`` to completion, passing each output line to ``on_line``.
+
+    Raises :class:`TrainingJobFailed` when the job exits non-zero. If the caller is
+    interrupted (Ctrl-C, a cancelled flow run), the whole job's process group is
+    terminated, so no rank is left running.
+    """
+    job.out.mkdir(parents=True, exist_ok=True)
+    command = job.command()
+    logger.info("launching %s", " ".join(command))
+    tails = _RankTails(tail_lines)
+    process_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    with (
+        open(job.out / JOB_LOG, "w", encoding="utf-8") as log_file,
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=process_env,
+            start_new_session=True,
+        ) as process,
+    ):
+        try:
+            assert process.stdout is not None
+            for raw in process.stdout:
+                line = raw.rstrip("\n")
+                log_file.write(raw)
+                tails.add(line)
+                on_line(line)
+            exit_code = process.wait()
+        except BaseException:
+            _terminate(process)
+            raise
+    if exit_code != 0:
+        rank = tails.failing_rank()
+        raise TrainingJobFailed(job, exit_code, rank, tails.lines_of(rank))
+
+
+def _terminate(process: subprocess.Popen[str], grace_seconds: float = 10.0) -> None:
+    """Stop every process of the job (mpiexec and its ranks share one session)."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace_seconds)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

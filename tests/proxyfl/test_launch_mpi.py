@@ -1,0 +1,74 @@
+"""The job launcher under real mpiexec: lines are streamed, a failed rank is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
+from wsi.store import store_path
+
+OPTIONS = {
+    "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
+    "device": "cpu", "sigma": 1.0, "clip": 1.0, "lr": 1e-2,
+}  # fmt: skip
+
+
+def _job(data: Path, out: Path, algorithm: str = "ProxyFL") -> TrainingJob:
+    return TrainingJob(
+        algorithm=algorithm, seed=0, data=data, out=out, centers=(0, 1), options=OPTIONS
+    )
+
+
+def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Path) -> None:
+    lines: list[str] = []
+    job = _job(stores, tmp_path / "run")
+    run_job(job, on_line=lines.append)
+    assert any("[rank 0]" in line and "round 1/1" in line for line in lines)
+    assert any("[rank 1]" in line and "round 1/1" in line for line in lines)
+    assert (job.out / JOB_LOG).read_text().splitlines() == lines
+    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
+    assert not (job.out / "checkpoints").exists()  # a finished run keeps no checkpoints
+
+
+def test_joint_runs_as_one_rank(stores: Path, tmp_path: Path) -> None:
+    job = _job(stores, tmp_path / "joint", algorithm="Joint")
+    assert job.command()[1:3] == ["-n", "1"] and job.ranks == 1
+    run_job(job, on_line=lambda _: None)
+    assert json.loads((job.out / "run.json").read_text())["world_size"] == 1
+
+
+def _corrupt_training_images(store: Path) -> None:
+    """Rewrite the train images gzip-compressed, then garble one chunk's bytes: the store
+    opens and validates, but decoding that patch fails in the rank that trains on it."""
+    with h5py.File(store, "a") as h5:
+        images = h5["train"]["images"][()]
+        del h5["train"]["images"]
+        h5["train"].create_dataset(
+            "images", data=images, chunks=(1, *images.shape[1:]), compression="gzip"
+        )
+    with h5py.File(store, "r") as h5:
+        chunk = h5["train"]["images"].id.get_chunk_info(0)
+    with open(store, "r+b") as handle:
+        handle.seek(chunk.byte_offset)
+        handle.write(np.full(chunk.size, 0xFF, dtype=np.uint8).tobytes())
+
+
+def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path) -> None:
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
+    _corrupt_training_images(store_path(data, 1))
+    job = _job(data, tmp_path / "run")
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job, on_line=lambda _: None)
+    error = failure.value
+    assert error.exit_code != 0
+    assert error.rank == 1
+    message = str(error)
+    assert "ProxyFL seed 0 failed with exit code" in message and "rank 1" in message
+    assert "rank 1 (centre 1)" in message and "read data" in message  # HDF5's own reason
+    assert str(job.out / JOB_LOG) in message

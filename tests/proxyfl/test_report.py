@@ -1,0 +1,360 @@
+"""proxyfl.report on hand-written runs directories: statistics, ordering, errors, files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxyfl.names import ALGORITHMS
+from proxyfl.report import (
+    PAPER_ORDER,
+    AccuracyRow,
+    PrivacyRow,
+    ReportError,
+    accuracy_table,
+    curves,
+    format_table,
+    load_runs,
+    main,
+    privacy_table,
+    write_report,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MODEL = {"ProxyFL": "private", "FML": "private", "FedAvg": "central"}
+
+
+def row(
+    algorithm: str,
+    seed: int,
+    client: int,
+    round_number: int,
+    accuracy: float,
+    macro: float | None = None,
+    epsilon: float = 1.0,
+    primary: bool = True,
+) -> dict[str, Any]:
+    return {
+        "algorithm": algorithm,
+        "seed": seed,
+        "client": client,
+        "round": round_number,
+        "accuracy": accuracy,
+        "macro_accuracy": accuracy if macro is None else macro,
+        "epsilon": epsilon,
+        "delta": 1e-5,
+        "train_loss": 0.5,
+        "comm_seconds": 0.0,
+        "evaluated_model": MODEL.get(algorithm, "local") if primary else "proxy",
+        "center": -1 if algorithm == "Joint" else client,
+        "primary": primary,
+        "active": True,
+        "n_train": 100 + client,
+    }
+
+
+def make_run(
+    root: Path,
+    algorithm: str,
+    seed: int,
+    rows: Sequence[dict[str, Any]],
+    status: str = "finished",
+    n_train: Sequence[int] | None = None,
+    sigma: float = 1.4,
+) -> Path:
+    run_dir = root / algorithm / f"seed_{seed}"
+    run_dir.mkdir(parents=True)
+    clients = sorted({r["client"] for r in rows})
+    sizes = list(n_train) if n_train is not None else [100 + c for c in clients]
+    run = {
+        "status": status,
+        "algorithm": algorithm,
+        "config": {
+            "algorithm": algorithm,
+            "seed": seed,
+            "sigma": sigma,
+            "delta": 1e-5,
+            "rounds": max(r["round"] for r in rows),
+            "batch_size": 8,
+            "centers": clients,
+        },
+        "world_size": len(clients),
+        "clients": [
+            {
+                "rank": i,
+                "client": c,
+                "center": -1 if algorithm == "Joint" else c,
+                "n_train": sizes[i],
+                "active": True,
+            }
+            for i, c in enumerate(clients)
+        ],
+    }
+    (run_dir / "run.json").write_text(json.dumps(run))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def fedavg_rows(seed: int, final: Sequence[float], macro: Sequence[float]) -> list[dict]:
+    """Two clients, two rounds; round 1 and non-primary rows carry decoy values."""
+    rows = []
+    for client in (0, 1):
+        rows.append(row("FedAvg", seed, client, 1, 0.1, 0.1, epsilon=1.0))
+        rows.append(row("FedAvg", seed, client, 2, final[client], macro[client], epsilon=2.0))
+        rows.append(row("FedAvg", seed, client, 2, 0.0, 0.0, epsilon=2.0, primary=False))
+    return rows
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    """FedAvg and ProxyFL (2 clients × 2 seeds), Joint (1 seed), Regular (1 seed)."""
+    root = tmp_path / "runs"
+    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.6, 0.7], [0.5, 0.5]))
+    make_run(root, "FedAvg", 1, fedavg_rows(1, [0.8, 0.9], [1.0, 1.0]))
+    for seed, eps in ((0, 2.0), (1, 2.2)):
+        rows = []
+        for client in (0, 1):
+            acc = 0.5 + 0.1 * client + 0.2 * seed  # 0.5, 0.6, 0.7, 0.8
+            rows.append(row("ProxyFL", seed, client, 1, 0.3, epsilon=1.0))
+            rows.append(row("ProxyFL", seed, client, 2, acc, epsilon=eps))
+            rows.append(row("ProxyFL", seed, client, 2, 0.99, epsilon=eps, primary=False))
+        make_run(root, "ProxyFL", seed, rows, n_train=[38, 39])
+    joint = [row("Joint", 0, 0, 1, 0.7, epsilon=0.5), row("Joint", 0, 0, 2, 0.9, epsilon=0.8)]
+    make_run(root, "Joint", 0, joint, n_train=[77])
+    make_run(root, "Regular", 0, [row("Regular", 0, c, 2, 0.55, epsilon=9.0) for c in (0, 1)])
+    return root
+
+
+def test_paper_order_names_every_algorithm() -> None:
+    assert set(PAPER_ORDER) == set(ALGORITHMS)
+    assert PAPER_ORDER[0] == "Regular" and PAPER_ORDER[-1] == "Joint"
+
+
+def test_accuracy_table_final_round_primary_only_population_std(runs_dir: Path) -> None:
+    table = {r.algorithm: r for r in accuracy_table(load_runs(runs_dir))}
+    fedavg = table["FedAvg"]
+    # accuracies 0.6, 0.7, 0.8, 0.9: mean 0.75, deviations ±0.15, ±0.05 -> var 0.0125
+    assert fedavg.accuracy_mean == pytest.approx(0.75)
+    assert fedavg.accuracy_std == pytest.approx(math.sqrt(0.0125))
+    assert fedavg.macro_accuracy_mean == pytest.approx(0.75)
+    assert fedavg.macro_accuracy_std == pytest.approx(0.25)
+    assert (fedavg.n, fedavg.n_seeds, fedavg.final_round) == (4, 2, 2)
+    proxy = table["ProxyFL"]  # 0.5, 0.6, 0.7, 0.8 -> same spread as FedAvg
+    assert proxy.accuracy_mean == pytest.approx(0.65)
+    assert proxy.accuracy_std == pytest.approx(math.sqrt(0.0125))
+    assert (table["Joint"].accuracy_mean, table["Joint"].accuracy_std, table["Joint"].n) == (
+        pytest.approx(0.9),
+        0.0,
+        1,
+    )
+
+
+def test_paper_order_then_unknown_methods(tmp_path: Path) -> None:
+    for name in ("Zeta", "Joint", "ProxyFL", "Alpha", "Regular", "CWT"):
+        make_run(tmp_path, name, 0, [row(name, 0, 0, 1, 0.5)])
+    runs = load_runs(tmp_path)
+    expected = ["Regular", "CWT", "ProxyFL", "Joint", "Alpha", "Zeta"]
+    assert [r.algorithm for r in runs] == expected
+    assert [r.algorithm for r in accuracy_table(runs)] == expected
+    assert list(curves(runs)) == expected
+
+
+def test_filters_select_runs_and_report_missing_pairs(runs_dir: Path) -> None:
+    runs = load_runs(runs_dir, algorithms=["ProxyFL", "FedAvg"], seeds=[1])
+    assert [(r.algorithm, r.seed) for r in runs] == [("FedAvg", 1), ("ProxyFL", 1)]
+    with pytest.raises(ReportError, match=r"Joint/seed_1") as info:
+        load_runs(runs_dir, algorithms=["Joint", "FedAvg"], seeds=[0, 1])
+    assert "FedAvg/seed" not in str(info.value)
+    with pytest.raises(ReportError, match=r"CWT \(any seed\)"):
+        load_runs(runs_dir, algorithms=["CWT"])
+    with pytest.raises(ReportError, match=r"Regular/seed_1"):
+        load_runs(runs_dir, seeds=[1])
+
+
+def test_filtered_out_broken_run_is_not_read(runs_dir: Path) -> None:
+    (runs_dir / "Joint" / "seed_0" / "run.json").write_text("{not json")
+    assert len(load_runs(runs_dir, algorithms=["FedAvg"])) == 2
+
+
+def test_curves_mean_and_std_per_round(runs_dir: Path) -> None:
+    points = curves(load_runs(runs_dir))["FedAvg"]
+    assert [p.round for p in points] == [1, 2]
+    assert (points[0].accuracy_mean, points[0].accuracy_std, points[0].n) == (
+        pytest.approx(0.1),
+        pytest.approx(0.0),
+        4,
+    )
+    assert points[1].accuracy_mean == pytest.approx(0.75)
+    assert points[1].macro_accuracy_std == pytest.approx(0.25)
+
+
+def test_privacy_table_from_proxyfl_with_joint_row(runs_dir: Path) -> None:
+    table = privacy_table(load_runs(runs_dir))
+    assert [r.client for r in table] == ["0", "1", "Joint"]
+    first = table[0]
+    assert (first.center, first.n_train, first.sigma, first.delta) == ("0", 38, 1.4, 1e-5)
+    assert first.epsilon == pytest.approx(2.1)  # final-round ε 2.0 and 2.2 over two seeds
+    assert (first.source, first.n_seeds) == ("ProxyFL", 2)
+    assert table[1].n_train == 39
+    joint = table[2]
+    assert (joint.center, joint.n_train, joint.source) == ("pooled", 77, "Joint")
+    assert joint.epsilon == pytest.approx(0.8)
+
+
+def test_privacy_table_falls_back_in_paper_order(runs_dir: Path) -> None:
+    runs = [r for r in load_runs(runs_dir) if r.algorithm in ("FedAvg", "Regular")]
+    table = privacy_table(runs)
+    assert {r.source for r in table} == {"FedAvg"}
+    assert [r.epsilon for r in table] == [pytest.approx(2.0)] * 2
+    regular_only = privacy_table([r for r in runs if r.algorithm == "Regular"])
+    assert [(r.source, r.epsilon) for r in regular_only] == [("Regular", 9.0)] * 2
+
+
+def test_format_table_markdown() -> None:
+    accuracy = [AccuracyRow("ProxyFL", 0.8123, 0.0344, 0.5, 0.0, 60, 15, 30)]
+    assert format_table(accuracy).splitlines() == [
+        "| Method | Accuracy | Macro-accuracy | n |",
+        "| :-- | --: | --: | --: |",
+        "| ProxyFL | 0.812 ± 0.034 | 0.500 ± 0.000 | 60 |",
+    ]
+    privacy = [PrivacyRow("Joint", "pooled", 153, 1.4, 1e-5, 1.4643, "Joint", 1)]
+    assert format_table(privacy).splitlines()[-1] == (
+        "| Joint | pooled | 153 | 1.4 | 1e-05 | 1.46 | Joint |"
+    )
+    assert format_table([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "run.json").unlink(), r"run\.json: missing run\.json"),
+        (lambda d: (d / "run.json").write_text("{oops"), r"run\.json: malformed JSON"),
+        (lambda d: (d / "metrics.jsonl").unlink(), r"metrics\.jsonl: missing"),
+        (lambda d: (d / "metrics.jsonl").write_text(""), r"metrics\.jsonl: no metrics rows"),
+        (
+            lambda d: (d / "metrics.jsonl").write_text(
+                (d / "metrics.jsonl").read_text() + '{"algorithm": "FedAvg", \n'
+            ),
+            r"metrics\.jsonl: line 7: malformed JSON",
+        ),
+        (
+            lambda d: (d / "metrics.jsonl").write_text('{"algorithm": "FedAvg", "seed": 0}\n'),
+            r"line 1: missing field\(s\) client, round",
+        ),
+    ],
+)
+def test_malformed_runs_name_the_file(runs_dir: Path, damage: Any, message: str) -> None:
+    damage(runs_dir / "FedAvg" / "seed_0")
+    with pytest.raises(ReportError, match=message) as info:
+        load_runs(runs_dir)
+    assert str(runs_dir / "FedAvg" / "seed_0") in str(info.value)
+
+
+def test_unfinished_run_says_how_to_resume(tmp_path: Path) -> None:
+    make_run(tmp_path, "CWT", 3, [row("CWT", 3, 0, 1, 0.5)], status="running")
+    with pytest.raises(ReportError, match=r"CWT/seed_3 is unfinished .*--resume"):
+        load_runs(tmp_path)
+
+
+def test_no_runs_and_mismatched_directory(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="no runs found"):
+        load_runs(tmp_path)
+    with pytest.raises(ReportError, match="does not exist"):
+        load_runs(tmp_path / "nowhere")
+    make_run(tmp_path, "FML", 0, [row("FML", 0, 0, 1, 0.5)])
+    (tmp_path / "FML" / "seed_0").rename(tmp_path / "FML" / "seed_4")
+    with pytest.raises(ReportError, match="directory is FML/seed_4"):
+        load_runs(tmp_path)
+
+
+def test_duplicate_primary_rows_are_rejected(tmp_path: Path) -> None:
+    make_run(tmp_path, "CWT", 0, [row("CWT", 0, 0, 1, 0.5), row("CWT", 0, 0, 1, 0.6)])
+    with pytest.raises(ReportError, match="two primary rows for client 0 in round 1"):
+        load_runs(tmp_path)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_write_report_files_parse_and_are_deterministic(runs_dir: Path, tmp_path: Path) -> None:
+    runs = load_runs(runs_dir)
+    paths = write_report(runs, tmp_path / "a")
+    assert all(p.is_file() for p in paths.all())
+    out = tmp_path / "a"
+    assert not list(out.rglob(".*.tmp"))
+
+    accuracy = read_csv(paths.accuracy_csv)
+    assert [r["method"] for r in accuracy] == ["Regular", "FedAvg", "ProxyFL", "Joint"]
+    assert float(accuracy[1]["accuracy_mean"]) == pytest.approx(0.75)
+    assert float(accuracy[1]["accuracy_std"]) == pytest.approx(math.sqrt(0.0125))
+    assert "| FedAvg | 0.750 ± 0.112 | 0.750 ± 0.250 | 4 |" in paths.accuracy_md.read_text()
+    privacy = read_csv(paths.privacy_csv)
+    assert [r["client"] for r in privacy] == ["0", "1", "Joint"]
+    assert float(privacy[0]["epsilon"]) == pytest.approx(2.1)
+    assert "| 0 | 0 | 38 | 1.4 | 1e-05 | 2.10 | ProxyFL |" in paths.privacy_md.read_text()
+
+    metrics = json.loads(paths.metrics_json.read_text())
+    assert metrics["FedAvg"]["accuracy_mean"] == pytest.approx(0.75)
+    assert set(metrics["FedAvg"]) == {
+        "accuracy_mean",
+        "accuracy_std",
+        "macro_accuracy_mean",
+        "macro_accuracy_std",
+    }
+    assert metrics["epsilon"] == {
+        "client_0": pytest.approx(2.1),
+        "client_1": pytest.approx(2.1),
+        "Joint": pytest.approx(0.8),
+    }
+    assert not any("." in key or " " in key for key in _keys(metrics))
+
+    curve = read_csv(paths.curves["FedAvg"])
+    assert list(curve[0]) == [
+        "round",
+        "accuracy",
+        "accuracy_std",
+        "macro_accuracy",
+        "macro_accuracy_std",
+    ]
+    assert [int(r["round"]) for r in curve] == [1, 2]
+    assert float(curve[1]["accuracy"]) == pytest.approx(0.75)
+    for png in paths.plots():
+        data = png.read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE)
+
+    again = write_report(runs, tmp_path / "b")
+    for first, second in zip(paths.all(), again.all(), strict=True):
+        assert first.read_bytes() == second.read_bytes(), first.name
+
+
+def test_write_report_removes_stale_curves(runs_dir: Path, tmp_path: Path) -> None:
+    runs = load_runs(runs_dir)
+    write_report(runs, tmp_path)
+    paths = write_report([r for r in runs if r.algorithm == "Joint"], tmp_path)
+    assert sorted(p.name for p in (tmp_path / "curves").iterdir()) == ["Joint.csv"]
+    assert [r["client"] for r in read_csv(paths.privacy_csv)] == ["Joint"]
+    with pytest.raises(ReportError):
+        write_report([], tmp_path)
+
+
+def test_command_line(runs_dir: Path, tmp_path: Path) -> None:
+    assert main([str(runs_dir), str(tmp_path / "out"), "--algorithms", "Joint"]) == 0
+    assert (tmp_path / "out" / "metrics.json").is_file()
+    assert main([str(runs_dir), str(tmp_path / "out"), "--seeds", "7"]) == 2
+
+
+def _keys(tree: dict[str, Any]) -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        keys.append(key)
+        if isinstance(value, dict):
+            keys += _keys(value)
+    return keys
