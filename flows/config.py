@@ -170,7 +170,8 @@ def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _flag_type(args[0])
     if origin is list:
-        return args[0], {"nargs": "+"}
+        kind, extra = _flag_type(args[0])
+        return kind, {**extra, "nargs": "+"}
     if origin is Literal:
         return str, {"choices": list(typing.get_args(annotation))}
     if annotation is bool:

@@ -1,14 +1,19 @@
 """Preprocessing flow: Camelyon-17 slides -> balanced, patient-disjoint HDF5 stores per centre.
 
-    slide catalogue -> slide candidates (one task per slide, in parallel)
+    slide catalogue [-> dropped candidates of --redo-slides]
+                    -> slide candidates (one task per slide, in parallel)
                     -> centre store (one task per centre) -> patch summary
 
     python -m flows.preprocess --data-root ROOT --out OUT --centers 0 1 2 3
     python -m flows.preprocess --patch-size 256 --patches-per-class 12 --seed 3 --workers 2
+    python -m flows.preprocess --centers 2 --redo-slides patient_041_node_2
 
 Defaults come from ``params.yaml`` (section ``preprocess:``); every flag overrides one.
+``--redo-slides`` is an action, not a parameter: it drops those slides' cached candidates
+so they are recomputed, and the stores of ``--centers`` are rebuilt.
 Exits 1 when a centre cannot supply the requested patches (or, with ``--strict``, on any
-slide failure), 2 on a bad parameter.
+slide failure), 2 on a bad parameter or a ``--redo-slides`` id that is not a labelled
+slide of ``--centers``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import logging
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from prefect import flow
@@ -28,7 +34,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from flows.config import DEFAULT_PARAMS, PreprocessConfig, ValidationError, add_model_flags, resolve
-from tasks.preprocess import centre_store, patch_summary, slide_candidates, slide_catalogue
+from tasks.preprocess import (
+    centre_store,
+    dropped_candidates,
+    patch_summary,
+    slide_candidates,
+    slide_catalogue,
+)
+from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError
 from wsi.preprocess import CenterReport, SlideFailure, read_center_reports
 from wsi.sampling import SlidePatches
@@ -38,6 +51,26 @@ log = logging.getLogger(__name__)
 
 class PreprocessFailed(RuntimeError):
     """Raised at the end of the flow when a centre fell short (or --strict and a slide failed)."""
+
+
+class UnknownSlidesError(ValueError):
+    """``redo_slides`` names slides that are not labelled slides of the requested centres."""
+
+
+def check_slides_known(
+    slide_ids: Sequence[str], records: Sequence[SlideRecord], centers: Sequence[int]
+) -> None:
+    """Raise :class:`UnknownSlidesError` naming every id of ``slide_ids`` that is not a
+    labelled slide of ``centers`` among ``records``."""
+    wanted = set(centers)
+    known = {r.slide_id for r in records if r.center in wanted and r.node_label is not None}
+    unknown = [slide_id for slide_id in slide_ids if slide_id not in known]
+    if unknown:
+        raise UnknownSlidesError(
+            f"--redo-slides: {', '.join(unknown)} "
+            f"{'is not a labelled slide' if len(unknown) == 1 else 'are not labelled slides'}"
+            f" of centres {', '.join(map(str, centers))}"
+        )
 
 
 def _with_progress(futures: list, description: str) -> list:
@@ -55,9 +88,16 @@ def _with_progress(futures: list, description: str) -> list:
 
 
 @flow(name="preprocess", log_prints=True)
-def preprocess(config: PreprocessConfig) -> list[CenterReport]:
-    """Build ``config.out/center_{c}.h5`` for every requested centre, with the summary."""
+def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> list[CenterReport]:
+    """Build ``config.out/center_{c}.h5`` for every requested centre, with the summary.
+
+    ``redo_slides`` (slide ids of those centres) have their cached candidates dropped
+    and recomputed first; it is an action, not a parameter, so it is not in ``config``.
+    """
     records = slide_catalogue(config.data_root, config.centers)
+    if redo_slides:
+        check_slides_known(redo_slides, records, config.centers)
+        dropped_candidates(redo_slides, config.cache_dir)
     candidate_futures = slide_candidates.map(
         records, unmapped(config.patch), unmapped(config.cache_dir), unmapped(config.backend)
     )
@@ -125,6 +165,14 @@ def task_runner(workers: int) -> TaskRunner:
     return ProcessPoolTaskRunner(max_workers=workers)
 
 
+def run_preprocess(
+    config: PreprocessConfig, redo_slides: Sequence[str] = ()
+) -> list[CenterReport]:
+    """The preprocess flow with per-slide work spread over ``config.workers`` processes."""
+    flow_run = preprocess.with_options(task_runner=task_runner(config.workers))
+    return flow_run(config, redo_slides=tuple(redo_slides))
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Path]:
     parser = argparse.ArgumentParser(
         prog="python -m flows.preprocess",
@@ -134,6 +182,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Path]:
     parser.add_argument("--config", type=Path, default=DEFAULT_PARAMS,
                         help="parameters file whose 'preprocess:' section gives the defaults")
     add_model_flags(parser, PreprocessConfig)
+    parser.add_argument(
+        "--redo-slides",
+        nargs="+",
+        metavar="ID",
+        default=[],
+        help="drop these slides' cached candidates, recompute them and rebuild the stores "
+        "of --centers (an action, not a parameter: not in params.yaml)",
+    )
     args = parser.parse_args(argv)
     return args, args.config
 
@@ -148,9 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     if not config.data_root.is_dir():
         print(f"error: data root {config.data_root} is not a directory", file=sys.stderr)
         return 2
-    runner = task_runner(config.workers)
+    redo_slides = tuple(args.redo_slides)
+    try:  # checked before any flow starts; the flow checks again for other callers
+        if redo_slides:
+            check_slides_known(redo_slides, scan_camelyon(config.data_root).slides, config.centers)
+    except UnknownSlidesError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
-        preprocess.with_options(task_runner=runner)(config)
+        run_preprocess(config, redo_slides=redo_slides)
     except PreprocessFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

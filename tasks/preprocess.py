@@ -36,6 +36,22 @@ def slide_catalogue(data_root: Path, centers: Sequence[int]) -> list[SlideRecord
     return slides
 
 
+@task(name="dropped candidates")
+def dropped_candidates(slide_ids: Sequence[str], cache_dir: Path) -> list[Path]:
+    """The cache entries of ``slide_ids``, deleted so that their candidates are recomputed."""
+    logger = get_run_logger()
+    cache = CandidateCache(cache_dir)
+    removed: list[Path] = []
+    for slide_id in dict.fromkeys(slide_ids):  # each once, in order
+        paths = cache.forget(slide_id)
+        for path in paths:
+            logger.info("redo %s: removed %s", slide_id, path)
+        if not paths:
+            logger.info("redo %s: no cached candidates in %s", slide_id, cache_dir)
+        removed.extend(paths)
+    return removed
+
+
 @task(name="slide candidates", task_run_name="candidates {record.slide_id}", retries=1)
 def slide_candidates(
     record: SlideRecord, params: PatchParams, cache_dir: Path, backend: Backend

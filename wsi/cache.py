@@ -4,6 +4,7 @@ The key covers the slide file's identity (name, size, modification time), the
 annotation file's, the slide's label and every :class:`~wsi.patches.PatchParams` field,
 so a rerun after a crash, or after adding slides, recomputes only what changed. Entries
 are written to a temporary file and renamed, so a killed run never leaves a torn entry.
+:meth:`CandidateCache.forget` drops a slide's entries, to have it recomputed on demand.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,6 +31,9 @@ def file_identity(path: Path | None) -> list[object] | None:
     return [path.name, stat.st_size, stat.st_mtime_ns]
 
 
+_KEY_LENGTH = 20
+
+
 def cache_key(record: SlideRecord, params: PatchParams) -> str:
     """Digest of everything that decides a slide's candidates."""
     content = {
@@ -37,7 +42,7 @@ def cache_key(record: SlideRecord, params: PatchParams) -> str:
         "node_label": record.node_label,
         "params": asdict(params),
     }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:_KEY_LENGTH]
 
 
 class CandidateCache:
@@ -68,3 +73,22 @@ class CandidateCache:
             np.savez(handle, coords=patches.coords, labels=patches.labels)
         os.replace(tmp, path)
         return path
+
+    def entries(self, slide_id: str) -> list[Path]:
+        """Every entry of ``slide_id``, whatever parameters and file identity it was made for."""
+        if not self.directory.is_dir():
+            return []
+        name = re.compile(rf"{re.escape(slide_id)}-[0-9a-f]{{{_KEY_LENGTH}}}\.npz")
+        return sorted(p for p in self.directory.iterdir() if name.fullmatch(p.name))
+
+    def forget(self, slide_id: str) -> list[Path]:
+        """Delete every entry of ``slide_id``, so that its candidates are computed afresh;
+        returns the files removed (none when the slide had no entry)."""
+        removed = []
+        for path in self.entries(slide_id):
+            try:
+                path.unlink()
+            except FileNotFoundError:  # removed meanwhile, e.g. by another run
+                continue
+            removed.append(path)
+        return removed

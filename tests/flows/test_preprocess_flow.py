@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.preprocess import main
+from flows.config import PreprocessConfig
+from flows.preprocess import UnknownSlidesError, main, preprocess
 from wsi.annotations import read_asap
 from wsi.catalogue import scan_camelyon
 from wsi.slide import open_slide
@@ -158,3 +159,49 @@ def test_killed_run_reruns_to_identical_stores(
     assert len(list(cache.glob("*.npz"))) == 20
     for center in (0, 1):
         assert store_path(out, center).read_bytes() == store_path(built, center).read_bytes()
+
+
+def test_redo_slides_recomputes_exactly_those_and_rebuilds_identical_stores(
+    synthetic_dataset: SynthManifest, built: Path, tmp_path: Path, caplog
+) -> None:
+    out, cache = tmp_path / "patches", tmp_path / "patches-cache"
+    shutil.copytree(built, out)
+    shutil.copytree(built.parent / f"{built.name}-cache", cache)
+    records = [
+        r for r in scan_camelyon(synthetic_dataset.root).for_centers([0, 1]) if r.node_label
+    ]
+    redo = records[0].slide_id
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cache.glob("*.npz")}
+    assert len(before) == len(records)
+    stores_before = {c: store_path(out, c).stat().st_ino for c in (0, 1)}
+
+    assert _run(synthetic_dataset.root, out, "--redo-slides", redo, redo) == 0
+
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cache.glob("*.npz")}
+    assert after.keys() == before.keys(), "same parameters, same keys"
+    changed = {name for name in before if after[name] != before[name]}
+    assert [name.rsplit("-", 1)[0] for name in changed] == [redo]
+    assert f"redo {redo}: removed {cache / next(iter(changed))}" in caplog.text
+    for center in (0, 1):
+        assert store_path(out, center).stat().st_ino != stores_before[center], "store rebuilt"
+        assert store_path(out, center).read_bytes() == store_path(built, center).read_bytes()
+
+
+def test_redo_of_an_unknown_slide_exits_2_naming_it_and_writes_nothing(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    other_centre = next(
+        r for r in scan_camelyon(synthetic_dataset.root).slides if r.center == 1 and r.node_label
+    )
+    for centers, ids in ((["0", "1"], ["patient_099_node_0"]), (["0"], [other_centre.slide_id])):
+        out = tmp_path / "p"
+        assert _run(synthetic_dataset.root, out, "--centers", *centers, "--redo-slides", *ids) == 2
+        error = capsys.readouterr().err
+        assert f"{ids[0]} is not a labelled slide of centres {', '.join(centers)}" in error
+        assert not out.exists() and not (tmp_path / "p-cache").exists()
+    config = PreprocessConfig(
+        data_root=synthetic_dataset.root, out=tmp_path / "p", cache_dir=tmp_path / "p-cache"
+    )
+    with pytest.raises(UnknownSlidesError, match="patient_099_node_0"):  # the flow checks too
+        preprocess(config, redo_slides=("patient_099_node_0",))
+    assert not (tmp_path / "p").exists() and not (tmp_path / "p-cache").exists()
