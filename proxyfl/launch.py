@@ -33,7 +33,7 @@ _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
 _ABORTED_PROCESS = re.compile(r"MPI_Abort\(.*\)\D*process (\d+)")
 _ERROR_LEVELS = (" ERROR ", " CRITICAL ")
 # proxyfl.run's own report of a rank's setup error, printed by rank 0 for every rank
-_REPORTED_RANK = re.compile(r"error: rank (\d+)\b")
+_REPORTED_RANK = re.compile(r"error: ranks? (\d+)\b")  # "rank 1 (...)", "ranks 0 (...), 1 ..."
 
 
 def mpiexec_path() -> Path:
@@ -150,7 +150,8 @@ class _RankTails:
         if rank is None:
             return [line for lines in self.by_rank.values() for line in lines]
         own = list(self.by_rank.get(rank, ()))
-        return own + [line for line in self.reported.get(rank, ()) if line not in own]
+        lines = own + [line for line in self.reported.get(rank, ()) if line not in own]
+        return lines or self.lines_of(None)
 
 
 def run_job(

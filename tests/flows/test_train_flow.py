@@ -1,0 +1,73 @@
+"""The training flow under Prefect: jobs become task runs, a failed rank fails the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.config import ConfigError, TrainFlowConfig
+from flows.train import main, train
+from proxyfl.launch import TrainingJobFailed
+from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
+
+OPTIONS = {
+    "rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
+    "device": "cpu", "input_size": 16,
+}  # fmt: skip
+
+
+def _store(directory: Path, center: int, n: int = 12) -> None:
+    rng = np.random.default_rng(center)
+    def split(name: str) -> PatchBatch:
+        labels = np.arange(n) % 2
+        return PatchBatch(
+            images=rng.integers(0, 255, (n, 8, 8, 3)), labels=labels,
+            patients=[f"patient_{center}{name[0]}{i % 2}" for i in range(n)],
+            slides=[f"slide_{i}" for i in range(n)], coords=np.zeros((n, 2)),
+        )  # fmt: skip
+    attrs = StoreAttrs(center=center, patch_size=8, level=0, mpp=0.25, n_classes=2,
+                       params_hash="test")  # fmt: skip
+    write_patch_store(store_path(directory, center), attrs,
+                      {"train": split("train"), "test": split("test")})  # fmt: skip
+
+
+def _config(data: Path, runs: Path, **overrides: object) -> TrainFlowConfig:
+    values = {"algorithms": ["FedAvg", "Joint"], "seeds": [0], "centers": [0, 1],
+              "data": data, "runs": runs, "options": OPTIONS, **overrides}  # fmt: skip
+    return TrainFlowConfig(**values)
+
+
+def test_each_job_is_a_task_run_that_writes_its_run(tmp_path: Path) -> None:
+    for center in (0, 1):
+        _store(tmp_path / "stores", center)
+    state = train(_config(tmp_path / "stores", tmp_path / "runs"), return_state=True)
+    assert state.is_completed()
+    for algorithm, world in (("FedAvg", 2), ("Joint", 1)):
+        run = json.loads((tmp_path / "runs" / algorithm / "seed_0" / "run.json").read_text())
+        assert run["status"] == "finished" and run["world_size"] == world
+
+
+def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> None:
+    _store(tmp_path / "stores", 0)  # centre 1's store is missing
+    config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"])
+    state = train(config, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(TrainingJobFailed) as failure:
+        state.result()
+    message = str(failure.value)
+    assert "ProxyFL seed 0 failed with exit code 2" in message
+    # every rank evaluates on centre 1's test split, so every rank reports the missing store
+    assert "center_1.h5: no such patch store" in message
+    assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
+
+
+def test_bad_training_options_are_refused_before_any_job(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sigma"):
+        _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "sigma": -1})
+    with pytest.raises(ConfigError, match="seed"):
+        _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "seed": 3})
+    assert main(["--rounds", "0", "--runs", str(tmp_path / "runs")]) == 2
+    assert not (tmp_path / "runs").exists()
