@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.config import ConfigError, TrainFlowConfig
+from flows.config import TrainFlowConfig, ValidationError
 from flows.train import main, train
 from proxyfl.launch import TrainingJobFailed
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
@@ -65,9 +65,9 @@ def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> No
 
 
 def test_bad_training_options_are_refused_before_any_job(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="sigma"):
+    with pytest.raises(ValidationError, match="sigma"):
         _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "sigma": -1})
-    with pytest.raises(ConfigError, match="seed"):
+    with pytest.raises(ValidationError, match="set per job"):
         _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "seed": 3})
     assert main(["--rounds", "0", "--runs", str(tmp_path / "runs")]) == 2
     assert not (tmp_path / "runs").exists()
