@@ -1,0 +1,54 @@
+"""Tiny parameter files for end-to-end runs: the demo's params.yaml with small numbers."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def tiny_params(**paths: Any) -> dict[str, Any]:
+    """params.yaml with two centres, small patches, two quick methods and one round."""
+    params = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text()))
+    params["data"]["synth"].update(
+        {"patients_per_center": 2, "num_centers": 2, "width": 3072, "height": 2048, "seed": 7}
+    )
+    params["preprocess"].update(
+        {"centers": [0, 1], "patch_size": 128, "patches_per_class": 6, "workers": 2}
+    )
+    params["train"].update({"algorithms": ["ProxyFL", "Joint"], "seeds": [0], "centers": [0, 1]})
+    params["train"]["options"].update(
+        {"rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
+         "input_size": 16, "device": "cpu"}
+    )  # fmt: skip
+    for dotted, value in paths.items():
+        section, key = dotted.split("__")
+        params[section][key] = str(value)
+    return params
+
+
+def write_params(path: Path, params: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+@pytest.fixture()
+def tool_env(tmp_path: Path) -> dict[str, str]:
+    """The environment a user's shell has after `source .venv/bin/activate`."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update({"DO_NOT_TRACK": "1", "DVC_NO_ANALYTICS": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+                "PREFECT_HOME": str(tmp_path / "prefect-home"),
+                "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    env.pop("PREFECT_API_URL", None)
+    return env

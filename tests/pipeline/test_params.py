@@ -1,0 +1,65 @@
+"""The two configurations: same keys, both valid; the pipeline refuses bad ones up front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.pipeline import PipelineConfig, main
+from tests.pipeline.conftest import REPO, tiny_params, write_params
+
+
+def _keys(mapping: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in mapping.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> None:
+    demo = yaml.safe_load((REPO / "params.yaml").read_text())
+    paper = yaml.safe_load((REPO / "params-paper.yaml").read_text())
+    assert _keys(demo) == _keys(paper)
+    PipelineConfig.from_file(REPO / "params.yaml")
+    config = PipelineConfig.from_file(REPO / "params-paper.yaml")
+    # the paper's histopathology setting (DESIGN.md §4)
+    options = config.train.options
+    assert (options["rounds"], options["batch_size"], options["lr"]) == (30, 32, 1e-3)
+    assert (options["sigma"], options["clip"], options["delta"]) == (1.4, 0.7, 1e-5)
+    assert options["dml_alpha"] == options["dml_beta"] == 0.3 and options["input_size"] is None
+    assert config.preprocess.patch_size == 512 and len(config.train.seeds) == 15
+    assert config.train.centers == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda p: p["train"]["options"].update(sigma=-1.0), "sigma"),
+        (lambda p: p["train"].update(algorithms=["FedProx"]), "algorithms"),
+        (lambda p: p["train"].update(centers=[0, 5]), "train.centers"),
+        (lambda p: p["train"].update(data="elsewhere"), "preprocess.out"),
+        (lambda p: p["preprocess"].update(patch_size=2), "patch_size"),
+    ],
+)
+def test_the_pipeline_refuses_bad_parameters_before_any_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, expected: str
+) -> None:
+    params = tiny_params(preprocess__out=tmp_path / "patches", train__data=tmp_path / "patches")
+    change(params)
+    params_file = write_params(tmp_path / "params.yaml", params)
+    assert main(["--config", str(params_file)]) == 2
+    error = capsys.readouterr().err
+    assert str(params_file) in error and expected in error
+    assert not (tmp_path / "patches").exists()
+
+
+def test_a_missing_parameters_file_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml does not exist" in capsys.readouterr().err
