@@ -30,6 +30,7 @@ def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     write_params(root / "params.yaml", tiny_params())
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
         subprocess.run(command, cwd=root, env=tool_env, check=True)
+    shutil.copy(REPO / ".dvcignore", root / ".dvcignore")
     return root
 
 
@@ -73,6 +74,18 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     forced = _dvc(project, tool_env, "repro", "--force", "--single-item", "preprocess@1")
     assert "Running stage 'preprocess@1'" in forced
     assert forced.count("Running stage") == 1
+    assert _sha(store) == before
+    assert "up to date" in _dvc(project, tool_env, "status")
+
+    # one slide, as the README has it: redo, then record the rebuilt store
+    redo = subprocess.run(
+        ["python", "-m", "flows.preprocess", "--centers", "1",
+         "--redo-slides", "patient_020_node_0"],
+        cwd=project, env=tool_env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr[-3000:]
+    assert "redo patient_020_node_0: removed" in redo.stdout + redo.stderr
+    _dvc(project, tool_env, "commit", "--force", "preprocess@1")
     assert _sha(store) == before
     assert "up to date" in _dvc(project, tool_env, "status")
 
