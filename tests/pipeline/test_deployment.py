@@ -4,6 +4,8 @@ pool, `prefect deploy --all`, a worker, `prefect deployment run --watch`, the ta
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -19,6 +21,16 @@ def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
                             text=True, timeout=timeout)  # fmt: skip
     assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """Stop the worker and whatever flow-run processes it still has (one session)."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 @pytest.mark.slow
@@ -44,6 +56,7 @@ def test_deployment_run_of_the_pipeline_on_a_worker(
         worker = subprocess.Popen(
             ["prefect", "worker", "start", "--pool", "proxyfl"], cwd=tmp_path, env=env,
             stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            start_new_session=True,
         )  # fmt: skip
         try:
             watched = subprocess.run(
@@ -53,8 +66,7 @@ def test_deployment_run_of_the_pipeline_on_a_worker(
                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1000,
             )  # fmt: skip
         finally:
-            worker.terminate()
-            worker.wait(timeout=30)
+            _stop(worker)
         log = (tmp_path / "worker.log").read_text()
         assert watched.returncode == 0, watched.stdout + watched.stderr + log[-5000:]
         assert "Completed" in watched.stdout, watched.stdout + log[-5000:]
