@@ -49,6 +49,23 @@ def mpiexec_path() -> Path:
     return Path(found)
 
 
+def option_flags(options: Mapping[str, Any]) -> list[str]:
+    """``{"batch_size": 8, "resume": True, "centers": [0, 1]}`` ->
+    ``--batch-size 8 --resume --centers 0 1``; ``None`` and ``False`` leave the default."""
+    args: list[str] = []
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, list | tuple):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """One (algorithm, seed) run over ``centers``, written to ``out``.
@@ -76,17 +93,7 @@ class TrainingJob:
         args += ["--centers", *map(str, self.centers)]
         if self.config_file is not None:
             args += ["--config", str(self.config_file)]
-        for key, value in self.options.items():
-            flag = "--" + key.replace("_", "-")
-            if value is None or value is False:
-                continue
-            if value is True:
-                args.append(flag)
-            elif isinstance(value, list | tuple):
-                args += [flag, *map(str, value)]
-            else:
-                args += [flag, str(value)]
-        return args
+        return args + option_flags(self.options)
 
     def command(self) -> list[str]:
         """The whole ``mpiexec`` command line."""

@@ -23,15 +23,12 @@ of the input (PNG files carry no software/date metadata).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import logging
 import math
-import os
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,7 +37,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, atomic_write_text
+from proxyfl.results import (
+    METRICS_FILE,
+    RUN_FILE,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+)
 
 logger = logging.getLogger("proxyfl.report")
 
@@ -696,7 +699,7 @@ def plot_curves(
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})
-    _atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _color(algorithm: str) -> tuple[float, float, float, float]:
@@ -708,17 +711,6 @@ def _color(algorithm: str) -> tuple[float, float, float, float]:
     else:  # the remaining tab10 colours, chosen by a deterministic function of the name
         index = len(PAPER_ORDER) + sum(map(ord, algorithm)) % (10 - len(PAPER_ORDER))
     return colormaps["tab10"](index)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -769,30 +761,3 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m proxyfl.report RUNS OUT [--algorithms ...] [--seeds ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m proxyfl.report", description=__doc__)
-    parser.add_argument("runs", type=Path, help="runs directory (RUNS/ALGORITHM/seed_S)")
-    parser.add_argument("out", type=Path, help="output directory (e.g. results)")
-    parser.add_argument("--algorithms", nargs="+", default=None)
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        runs = load_runs(args.runs, args.algorithms, args.seeds)
-        write_report(runs, args.out)
-    except ReportError as error:
-        logger.error("%s", error)
-        return 2
-    logger.info("accuracy\n%s", format_table(accuracy_table(runs)))
-    logger.info("privacy\n%s", format_table(privacy_table(runs)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

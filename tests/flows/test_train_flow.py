@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from flows.config import TrainFlowConfig, ValidationError
+from flows.report import main as report_main
 from flows.train import main, train
 from proxyfl.launch import TrainingJobFailed
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
@@ -40,14 +41,35 @@ def _config(data: Path, runs: Path, **overrides: object) -> TrainFlowConfig:
     return TrainFlowConfig(**values)
 
 
-def test_each_job_is_a_task_run_that_writes_its_run(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FedAvg and Joint, seed 0, trained by the flow; the state must be Completed."""
+    root = tmp_path_factory.mktemp("trained")
     for center in (0, 1):
-        _store(tmp_path / "stores", center)
-    state = train(_config(tmp_path / "stores", tmp_path / "runs"), return_state=True)
+        _store(root / "stores", center)
+    state = train(_config(root / "stores", root / "runs"), return_state=True)
     assert state.is_completed()
+    return root / "runs"
+
+
+def test_each_job_is_a_task_run_that_writes_its_run(runs: Path) -> None:
     for algorithm, world in (("FedAvg", 2), ("Joint", 1)):
-        run = json.loads((tmp_path / "runs" / algorithm / "seed_0" / "run.json").read_text())
+        run = json.loads((runs / algorithm / "seed_0" / "run.json").read_text())
         assert run["status"] == "finished" and run["world_size"] == world
+
+
+def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["--runs", str(runs), "--out", str(tmp_path / "results")]
+    assert report_main([*flags, "--algorithms", "FedAvg", "Joint", "--seeds", "0"]) == 0
+    accuracy = (tmp_path / "results" / "tables" / "accuracy.csv").read_text()
+    assert "FedAvg" in accuracy and "Joint" in accuracy
+    printed = capsys.readouterr().out  # both tables, rendered by rich
+    assert "Macro-accuracy" in printed and "pooled" in printed and "FedAvg" in printed
+
+    assert report_main([*flags, "--algorithms", "FedAvg", "--seeds", "7"]) == 1
+    assert "seed" in capsys.readouterr().err
 
 
 def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> None:

@@ -35,6 +35,18 @@ def tiny_params(**paths: Any) -> dict[str, Any]:
     return params
 
 
+def tiny_params_under(directory: Path, data_root: Path) -> dict[str, Any]:
+    """:func:`tiny_params` on ``data_root`` with every output under ``directory``."""
+    return tiny_params(
+        data__root=data_root,
+        preprocess__out=directory / "patches",
+        preprocess__cache_dir=directory / "cache",
+        train__data=directory / "patches",
+        train__runs=directory / "runs",
+        report__out=directory / "results",
+    )
+
+
 def write_params(path: Path, params: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path

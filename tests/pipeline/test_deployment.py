@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.server import prefect_server
-from tests.pipeline.conftest import REPO, tiny_params, write_params
+from tests.pipeline.conftest import REPO, tiny_params_under, write_params
 from wsi.synth import SynthManifest
 
 
@@ -38,14 +38,7 @@ def test_deployment_run_of_the_pipeline_on_a_worker(
     synthetic_dataset: SynthManifest, tmp_path: Path, tool_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    params = tiny_params(
-        data__root=synthetic_dataset.root,
-        preprocess__out=tmp_path / "patches",
-        preprocess__cache_dir=tmp_path / "cache",
-        train__data=tmp_path / "patches",
-        train__runs=tmp_path / "runs",
-        report__out=tmp_path / "results",
-    )
+    params = tiny_params_under(tmp_path, synthetic_dataset.root)
     params_file = write_params(tmp_path / "params.yaml", params)
     monkeypatch.setenv("PREFECT_HOME", tool_env["PREFECT_HOME"])  # the server's database
     with prefect_server(log_path=tmp_path / "server.log") as api_url:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from flows.pipeline import PipelineConfig, main
-from tests.pipeline.conftest import REPO, tiny_params, write_params
+from tests.pipeline.conftest import REPO, tiny_params, tiny_params_under, write_params
+from wsi.synth import SynthManifest
 
 
 def _keys(mapping: dict[str, Any], prefix: str = "") -> set[str]:
@@ -63,3 +64,13 @@ def test_a_missing_parameters_file_is_named(
 ) -> None:
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml does not exist" in capsys.readouterr().err
+
+
+def test_a_centre_that_falls_short_stops_the_pipeline_before_training(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = tiny_params_under(tmp_path, synthetic_dataset.root)
+    params["preprocess"]["patches_per_class"] = 100_000
+    assert main(["--config", str(write_params(tmp_path / "params.yaml", params))]) == 1
+    assert "centre 0" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from proxyfl.launch import option_flags
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,16 +110,8 @@ def train_args(data: Path, out: Path, algorithm: str, **options: Any) -> list[st
         "keep_final_checkpoints": True,  # the tests inspect the models a run ended with
     }  # fmt: skip
     settings.update(options)
-    args = ["--algorithm", algorithm, "--data", str(data), "--out", str(out)]
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif isinstance(value, list | tuple):
-            args += [flag, *map(str, value)]
-        else:
-            args += [flag, str(value)]
-    return args
+    return ["--algorithm", algorithm, "--data", str(data), "--out", str(out),
+            *option_flags(settings)]  # fmt: skip
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

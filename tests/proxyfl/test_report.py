@@ -21,7 +21,6 @@ from proxyfl.report import (
     curves,
     format_table,
     load_runs,
-    main,
     privacy_table,
     write_report,
 )
@@ -343,12 +342,6 @@ def test_write_report_removes_stale_curves(runs_dir: Path, tmp_path: Path) -> No
     assert [r["client"] for r in read_csv(paths.privacy_csv)] == ["Joint"]
     with pytest.raises(ReportError):
         write_report([], tmp_path)
-
-
-def test_command_line(runs_dir: Path, tmp_path: Path) -> None:
-    assert main([str(runs_dir), str(tmp_path / "out"), "--algorithms", "Joint"]) == 0
-    assert (tmp_path / "out" / "metrics.json").is_file()
-    assert main([str(runs_dir), str(tmp_path / "out"), "--seeds", "7"]) == 2
 
 
 def _keys(tree: dict[str, Any]) -> list[str]:
