@@ -8,7 +8,9 @@ Input: ``RUNS/{algorithm}/seed_{s}/{metrics.jsonl,run.json}`` as written by
     tables/privacy.{md,csv}    per client: centre, n_train, σ, δ, ε (and Joint's row)
     metrics.json               {method: {accuracy_mean, ...}, "epsilon": {client_k: ε}}
     curves/{method}.csv        round, accuracy, accuracy_std, macro_accuracy, ...
-    plots/{accuracy,macro_accuracy}.png   mean ± std per round, one line per method
+    plots/curves.png           Figure 8: accuracy (left) and macro-accuracy (right) per
+                               round, mean line and mean ± std band per method
+    plots/{accuracy,macro_accuracy}.png   the same panels as single figures
 
 Statistics are over the pooled sample of ``primary`` metric rows (the model the paper
 reports: ProxyFL's and FML's private models, FedAvg's central model, the local model
@@ -33,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -44,6 +46,11 @@ from proxyfl.results import (
     atomic_write_json,
     atomic_write_text,
 )
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: tables need none of it
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
 logger = logging.getLogger("proxyfl.report")
 
@@ -209,6 +216,27 @@ class CurvePoint:
 
 
 @dataclass(frozen=True)
+class SampleSize:
+    """How many values a method's mean ± std pools: distinct clients (primary rows of the
+    final round, over all seeds) and seeds."""
+
+    clients: int
+    seeds: int
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """How one method is drawn in every figure: Okabe–Ito colour, dash pattern, marker."""
+
+    color: str
+    linestyle: str | tuple[float, tuple[float, ...]]
+    marker: str
+    linewidth: float
+    alpha: float
+    zorder: float
+
+
+@dataclass(frozen=True)
 class ReportPaths:
     """The files :func:`write_report` wrote."""
 
@@ -220,13 +248,14 @@ class ReportPaths:
     curves: Mapping[str, Path]
     accuracy_png: Path
     macro_accuracy_png: Path
+    curves_png: Path
 
     def all(self) -> list[Path]:
         fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv]
         return [*fixed, self.metrics_json, *self.curves.values(), *self.plots()]
 
     def plots(self) -> list[Path]:
-        return [self.accuracy_png, self.macro_accuracy_png]
+        return [self.accuracy_png, self.macro_accuracy_png, self.curves_png]
 
 
 TableRow = AccuracyRow | PrivacyRow
@@ -593,7 +622,7 @@ def _csv_value(value: Any) -> Any:
 
 
 def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
-    """Write tables, metrics.json, per-method curves and the two figures under ``out_dir``.
+    """Write tables, metrics.json, per-method curves and the figures under ``out_dir``.
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed.
     """
@@ -613,6 +642,7 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
         curves={name: out_dir / "curves" / f"{safe_name(name)}.csv" for name in per_round},
         accuracy_png=out_dir / "plots" / "accuracy.png",
         macro_accuracy_png=out_dir / "plots" / "macro_accuracy.png",
+        curves_png=out_dir / "plots" / "curves.png",
     )
     atomic_write_text(paths.accuracy_md, format_table(accuracy) + _accuracy_note(accuracy))
     atomic_write_text(paths.accuracy_csv, format_csv(accuracy))
@@ -620,8 +650,12 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
     atomic_write_text(paths.privacy_csv, format_csv(privacy))
     atomic_write_json(paths.metrics_json, dvc_metrics(accuracy, privacy))
     _write_curves(per_round, paths.curves)
-    plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png)
-    plot_curves(per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png)
+    title = sample_title(sample_sizes(runs))
+    plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png, title=title)
+    plot_curves(
+        per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png, title=title
+    )
+    plot_figure(per_round, paths.curves_png, title=title)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
     return paths
 
@@ -669,48 +703,220 @@ def _write_curves(per_round: Mapping[str, list[CurvePoint]], paths: Mapping[str,
             stale.unlink()
 
 
+# --------------------------------------------------------------------------- figures
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour
+# vision deficiency. Grey is the ninth colour of R's ``palette.colors("Okabe-Ito")``; yellow
+# is kept for unknown methods only, as it fades on white paper.
+OKABE_ITO: dict[str, str] = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky blue": "#56B4E9",
+    "bluish green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "reddish purple": "#CC79A7",
+    "grey": "#999999",
+}
+EMPHASISED = "ProxyFL"
+# Colour, dash pattern (offset, on-off lengths in line widths) and marker per method: each
+# pair of dash pattern and marker is unique too, so the lines stay apart in greyscale.
+_STYLES: dict[str, tuple[str, str | tuple[float, tuple[float, ...]], str]] = {
+    "Regular": (OKABE_ITO["grey"], (0, (1, 1.5)), "v"),
+    "AvgPush": (OKABE_ITO["sky blue"], (0, (5, 1.5, 1, 1.5)), "^"),
+    "CWT": (OKABE_ITO["reddish purple"], (0, (5, 1.5, 1, 1.5, 1, 1.5)), "s"),
+    "FedAvg": (OKABE_ITO["bluish green"], (0, (3, 1.5)), "D"),
+    "FML": (OKABE_ITO["blue"], (0, (8, 2)), "P"),
+    "ProxyFL": (OKABE_ITO["vermillion"], "solid", "o"),
+    "Joint": (OKABE_ITO["black"], (0, (8, 2, 1, 2)), "X"),
+}
+_OTHER_COLORS = (OKABE_ITO["orange"], OKABE_ITO["yellow"])
+_OTHER_LINESTYLES: tuple[tuple[float, tuple[float, ...]], ...] = (
+    (0, (2, 1)),
+    (0, (8, 2, 1, 2, 1, 2)),
+    (0, (12, 3)),
+)
+_OTHER_MARKERS = ("<", ">", "h", "p", "*")
+_PANELS: tuple[tuple[str, str], ...] = (
+    ("accuracy", "Accuracy"),
+    ("macro_accuracy", "Macro-accuracy"),
+)
+_MAX_MARKERS = 12  # per line; more rounds than this get a marker every few rounds
+_BAND_ALPHA = 0.12
+
+
+def method_style(algorithm: str) -> MethodStyle:
+    """The fixed style of a method, the same in every figure: ProxyFL thick, opaque and on
+    top; the others thinner and slightly transparent so that overlapping lines show."""
+    if algorithm in _STYLES:
+        color, linestyle, marker = _STYLES[algorithm]
+    else:  # a deterministic function of the name (``hash`` of a str differs per process)
+        code = sum(map(ord, algorithm))
+        color = _OTHER_COLORS[code % len(_OTHER_COLORS)]
+        linestyle = _OTHER_LINESTYLES[code % len(_OTHER_LINESTYLES)]
+        marker = _OTHER_MARKERS[code % len(_OTHER_MARKERS)]
+    if algorithm == EMPHASISED:
+        return MethodStyle(color, linestyle, marker, linewidth=2.6, alpha=1.0, zorder=4.0)
+    return MethodStyle(color, linestyle, marker, linewidth=1.4, alpha=0.85, zorder=3.0)
+
+
+def sample_sizes(runs: Sequence[RunResult]) -> dict[str, SampleSize]:
+    """Per method (paper order): distinct clients with a primary row in the final round of
+    any of its seeds, and its number of seeds."""
+    return {
+        algorithm: SampleSize(
+            clients=len(
+                {row["client"] for run in group for row in run.primary_rows(run.final_round)}
+            ),
+            seeds=len({run.seed for run in group}),
+        )
+        for algorithm, group in _by_algorithm(runs).items()
+    }
+
+
+def sample_title(sizes: Mapping[str, SampleSize]) -> str:
+    """What the mean ± std of a figure pools, e.g. "Mean ± std over 4 clients × 3 seeds
+    (Joint: 1 pooled model × 3 seeds)"; counts that differ between methods read as a range
+    ("2–4 clients"). Joint is stated apart: it is one model on pooled data, not a client."""
+    federated = [size for name, size in sizes.items() if name != JOINT]
+    parts = []
+    if federated:
+        clients = _count([size.clients for size in federated], "client")
+        parts.append(f"{clients} × {_count([size.seeds for size in federated], 'seed')}")
+    if JOINT in sizes:
+        joint = sizes[JOINT]
+        pooled = f"{_count([joint.clients], 'pooled model')} × {_count([joint.seeds], 'seed')}"
+        parts.append(f"(Joint: {pooled})" if federated else pooled)
+    return "Mean ± std over " + " ".join(parts) if parts else "Mean ± std"
+
+
+def _count(values: Sequence[int], noun: str) -> str:
+    low, high = min(values), max(values)
+    number = str(low) if low == high else f"{low}–{high}"
+    return f"{number} {noun}{'' if high == 1 else 's'}"
+
+
 def plot_curves(
-    per_round: Mapping[str, Sequence[CurvePoint]], metric: str, label: str, path: Path
-) -> None:
-    """One line per method (legend in paper order) with a mean ± std band; x = round,
-    y in [0, 1] (as in Figure 8 of the ProxyFL paper). ``metric``: accuracy | macro_accuracy.
-    """
+    per_round: Mapping[str, Sequence[CurvePoint]],
+    metric: str,
+    label: str,
+    path: Path,
+    *,
+    title: str | None = None,
+) -> Figure:
+    """Write one panel of Figure 8 as a PNG and return its figure: one line per method
+    (legend in paper order) with a mean ± std band; x = round. ``metric``: accuracy |
+    macro_accuracy."""
+    figure = _figure(figsize=(7.6, 4.4))
+    axes = figure.add_subplot()
+    lines = _draw_panel(axes, per_round, metric, label)
+    _legend(figure, lines, loc="outside right upper", ncols=1)
+    if title:  # over the panel, not the figure: the legend takes the top right corner
+        axes.set_title(title, fontsize="medium")
+    _save_png(figure, path)
+    return figure
+
+
+def plot_figure(per_round: Mapping[str, Sequence[CurvePoint]], path: Path, *, title: str) -> Figure:
+    """Write Figure 8 of the ProxyFL paper as a PNG and return it: accuracy (left) and
+    macro-accuracy (right) per round, one mean line and mean ± std band per method, one
+    legend in paper order below both panels and ``title`` (see :func:`sample_title`) above."""
+    figure = _figure(figsize=(11.0, 4.6))
+    panels = figure.subplots(1, len(_PANELS))
+    lines: list[Line2D] = []
+    for axes, (metric, label) in zip(panels, _PANELS, strict=True):
+        lines = _draw_panel(axes, per_round, metric, label)
+        axes.set_title(label)
+    _legend(figure, lines, loc="outside lower center", ncols=min(len(lines), 7))
+    figure.suptitle(title)
+    _save_png(figure, path)
+    return figure
+
+
+def _figure(figsize: tuple[float, float]) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    # Constrained layout leaves room for a legend placed "outside" the panels.
+    figure = Figure(figsize=figsize, dpi=120, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _legend(figure: Figure, lines: Sequence[Line2D], *, loc: str, ncols: int) -> None:
+    """One legend for the figure, outside the panels so that it hides no data; long handles
+    so that the dash patterns can be told apart."""
+    if lines:
+        figure.legend(handles=lines, loc=loc, ncols=max(ncols, 1), handlelength=3.5)
+
+
+def _draw_panel(
+    axes: Axes, per_round: Mapping[str, Sequence[CurvePoint]], metric: str, label: str
+) -> list[Line2D]:
+    """Draw every method's mean line and mean ± std band of ``metric`` on ``axes``; return
+    the lines in paper order (the legend's handles)."""
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(6.4, 4.2), dpi=120)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for algorithm, points in per_round.items():
+    methods = sorted(per_round, key=_order_key)
+    longest = max((len(per_round[name]) for name in methods), default=0)
+    step = max(1, math.ceil(longest / _MAX_MARKERS))
+    lines: list[Line2D] = []
+    band_edges: list[np.ndarray] = []
+    for index, algorithm in enumerate(methods):
+        points = per_round[algorithm]
         x = np.array([p.round for p in points], dtype=float)
         mean = np.array([getattr(p, f"{metric}_mean") for p in points], dtype=float)
         std = np.array([getattr(p, f"{metric}_std") for p in points], dtype=float)
-        color = _color(algorithm)
-        axes.plot(x, mean, label=algorithm, color=color, marker="o", markersize=3)
-        axes.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        style = method_style(algorithm)
+        # Bands under every line; each method's markers start at a different round so that
+        # markers of methods with equal values do not hide one another.
+        band = {"color": style.color, "alpha": _BAND_ALPHA, "linewidth": 0, "zorder": 1.0}
+        axes.fill_between(x, mean - std, mean + std, **band)
+        (line,) = axes.plot(
+            x,
+            mean,
+            label=algorithm,
+            color=style.color,
+            linestyle=style.linestyle,
+            linewidth=style.linewidth,
+            alpha=style.alpha,
+            zorder=style.zorder,
+            marker=style.marker,
+            markersize=4.5 + 0.75 * style.linewidth,
+            markeredgecolor="white",
+            markeredgewidth=0.6,
+            markevery=(index % step, step),
+        )
+        lines.append(line)
+        band_edges += [mean - std, mean + std]
     axes.set_xlabel("Round")
     axes.set_ylabel(label)
-    axes.set_ylim(0.0, 1.0)
+    axes.set_ylim(*_y_limits(band_edges))
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
-    if per_round:
-        axes.legend(loc="lower right", fontsize="small")
-    figure.tight_layout()
+    return lines
+
+
+def _y_limits(values: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The y range: the smallest holding every mean and band edge (at least 0.1 wide), plus
+    a margin so that a line at the edge stays visible; [0, 1] when there is no data."""
+    finite = np.concatenate([*values, np.array([])])
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    if high - low < 0.1:
+        centre = (low + high) / 2
+        low, high = centre - 0.05, centre + 0.05
+    margin = 0.04 * (high - low)
+    return low - margin, high + margin
+
+
+def _save_png(figure: Figure, path: Path) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})
     atomic_write_bytes(path, buffer.getvalue())
-
-
-def _color(algorithm: str) -> tuple[float, float, float, float]:
-    """A fixed colour per method (tab10 in paper order), the same in every figure."""
-    from matplotlib import colormaps
-
-    if algorithm in PAPER_ORDER:
-        index = PAPER_ORDER.index(algorithm)
-    else:  # the remaining tab10 colours, chosen by a deterministic function of the name
-        index = len(PAPER_ORDER) + sum(map(ord, algorithm)) % (10 - len(PAPER_ORDER))
-    return colormaps["tab10"](index)
 
 
 # --------------------------------------------------------------------------- helpers

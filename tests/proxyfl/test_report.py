@@ -9,19 +9,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from proxyfl.names import ALGORITHMS
 from proxyfl.report import (
+    OKABE_ITO,
     PAPER_ORDER,
     AccuracyRow,
     PrivacyRow,
     ReportError,
+    SampleSize,
     accuracy_table,
     curves,
     format_table,
     load_runs,
+    method_style,
+    plot_curves,
+    plot_figure,
     privacy_table,
+    sample_sizes,
+    sample_title,
     write_report,
 )
 
@@ -342,6 +350,118 @@ def test_write_report_removes_stale_curves(runs_dir: Path, tmp_path: Path) -> No
     assert [r["client"] for r in read_csv(paths.privacy_csv)] == ["Joint"]
     with pytest.raises(ReportError):
         write_report([], tmp_path)
+
+
+FIXTURE_TITLE = "Mean ± std over 2 clients × 1–2 seeds (Joint: 1 pooled model × 1 seed)"
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk, which follows the signature."""
+    assert data.startswith(PNG_SIGNATURE) and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_write_report_writes_the_two_panel_figure(runs_dir: Path, tmp_path: Path) -> None:
+    paths = write_report(load_runs(runs_dir), tmp_path)
+    assert paths.curves_png == tmp_path / "plots" / "curves.png"
+    assert paths.curves_png in paths.plots() and paths.curves_png in paths.all()
+    width, height = png_size(paths.curves_png.read_bytes())
+    assert width / height > 2  # two panels side by side
+    single_width, single_height = png_size(paths.accuracy_png.read_bytes())
+    assert single_width / single_height < width / height
+
+
+def test_figure_panels_legend_and_title(runs_dir: Path, tmp_path: Path) -> None:
+    runs = load_runs(runs_dir)
+    assert sample_sizes(runs) == {
+        "Regular": SampleSize(clients=2, seeds=1),
+        "FedAvg": SampleSize(clients=2, seeds=2),
+        "ProxyFL": SampleSize(clients=2, seeds=2),
+        "Joint": SampleSize(clients=1, seeds=1),
+    }
+    title = sample_title(sample_sizes(runs))
+    assert title == FIXTURE_TITLE
+    figure = plot_figure(curves(runs), tmp_path / "curves.png", title=title)
+    assert png_size((tmp_path / "curves.png").read_bytes())[0] > 0
+    assert figure.get_suptitle() == FIXTURE_TITLE
+    panels = figure.axes
+    assert len(panels) == 2
+    assert [a.get_title() for a in panels] == ["Accuracy", "Macro-accuracy"]
+    assert [a.get_ylabel() for a in panels] == ["Accuracy", "Macro-accuracy"]
+    assert [a.get_xlabel() for a in panels] == ["Round", "Round"]
+    (legend,) = figure.legends  # one legend for both panels, in paper order
+    assert [t.get_text() for t in legend.get_texts()] == ["Regular", "FedAvg", "ProxyFL", "Joint"]
+    assert all(a.get_legend() is None for a in panels)
+    for axes in panels:
+        assert all(tick == int(tick) for tick in axes.get_xticks())
+        lines = {line.get_label(): line for line in axes.get_lines()}
+        assert list(lines) == ["Regular", "FedAvg", "ProxyFL", "Joint"]
+        proxy = lines.pop("ProxyFL")
+        assert all(proxy.get_linewidth() > line.get_linewidth() for line in lines.values())
+        assert all(proxy.get_zorder() > line.get_zorder() for line in lines.values())
+        assert proxy.get_alpha() == 1.0 and all(line.get_alpha() < 1 for line in lines.values())
+        bands = axes.collections
+        assert len(bands) == 4 and all(band.get_alpha() <= 0.25 for band in bands)
+        assert max(band.get_zorder() for band in bands) < min(
+            line.get_zorder() for line in axes.get_lines()
+        )
+        low, high = axes.get_ylim()
+        y = [line.get_ydata() for line in axes.get_lines()]
+        y += [path.vertices[:, 1] for band in bands for path in band.get_paths()]
+        values = np.concatenate(y)
+        assert low <= values.min() and values.max() <= high
+        assert low >= -0.05 and high <= 1.05
+    # Tightened to the data: FedAvg has accuracy 0.1 in round 1, a macro band up to 1.0.
+    assert panels[0].get_ylim()[0] < 0.1 and panels[1].get_ylim()[1] > 0.8
+
+
+def test_single_panel_plots_share_the_figure_styles(runs_dir: Path, tmp_path: Path) -> None:
+    per_round = curves(load_runs(runs_dir))
+    single = plot_curves(per_round, "macro_accuracy", "Macro-accuracy", tmp_path / "m.png")
+    double = plot_figure(per_round, tmp_path / "c.png", title="t")
+    (axes,) = single.axes
+    assert axes.get_ylabel() == "Macro-accuracy"
+
+    def look(line: Any) -> tuple[Any, ...]:
+        return (line.get_color(), line.get_marker(), line.get_linewidth(), line.get_zorder())
+
+    assert [look(line) for line in axes.get_lines()] == [
+        look(line) for line in double.axes[1].get_lines()
+    ]
+    for line in axes.get_lines():
+        style = method_style(line.get_label())
+        assert (line.get_color(), line.get_marker()) == (style.color, style.marker)
+        np.testing.assert_allclose(
+            line.get_ydata(), [p.macro_accuracy_mean for p in per_round[line.get_label()]]
+        )
+
+
+def test_method_styles_are_colour_blind_and_greyscale_safe() -> None:
+    styles = {name: method_style(name) for name in PAPER_ORDER}
+    palette = set(OKABE_ITO.values())
+    assert all(style.color in palette for style in styles.values())
+    triples = {(s.color, str(s.linestyle), s.marker) for s in styles.values()}
+    assert len(triples) == len(PAPER_ORDER)
+    # Distinct without colour too: every marker, and every dash pattern, differs.
+    assert len({s.marker for s in styles.values()}) == len(PAPER_ORDER)
+    assert len({str(s.linestyle) for s in styles.values()}) == len(PAPER_ORDER)
+    assert len({s.color for s in styles.values()}) == len(PAPER_ORDER)
+    proxy = styles.pop("ProxyFL")
+    assert all(proxy.linewidth > s.linewidth and proxy.zorder > s.zorder for s in styles.values())
+    assert proxy.alpha == 1.0
+    other = method_style("MyMethod")
+    assert other == method_style("MyMethod") and other.color in palette
+    assert other.marker not in {s.marker for s in styles.values()} | {proxy.marker}
+
+
+def test_sample_title_states_clients_and_seeds() -> None:
+    uniform = {name: SampleSize(4, 3) for name in ("FedAvg", "ProxyFL")}
+    assert sample_title(uniform) == "Mean ± std over 4 clients × 3 seeds"
+    mixed = {"FedAvg": SampleSize(4, 1), "ProxyFL": SampleSize(3, 1), "Joint": SampleSize(1, 2)}
+    assert sample_title(mixed) == (
+        "Mean ± std over 3–4 clients × 1 seed (Joint: 1 pooled model × 2 seeds)"
+    )
+    assert sample_title({"Joint": SampleSize(1, 5)}) == "Mean ± std over 1 pooled model × 5 seeds"
 
 
 def _keys(tree: dict[str, Any]) -> list[str]:
