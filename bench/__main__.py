@@ -1,14 +1,16 @@
 """Run the benchmarks: ``python -m bench [NAME ...]``.
 
 Every module ``bench/bench_<name>.py`` with a ``main()`` is a benchmark; with no names all
-of them run in turn (sorted by name), otherwise only those named (``preprocess`` or
-``bench_preprocess``).
+of them run in turn (sorted by name) except those that set ``IN_DEFAULT_RUN = False``
+(``fidelity``: half an hour of training, ``make fidelity``), otherwise only those named
+(``preprocess`` or ``bench_preprocess``). Each named benchmark runs with its defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import sys
 import time
@@ -26,9 +28,19 @@ def available() -> list[str]:
     return sorted(path.stem[len(PREFIX) :] for path in folder.glob(f"{PREFIX}*.py"))
 
 
+def default_run(known: Sequence[str]) -> list[str]:
+    """The benchmarks ``python -m bench`` runs without names."""
+    return [
+        name
+        for name in known
+        if getattr(importlib.import_module(f"{__package__ or 'bench'}.{PREFIX}{name}"),
+                   "IN_DEFAULT_RUN", True)
+    ]  # fmt: skip
+
+
 def run(names: Sequence[str] | None = None) -> int:
     known = available()
-    chosen = [name.removeprefix(PREFIX) for name in names] if names else known
+    chosen = [name.removeprefix(PREFIX) for name in names] if names else default_run(known)
     unknown = [name for name in chosen if name not in known]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; available: {known}", file=sys.stderr)
@@ -38,7 +50,8 @@ def run(names: Sequence[str] | None = None) -> int:
         module = importlib.import_module(f"{__package__ or 'bench'}.{PREFIX}{name}")
         print(f"== bench {name} ==", flush=True)
         start = time.perf_counter()
-        result = module.main()
+        # A benchmark's own options are its defaults here, not this command line's names.
+        result = module.main([]) if inspect.signature(module.main).parameters else module.main()
         print(f"== bench {name}: {time.perf_counter() - start:.1f} s ==", flush=True)
         if isinstance(result, int) and result:
             status = result

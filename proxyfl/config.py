@@ -44,6 +44,9 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(32, ge=1)
     eval_batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
+    # The paper trains both models of ProxyFL/FML with one learning rate. A model trained
+    # without DP noise may want a smaller step than its DP proxy: None keeps the paper's.
+    private_lr: float | None = Field(None, gt=0)
     weight_decay: float = Field(1e-4, ge=0)
     sigma: float = Field(1.4, ge=0)
     clip: float = Field(0.7, gt=0)
@@ -132,6 +135,11 @@ class TrainConfig(BaseModel):
         if self.data is None or self.out is None:
             raise ConfigError("both --data DIR and --out RUN_DIR are required")
         return self.data, self.out
+
+    @property
+    def private_learning_rate(self) -> float:
+        """The private model's Adam learning rate: ``private_lr``, else ``lr``."""
+        return self.lr if self.private_lr is None else self.private_lr
 
     def private_model_for(self, client: int) -> str:
         """The private architecture of client ``client`` (one name for all, or one each)."""

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch-size", type=int, help="expected Poisson batch size B (default 32)")
     add("--eval-batch-size", type=int, help="batch size for evaluation (default 64)")
     add("--lr", type=float, help="Adam / DP-Adam learning rate (default 1e-3)")
+    add(
+        "--private-lr",
+        type=float,
+        help="Adam learning rate of ProxyFL's and FML's private (non-DP) model "
+        "(default: --lr, as in the paper)",
+    )
     add("--weight-decay", type=float, help="Adam weight decay (default 1e-4)")
     add("--sigma", type=float, help="DP-SGD noise multiplier σ (default 1.4)")
     add("--clip", type=float, help="DP-SGD per-example clipping norm C (default 0.7)")

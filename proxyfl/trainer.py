@@ -127,7 +127,9 @@ class ClientTrainer:
             torch.manual_seed(derived_seed(cfg.seed, "private-init", self.data.center))
             self.private = build_model(name, self.data.n_classes, self.input_size).to(device)
             self.private_optimizer = torch.optim.Adam(
-                self.private.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+                self.private.parameters(),
+                lr=cfg.private_learning_rate,
+                weight_decay=cfg.weight_decay,
             )
         self.sampler_generator = seeded_generator(
             derived_seed(cfg.seed, "poisson-sampling", self.data.center), torch.device("cpu")

@@ -40,12 +40,17 @@ Rules the generated data follow
   carve-out polygon in group ``normal`` strictly inside them, drawn as healthy tissue.
   The pixels of a lesion are exactly where its polygon (minus carve-outs) lies.
 * **Pixels.** White glass (RGB about 235-245, low saturation) around one to three
-  irregular tissue blobs covering about 30-55 % of the slide. Healthy tissue: pink
-  eosin stroma with fibrous texture and scattered small round purple nuclei. Tumour:
-  purple cytoplasm crowded with large, dark, elongated nuclei. Colours come from a
-  Beer-Lambert H&E model; every centre has its own stain profile (hue of both stains,
-  their strengths, the glass colour; fixed per centre, independent of the seed), so
-  centres are not IID; each slide jitters its centre's strengths slightly.
+  irregular tissue blobs covering about 30-55 % of the slide. Healthy tissue, like a
+  lymph node: pink eosin stroma with fibrous texture, dense with small, round, dark
+  nuclei (lymphocytes). Tumour: cytoplasm shifted towards purple, with large, pale,
+  elongated nuclei. Colours come from a Beer-Lambert H&E model.
+* **Centres differ like hospitals** (:class:`CenterLook`, fixed per centre, independent
+  of the seed): stain (hue and strength of both stains, the glass colour), scanner
+  (focus blur, noise), nucleus size, and how purple tumour cytoplasm turns. So centres
+  are not IID: colour cues that separate the classes in one centre mislead in another,
+  and a classifier trained on one centre scores lower on the others than one trained on
+  all of them, while nuclear size and crowding separate the classes everywhere. Each
+  slide jitters its centre's stain strengths slightly.
 * **Slides.** Tiled pyramidal BigTIFF, JPEG tiles (``tile_size``, a multiple of 16), all
   levels in the main IFD chain, levels > 0 with ``subfiletype=1``, each level half the
   previous down to a longer side <= 512 px, resolution ``1e4 / mpp`` pixels per cm. Both
@@ -70,7 +75,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import quoteattr
@@ -107,8 +112,10 @@ _STREAM_STAIN = 4
 # Appearance, in micrometres so that it does not depend on the pixel size.
 _HEALTHY_NUCLEUS_RADIUS_UM = (1.1, 1.7)
 _TUMOUR_NUCLEUS_RADIUS_UM = (2.2, 3.6)
-_HEALTHY_AREA_PER_NUCLEUS_UM2 = 150.0
-_TUMOUR_AREA_PER_NUCLEUS_UM2 = 30.0
+_HEALTHY_AREA_PER_NUCLEUS_UM2 = 50.0
+_TUMOUR_AREA_PER_NUCLEUS_UM2 = 60.0
+_HEALTHY_NUCLEUS_LOAD = (0.85, 1.15)
+_TUMOUR_NUCLEUS_LOAD = (0.5, 0.8)
 _TISSUE_FIELD_DOWNSAMPLE = 16
 _TEXTURE_FIELD_DOWNSAMPLE = 8
 _BIG_BUFFER_BYTES = 512 * 2**20
@@ -575,6 +582,57 @@ def center_stain(center: int) -> StainProfile:
     )
 
 
+@dataclass(frozen=True)
+class CenterLook:
+    """Everything about a centre's slides that is not the patient: stain, scanner, lab.
+
+    * ``stain``: :class:`StainProfile` (the hue and strength of both stains, the glass);
+    * ``focus_blur_um``: how far the scanner's point spread smears an edge (µm): nuclei
+      get a soft rim of that width, so fine chromatin detail fades at a blurry centre;
+    * ``noise``: the scanner's sensor and stain grain, as a multiple of centre 0's;
+    * ``nucleus_scale``: every nucleus radius is multiplied by it (section thickness and
+      fixation swell or shrink cells alike in healthy and tumour tissue);
+    * ``tumour_contrast``: how far tumour cytoplasm moves from stroma towards hematoxylin
+      (1: centre 0; < 1: a lab whose tumour cytoplasm is almost as pink as its stroma).
+
+    The presets make the centres differ the way Camelyon-17's hospitals do, enough that a
+    classifier trained on one centre's colours misreads another's (the premise of federated
+    learning across hospitals) while nuclear size and crowding separate the classes
+    everywhere.
+    """
+
+    stain: StainProfile
+    focus_blur_um: float = 0.0
+    noise: float = 1.0
+    nucleus_scale: float = 1.0
+    tumour_contrast: float = 1.0
+
+
+_CENTER_LOOKS: dict[int, tuple[float, float, float, float]] = {
+    # (focus_blur_um, noise, nucleus_scale, tumour_contrast)
+    0: (0.0, 1.0, 1.00, 1.0),
+    1: (1.5, 0.6, 1.15, 0.45),
+    2: (0.5, 2.0, 0.85, 0.7),
+    3: (2.5, 1.4, 1.05, 0.35),
+    4: (1.0, 1.0, 0.95, 0.6),
+}
+
+
+def center_look(center: int) -> CenterLook:
+    """The :class:`CenterLook` of a centre: presets for 0-4, derived ones beyond."""
+    stain = center_stain(center)
+    if center in _CENTER_LOOKS:
+        return CenterLook(stain, *_CENTER_LOOKS[center])
+    rng = np.random.default_rng([_STREAM_STAIN, center, 1])
+    return CenterLook(
+        stain,
+        focus_blur_um=float(rng.uniform(0.0, 2.5)),
+        noise=float(rng.uniform(0.6, 2.0)),
+        nucleus_scale=float(rng.uniform(0.85, 1.15)),
+        tumour_contrast=float(rng.uniform(0.35, 1.0)),
+    )
+
+
 def _unit(vector: Sequence[float]) -> np.ndarray:
     array = np.asarray(vector, dtype=np.float32)
     return array / np.linalg.norm(array)
@@ -624,11 +682,15 @@ class SlidePlan:
     height: int
     mpp: float
     seed: int
-    stain: StainProfile
+    look: CenterLook  # the centre's, with this slide's stain jitter
     tissue_field: np.ndarray  # > 0 on tissue, at 1/_TISSUE_FIELD_DOWNSAMPLE
     fibre_field: np.ndarray  # stroma texture, at 1/_TEXTURE_FIELD_DOWNSAMPLE
     lesions: tuple[Lesion, ...]
     nuclei: _Nuclei = field(repr=False)
+
+    @property
+    def stain(self) -> StainProfile:
+        return self.look.stain
 
     @property
     def metastases(self) -> tuple[np.ndarray, ...]:
@@ -849,6 +911,10 @@ def _draw_nuclei(
     )
 
 
+def _scaled(interval: tuple[float, float], factor: float) -> tuple[float, float]:
+    return interval[0] * factor, interval[1] * factor
+
+
 def _keep(nuclei: _Nuclei, mask: np.ndarray) -> _Nuclei:
     return _Nuclei(
         *(getattr(nuclei, n)[mask] for n in ("x", "y", "radius_a", "radius_b", "angle", "load"))
@@ -859,7 +925,8 @@ def plan_slide(config: SynthConfig, patient: int, node: int, label: str) -> Slid
     """Draw everything random about a slide from the stream (seed, patient, node)."""
     rng = np.random.default_rng([config.seed, patient, node, _STREAM_SLIDE])
     center = patient // PATIENTS_PER_CENTER
-    stain = center_stain(center).jittered(rng)
+    look = center_look(center)
+    look = replace(look, stain=look.stain.jittered(rng))
     tissue = _tissue_field(rng, config)
     fibre = _fibre_field(rng, config)
     lesions = _place_lesions(rng, _lesion_extents(rng, label, config), tissue, config)
@@ -880,9 +947,9 @@ def plan_slide(config: SynthConfig, patient: int, node: int, label: str) -> Slid
         rng,
         int(rng.poisson(area_um2 / _HEALTHY_AREA_PER_NUCLEUS_UM2)),
         (0, 0, config.width, config.height),
-        _HEALTHY_NUCLEUS_RADIUS_UM,
+        _scaled(_HEALTHY_NUCLEUS_RADIUS_UM, look.nucleus_scale),
         1.25,
-        (0.75, 1.05),
+        _HEALTHY_NUCLEUS_LOAD,
         mpp,
     )
     points = np.stack([healthy.x, healthy.y], axis=1)
@@ -896,9 +963,9 @@ def plan_slide(config: SynthConfig, patient: int, node: int, label: str) -> Slid
             rng,
             int(rng.poisson(box_um2 / _TUMOUR_AREA_PER_NUCLEUS_UM2)),
             (x0, y0, x1, y1),
-            _TUMOUR_NUCLEUS_RADIUS_UM,
+            _scaled(_TUMOUR_NUCLEUS_RADIUS_UM, look.nucleus_scale),
             1.7,
-            (1.05, 1.5),
+            _TUMOUR_NUCLEUS_LOAD,
             mpp,
         )
         inside = _in_tumour(np.stack([tumour.x, tumour.y], axis=1), [lesion])
@@ -911,7 +978,7 @@ def plan_slide(config: SynthConfig, patient: int, node: int, label: str) -> Slid
         height=config.height,
         mpp=mpp,
         seed=config.seed,
-        stain=stain,
+        look=look,
         tissue_field=tissue,
         fibre_field=fibre,
         lesions=tuple(lesions),
@@ -947,12 +1014,17 @@ def _tumour_mask(plan: SlidePlan, y0: int, y1: int, x0: int, x1: int) -> np.ndar
 def _stamp_nuclei(
     plan: SlidePlan, candidates: np.ndarray, y0: int, y1: int, x0: int, x1: int
 ) -> np.ndarray:
-    """Hematoxylin load of the nuclei over the block (max where nuclei overlap)."""
+    """Hematoxylin load of the nuclei over the block (max where nuclei overlap).
+
+    A nucleus is full strength inside, with a linear rim ``1 + blur`` px wide across its
+    edge, ``blur`` being the centre's focus blur in level-0 px (an anti-aliased edge when 0).
+    """
     load = np.zeros((y1 - y0, x1 - x0), dtype=np.float32)
     nuclei = plan.nuclei
+    rim = 1.0 + _blur_px(plan)
     for i in candidates:
         cx, cy, a, b = nuclei.x[i], nuclei.y[i], nuclei.radius_a[i], nuclei.radius_b[i]
-        r = int(a) + 2
+        r = int(a + rim / 2) + 2
         top, bottom = max(int(cy) - r, y0), min(int(cy) + r + 1, y1)
         left, right = max(int(cx) - r, x0), min(int(cx) + r + 1, x1)
         if top >= bottom or left >= right:
@@ -962,10 +1034,14 @@ def _stamp_nuclei(
         cos, sin = math.cos(nuclei.angle[i]), math.sin(nuclei.angle[i])
         u = (dx * cos + dy * sin) / a
         v = (dy * cos - dx * sin) / b
-        edge = np.clip((1 - np.sqrt(u * u + v * v)) * b + 0.5, 0, 1)
+        edge = np.clip((1 - np.sqrt(u * u + v * v)) * b / rim + 0.5, 0, 1)
         window = load[top - y0 : bottom - y0, left - x0 : right - x0]
         np.maximum(window, edge * nuclei.load[i], out=window)
     return load
+
+
+def _blur_px(plan: SlidePlan) -> float:
+    return plan.look.focus_blur_um / plan.mpp
 
 
 _BLOCK_WIDTH = 1024  # columns rendered at a time: small arrays stay in the allocator's pool
@@ -976,7 +1052,7 @@ def render_rows(plan: SlidePlan, y0: int, y1: int) -> np.ndarray:
     # The noise of a band is keyed by its first row, so it does not depend on render order.
     rng = np.random.default_rng([plan.seed, plan.patient, plan.node, _STREAM_BAND, y0])
     nuclei = plan.nuclei
-    reach = float(np.max(nuclei.radius_a, initial=0.0)) + 2
+    reach = float(np.max(nuclei.radius_a, initial=0.0)) + _blur_px(plan) / 2 + 3
     first, last = np.searchsorted(nuclei.y, [y0 - reach, y1 + reach])
     in_rows = np.arange(first, last)
     rgb = np.empty((y1 - y0, plan.width, 3), dtype=np.uint8)
@@ -1007,14 +1083,18 @@ def _render_block(
     nuclei = _stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
 
     # Concentrations of the two stains. Healthy: eosin stroma in streaks, a trace of
-    # hematoxylin. Tumour: purple cytoplasm (more hematoxylin, less eosin), less streaky.
+    # hematoxylin. Tumour: cytoplasm moved towards purple (more hematoxylin, less eosin)
+    # by the centre's tumour contrast, less streaky.
+    look = plan.look
     eosin = fibre * np.float32(0.14)
     eosin += np.float32(0.42)
     hema = fibre * np.float32(0.01)
     hema += np.float32(0.05)
     if tumour is not None:
-        eosin = np.where(tumour, 0.30 + 0.03 * fibre, eosin)
-        hema = np.where(tumour, 0.30 + 0.04 * fibre, hema)
+        shift = np.float32(look.tumour_contrast)
+        eosin = np.where(tumour, 0.42 - 0.12 * shift + (0.14 - 0.11 * shift) * fibre, eosin)
+        hema = np.where(tumour, 0.05 + 0.25 * shift + (0.01 + 0.03 * shift) * fibre, hema)
+    grain *= np.float32(look.noise)
     eosin *= 1 + np.float32(0.12) * grain
     hema *= 1 + np.float32(0.25) * grain
     np.maximum(hema, nuclei * (1 + np.float32(0.12) * grain), out=hema)

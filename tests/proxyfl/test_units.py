@@ -152,7 +152,11 @@ def test_devices_and_seeds() -> None:
         assert choose_device("auto", count + 1) == torch.device("cuda", (count + 1) % count)
     assert derived_seed(0, "noise", 1) != derived_seed(0, "noise", 2)
     assert derived_seed(0, "noise", 1) == derived_seed(0, "noise", 1)
-    assert derived_seed(0, "a", -1) >= 0
+    # Keys are taken modulo 2**32 and the seed fits torch's 64-bit signed range.
+    assert derived_seed(0, "a", -1) == derived_seed(0, "a", 2**32 - 1)
+    assert 0 <= derived_seed(0, "a", -1) < 2**63 and derived_seed(0, "a", -1) != derived_seed(
+        0, "a"
+    )
 
 
 def test_flat_buffer_round_trip() -> None:
