@@ -2,6 +2,7 @@
 
     finished runs -> report files: results/tables/{accuracy,privacy}.{md,csv},
                      results/metrics.json, results/curves/*.csv, results/plots/*.png
+                     (plots/curves.png: Figure 8, accuracy and macro-accuracy per round)
 
     python -m flows.report
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
