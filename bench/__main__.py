@@ -2,7 +2,8 @@
 
 Every module ``bench/bench_<name>.py`` with a ``main()`` is a benchmark; with no names all
 of them run in turn (sorted by name) except those that set ``IN_DEFAULT_RUN = False``
-(``fidelity``: half an hour of training, ``make fidelity``), otherwise only those named
+(``fidelity``: half an hour of training, ``make fidelity``; ``collaboration``: needs the
+demo's stores), otherwise only those named
 (``preprocess`` or ``bench_preprocess``). Each named benchmark runs with its defaults.
 """
 

@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+IN_DEFAULT_RUN = False  # needs the demo's stores: run it after `make demo`
 
 
 def _tensors(data: Path, center: int, split: str) -> tuple[Any, Any]:  # torch tensors
