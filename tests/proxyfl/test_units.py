@@ -170,3 +170,10 @@ def test_flat_buffer_round_trip() -> None:
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="values"):
         assign_flat_parameters(other, flat[:-1])
+
+
+def test_private_learning_rate_defaults_to_the_papers_single_rate() -> None:
+    assert TrainConfig(lr=0.01).private_learning_rate == 0.01
+    assert TrainConfig(lr=0.01, private_lr=0.001).private_learning_rate == 0.001
+    with pytest.raises(ConfigError, match="--private-lr"):
+        build_config({}, {"private_lr": 0})
