@@ -30,7 +30,7 @@ def _flags(root: Path, out: Path, workers: int = 2) -> list[str]:
     return [
         *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
         *("--out", str(out), "--cache-dir", str(out.parent / f"{out.name}-cache")),
-        *("--centers", "0", "1", "--patch-size", str(PATCH_SIZE)),
+        *("--centers", "0", "1", "--patch-size", str(PATCH_SIZE), "--level", "0"),
         *("--patches-per-class", str(PER_CLASS), "--workers", str(workers)),
     ]
 
