@@ -49,7 +49,7 @@ Rules the generated data follow
   (focus blur, noise), nucleus size, and how purple tumour cytoplasm turns. So centres
   are not IID: colour cues that separate the classes in one centre mislead in another,
   and a classifier trained on one centre scores lower on the others than one trained on
-  all of them, while nuclear size and crowding separate the classes everywhere. Each
+  all of them, while nuclear size and paleness separate the classes everywhere. Each
   slide jitters its centre's stain strengths slightly.
 * **Slides.** Tiled pyramidal BigTIFF, JPEG tiles (``tile_size``, a multiple of 16), all
   levels in the main IFD chain, levels > 0 with ``subfiletype=1``, each level half the
@@ -597,7 +597,7 @@ class CenterLook:
 
     The presets make the centres differ the way Camelyon-17's hospitals do, enough that a
     classifier trained on one centre's colours misreads another's (the premise of federated
-    learning across hospitals) while nuclear size and crowding separate the classes
+    learning across hospitals) while nuclear size and paleness separate the classes
     everywhere.
     """
 
