@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from proxyfl.config import TrainConfig
+from wsi.store import PatchSplitReader, store_path
+
 REPO = Path(__file__).resolve().parents[1]
 IN_DEFAULT_RUN = False  # needs the demo's stores: run it after `make demo`
 
@@ -33,7 +36,6 @@ def _tensors(data: Path, center: int, split: str) -> tuple[Any, Any]:  # torch t
     import torch
 
     from proxyfl.data import prepare_images
-    from wsi.store import PatchSplitReader, store_path
 
     reader = PatchSplitReader(store_path(data, center), split)
     images = torch.from_numpy(np.ascontiguousarray(reader.images(slice(0, len(reader)))))
@@ -82,13 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=8)
     args = parser.parse_args(argv)
     options, centers = params["options"], list(params["centers"])
-    missing = [c for c in centers if not (args.data / f"center_{c}.h5").is_file()]
+    missing = [c for c in centers if not store_path(args.data, c).is_file()]
     if missing:
         print(f"error: no stores for centres {missing} in {args.data}", file=sys.stderr)
         return 2
     torch.set_num_threads(2)
     model_name = options["private_model"][0]
-    lr = options.get("private_lr") or options["lr"]
+    lr = TrainConfig(**options).private_learning_rate  # validates the options too
     trains = {c: _tensors(args.data, c, "train") for c in centers}
     tests = [_tensors(args.data, c, "test") for c in centers]
     labels = np.concatenate([t[1].numpy() for t in tests])

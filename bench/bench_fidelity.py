@@ -32,6 +32,7 @@ from scipy.stats import kendalltau
 from proxyfl.launch import TrainingJob, run_job
 from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from proxyfl.results import RUN_FILE
+from wsi.store import store_path
 
 REPO = Path(__file__).resolve().parents[1]
 IN_DEFAULT_RUN = False  # half an hour: `make fidelity`, not part of `make bench`
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _finished_with(run_dir: Path, options: dict[str, Any]) -> bool:
-    """Has ``run_dir`` a finished run whose configuration has these option values?"""
+    """Has ``run_dir`` a finished run trained with exactly these option values?"""
     try:
         run = json.loads((run_dir / RUN_FILE).read_text())
     except (OSError, ValueError):
@@ -89,7 +90,7 @@ def train_all(
     ]  # fmt: skip
     started = time.perf_counter()
     for number, job in enumerate(jobs, 1):
-        if _finished_with(job.out, {"rounds": options["rounds"], "lr": options.get("lr")}):
+        if _finished_with(job.out, options):
             print(f"[{number}/{len(jobs)}] {job.algorithm} seed {job.seed}: done before")
             continue
         job_started = time.perf_counter()
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = params["train"]
     data = REPO / train["data"]
     centers = list(train["centers"])
-    missing = [c for c in centers if not (data / f"center_{c}.h5").is_file()]
+    missing = [c for c in centers if not store_path(data, c).is_file()]
     if missing:
         print(
             f"error: no stores for centres {missing} in {data}: run `make fidelity` "
