@@ -11,19 +11,37 @@ import argparse
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from proxyfl.config import Algorithm, ConfigError, TrainConfig
 from proxyfl.launch import TrainingJob
 from proxyfl.names import ALGORITHMS
-from wsi.center import SamplingParams
+from wsi.center import SamplingParams, Shortfall
 from wsi.patches import PatchParams
 
 DEFAULT_PARAMS = Path("params.yaml")
 Model = TypeVar("Model", bound=BaseModel)
+
+
+def _count_or_per_centre(value: Any) -> Any:
+    """Command-line forms of a per-centre count: ``["300"]`` or ``["0=1517", "1=1701"]``."""
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        return value
+    if len(value) == 1 and "=" not in value[0]:
+        return value[0]
+    pairs = [item.split("=", 1) for item in value]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"give one number, or CENTRE=NUMBER per centre; got {' '.join(value)}")
+    return {centre: count for centre, count in pairs}
+
+
+PatchesPerClass = Annotated[
+    Annotated[int, Field(ge=1)] | dict[int, Annotated[int, Field(ge=1)]],
+    BeforeValidator(_count_or_per_centre),
+]
 
 
 class PreprocessConfig(BaseModel):
@@ -44,11 +62,44 @@ class PreprocessConfig(BaseModel):
     tumor_fraction_min: float = Field(0.5, gt=0, le=1)
     healthy_source: Literal["negative_slides", "outside_annotations"] = "negative_slides"
     min_saturation: float = Field(0.07, ge=0, le=1)
-    patches_per_class: int = Field(1000, ge=1, description="patches of each label per centre")
+    patches_per_class: PatchesPerClass = Field(
+        1000,
+        description="patches of each label per centre: one number, or one per centre "
+        "(flags: --patches-per-class 300, or --patches-per-class 0=1517 1=1701 ...)",
+    )
+    shortfall: Shortfall = Field(
+        "fail",
+        description="a centre short of patches_per_class: fail, or take_available "
+        "(as many as it has, still balanced)",
+    )
     max_per_slide: int | None = Field(None, ge=1, description="cap per slide and label")
     test_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = 0
-    strict: bool = Field(False, description="exit non-zero on any slide failure")
+    strict: bool = Field(False, description="exit non-zero on any slide or catalogue failure")
+    runner: Literal["process", "dask"] = Field(
+        "process", description="per-slide work: a local process pool, or a Dask cluster"
+    )
+    scheduler_address: str | None = Field(
+        None,
+        description="runner dask: the scheduler (tcp://host:8786); null starts a local "
+        "cluster of `workers` processes",
+    )
+
+    @model_validator(mode="after")
+    def _counts_cover_the_centres(self) -> PreprocessConfig:
+        if isinstance(self.patches_per_class, dict):
+            missing = sorted(set(self.centers) - set(self.patches_per_class))
+            if missing:
+                raise ValueError(f"patches_per_class gives no number for centre(s) {missing}")
+        if self.scheduler_address is not None and self.runner != "dask":
+            raise ValueError("scheduler_address is set but runner is not dask")
+        return self
+
+    def patches_for(self, center: int) -> int:
+        """Patches of each label that ``center``'s store is asked for."""
+        if isinstance(self.patches_per_class, dict):
+            return self.patches_per_class[center]
+        return self.patches_per_class
 
     @property
     def patch(self) -> PatchParams:
@@ -62,10 +113,11 @@ class PreprocessConfig(BaseModel):
             min_saturation=self.min_saturation,
         )
 
-    @property
-    def sampling(self) -> SamplingParams:
+    def sampling(self, center: int) -> SamplingParams:
+        """How ``center``'s store is sampled and split."""
         return SamplingParams(
-            patches_per_class=self.patches_per_class,
+            patches_per_class=self.patches_for(center),
+            shortfall=self.shortfall,
             max_per_slide=self.max_per_slide,
             test_fraction=self.test_fraction,
             seed=self.seed,
@@ -167,8 +219,12 @@ def load_section(path: Path, section: str) -> dict[str, Any]:
 def _flag_type(annotation: Any) -> tuple[Any, dict[str, Any]]:
     origin = typing.get_origin(annotation)
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin is Annotated:
+        return _flag_type(args[0])
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _flag_type(args[0])
+    if origin in (typing.Union, types.UnionType):  # e.g. a number or one per centre
+        return str, {"nargs": "+"}
     if origin is list:
         kind, extra = _flag_type(args[0])
         return kind, {**extra, "nargs": "+"}

@@ -116,7 +116,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             center,
             by_center[center],
             config.patch,
-            config.sampling,
+            config.sampling(center),
             config.out,
             config.backend,
             slide_failures[center],

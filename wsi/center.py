@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -30,14 +31,23 @@ PatchReader = Callable[[Path, int, np.ndarray, int], np.ndarray]
 """(slide path, level, level-0 coords (N, 2), patch size) -> (N, size, size, 3) uint8."""
 
 
+Shortfall = Literal["fail", "take_available"]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How many patches a centre keeps and how they are split."""
+    """How many patches a centre keeps and how they are split.
+
+    ``shortfall`` says what a centre that cannot supply ``patches_per_class`` of every
+    label does: ``"fail"`` (:class:`InsufficientPatchesError`), or ``"take_available"``:
+    as many of each label as its scarcest label has, so the store stays balanced.
+    """
 
     patches_per_class: int = 1000
     max_per_slide: int | None = None
     test_fraction: float = 0.2
     seed: int = 0
+    shortfall: Shortfall = "fail"
 
     def __post_init__(self) -> None:
         if self.patches_per_class < 1:
@@ -46,6 +56,8 @@ class SamplingParams:
             raise ValueError(f"max_per_slide must be >= 1 or null, got {self.max_per_slide}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.shortfall not in ("fail", "take_available"):
+            raise ValueError(f"shortfall must be 'fail' or 'take_available', got {self.shortfall!r}")
 
 
 class InsufficientPatchesError(Exception):
