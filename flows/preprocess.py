@@ -11,8 +11,9 @@
 Defaults come from ``params.yaml`` (section ``preprocess:``); every flag overrides one.
 ``--redo-slides`` is an action, not a parameter: it drops those slides' cached candidates
 so they are recomputed, and the stores of ``--centers`` are rebuilt.
-Exits 1 when a centre cannot supply the requested patches (or, with ``--strict``, on any
-slide failure), 2 on a bad parameter or a ``--redo-slides`` id that is not a labelled
+Every centre is checked against its ``patches_per_class`` before any store is written;
+exits 1 when a centre cannot be built (or, with ``--strict``, on any slide or catalogue
+failure), 2 on a bad parameter or a ``--redo-slides`` id that is not a labelled
 slide of ``--centers``.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.futures import as_completed
+from prefect.logging import get_run_logger
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner
 from prefect.utilities.annotations import unmapped
 from rich.console import Console
@@ -42,8 +44,13 @@ from tasks.preprocess import (
     slide_catalogue,
 )
 from wsi.catalogue import SlideRecord, scan_camelyon
-from wsi.center import InsufficientPatchesError
-from wsi.preprocess import CenterReport, SlideFailure, read_center_reports
+from wsi.center import InsufficientPatchesError, patches_to_take
+from wsi.preprocess import (
+    CenterReport,
+    SlideFailure,
+    read_center_reports,
+    record_failed_center,
+)
 from wsi.sampling import SlidePatches
 
 log = logging.getLogger(__name__)
@@ -94,7 +101,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     ``redo_slides`` (slide ids of those centres) have their cached candidates dropped
     and recomputed first; it is an action, not a parameter, so it is not in ``config``.
     """
-    records = slide_catalogue(config.data_root, config.centers)
+    records, catalogue_failures = slide_catalogue(config.data_root, config.centers)
     if redo_slides:
         check_slides_known(redo_slides, records, config.centers)
         dropped_candidates(redo_slides, config.cache_dir)
@@ -103,13 +110,30 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     )
     outcomes = [f.result() for f in _with_progress(list(candidate_futures), "slides")]
 
+    # each centre's report tells its whole story: its catalogue problems and failed slides
     slide_failures: dict[int, list[SlideFailure]] = defaultdict(list)
+    unplaced: list[SlideFailure] = []  # failures no centre's report holds
+    for problem in catalogue_failures:
+        if problem.center is None:
+            unplaced.append(problem)
+        else:
+            slide_failures[problem.center].append(problem)
     by_center: dict[int, list[SlidePatches]] = defaultdict(list)
     for record, outcome in zip(records, outcomes, strict=True):
         if isinstance(outcome, SlidePatches):
             by_center[record.center].append(outcome)
         else:
             slide_failures[record.center].append(outcome)
+
+    # every centre is checked before any store is written; the short ones are not built
+    short: dict[int, str] = {}
+    for center in config.centers:
+        try:
+            patches_to_take(center, by_center[center], config.sampling(center))
+        except InsufficientPatchesError as error:
+            short[center] = str(error)
+            get_run_logger().error("%s", error)
+            record_failed_center(center, str(error), config.out, slide_failures[center])
 
     store_futures = [
         centre_store.submit(
@@ -120,28 +144,27 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             config.out,
             config.backend,
             slide_failures[center],
+            [record for record in records if record.center == center],
         )
         for center in config.centers
+        if center not in short
     ]
-    short: list[str] = []
-    unplaced: list[SlideFailure] = []  # failures of centres that got no store
-    for center, future in zip(
-        config.centers, _with_progress(store_futures, "centre stores"), strict=True
-    ):
-        try:
-            future.result()
-        except InsufficientPatchesError as error:
-            short.append(str(error))
-            unplaced.extend(slide_failures[center])
+    failed = dict(short)
+    for future in _with_progress(store_futures, "centre stores"):
+        outcome = future.result(raise_on_failure=False)
+        if isinstance(outcome, CenterReport) and outcome.status == "failed":
+            failed[outcome.center] = outcome.error or "failed"
 
     rows = patch_summary(config.out, unplaced)
     reports = read_center_reports(config.out)
     failures = [f for r in reports if r.center in config.centers for f in r.failures] + unplaced
     print_summary(rows, failures)
-    if short:
-        raise PreprocessFailed("; ".join(short))
+    if failed:
+        raise PreprocessFailed("; ".join(failed[center] for center in sorted(failed)))
     if config.strict and failures:
-        raise PreprocessFailed(f"{len(failures)} slide(s) failed and --strict is set")
+        raise PreprocessFailed(
+            f"{len(failures)} slide or catalogue failure(s) and --strict is set"
+        )
     return [report for report in reports if report.center in config.centers]
 
 

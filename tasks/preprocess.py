@@ -6,34 +6,43 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prefect import task
+from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
+from prefect.states import Failed
 
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
-from wsi.center import SamplingParams
+from wsi.center import InsufficientPatchesError, SamplingParams
 from wsi.patches import PatchParams
 from wsi.preprocess import (
     CenterReport,
     SlideFailure,
     SlideStepError,
+    catalogue_failures,
     center_store,
+    record_failed_center,
     slide_patches,
     write_summary,
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend
+from wsi.store import StoreError
 
 
 @task(name="slide catalogue")
-def slide_catalogue(data_root: Path, centers: Sequence[int]) -> list[SlideRecord]:
-    """The labelled slides of ``centers`` under ``data_root``; problems go to the log."""
+def slide_catalogue(
+    data_root: Path, centers: Sequence[int]
+) -> tuple[list[SlideRecord], list[SlideFailure]]:
+    """The labelled slides of ``centers`` under ``data_root``, and the catalogue's
+    problems that concern them, as failures."""
     logger = get_run_logger()
     catalogue = scan_camelyon(data_root)
-    for problem in catalogue.problems:
-        logger.warning("%s", problem)
+    failures = catalogue_failures(catalogue.problems, centers)
+    for failure in failures:
+        logger.warning("catalogue: %s: %s", failure.slide, failure.error)
     slides = [s for s in catalogue.for_centers(centers) if s.node_label is not None]
     logger.info("%d labelled slides in centres %s under %s", len(slides), list(centers), data_root)
-    return slides
+    return slides, failures
 
 
 @task(name="dropped candidates")
@@ -73,13 +82,31 @@ def centre_store(
     out: Path,
     backend: Backend,
     slide_failures: Sequence[SlideFailure],
-) -> CenterReport:
-    """``out/center_{c}.h5``: never cached by Prefect, since DVC owns this output."""
-    report = center_store(center, slides, patch, sampling, out, backend, slide_failures)
-    get_run_logger().info(
-        "center_%d.h5: train %s, test %s", center, report.counts["train"], report.counts["test"]
-    )
-    return report
+    records: Sequence[SlideRecord],
+) -> CenterReport | State:
+    """``out/center_{c}.h5``: never cached by Prefect, since DVC owns this output.
+
+    A centre that cannot be built ends Failed with a one-line reason, its earlier store
+    removed and a failed report in its place (:func:`wsi.preprocess.record_failed_center`).
+    """
+    logger = get_run_logger()
+    try:
+        report = center_store(
+            center, slides, patch, sampling, out, backend, slide_failures, records
+        )
+    except (InsufficientPatchesError, StoreError) as error:
+        logger.error("center_%d.h5: %s", center, error)
+        reason = str(error)
+    except Exception as error:
+        logger.exception("center_%d.h5: unexpected failure", center)
+        reason = f"{type(error).__name__}: {error}"
+    else:
+        logger.info(
+            "center_%d.h5: train %s, test %s", center, report.counts["train"], report.counts["test"]
+        )
+        return report
+    failed = record_failed_center(center, reason, out, slide_failures)
+    return Failed(message=reason, data=failed)
 
 
 @task(name="patch summary")

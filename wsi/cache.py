@@ -1,15 +1,19 @@
 """An on-disk cache of per-slide patch candidates, keyed on the inputs that decide them.
 
 The key covers the slide file's identity (name, size, modification time), the
-annotation file's, the slide's label and every :class:`~wsi.patches.PatchParams` field,
-so a rerun after a crash, or after adding slides, recomputes only what changed. Entries
+annotation file's, the slide's label, every :class:`~wsi.patches.PatchParams` field and
+the source of the modules that compute candidates (:data:`CANDIDATE_MODULES`), so a
+rerun after a crash, or after adding slides, recomputes only what changed, and a fix in
+that code is applied to every slide. Entries
 are written to a temporary file and renamed, so a killed run never leaves a torn entry.
 :meth:`CandidateCache.forget` drops a slide's entries, to have it recomputed on demand.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +37,20 @@ def file_identity(path: Path | None) -> list[object] | None:
 
 _KEY_LENGTH = 20
 
+CANDIDATE_MODULES: tuple[str, ...] = ("wsi.annotations", "wsi.masks", "wsi.patches", "wsi.slide")
+"""The modules whose code decides a slide's candidates (reading, masks, grid, labels)."""
+
+
+@functools.cache
+def candidate_code_digest() -> str:
+    """Digest of the source of :data:`CANDIDATE_MODULES`, as this process imported them."""
+    digest = hashlib.sha256()
+    for name in CANDIDATE_MODULES:
+        source = importlib.util.find_spec(name)
+        assert source is not None and source.origin is not None, name
+        digest.update(name.encode() + b"\0" + Path(source.origin).read_bytes())
+    return digest.hexdigest()[:16]
+
 
 def cache_key(record: SlideRecord, params: PatchParams) -> str:
     """Digest of everything that decides a slide's candidates."""
@@ -41,6 +59,7 @@ def cache_key(record: SlideRecord, params: PatchParams) -> str:
         "annotation": file_identity(record.annotation),
         "node_label": record.node_label,
         "params": asdict(params),
+        "code": candidate_code_digest(),
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:_KEY_LENGTH]
 

@@ -55,11 +55,13 @@ class SlideRecord:
 
 @dataclass(frozen=True)
 class CatalogueProblem:
-    """An inconsistency found while scanning: the file, the line (if any) and what is wrong."""
+    """An inconsistency found while scanning: the file, the line (if any), what is wrong,
+    and the centre it concerns when that is known."""
 
     path: Path
     line: int | None
     message: str
+    center: int | None = None
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line is not None else str(self.path)
@@ -162,6 +164,15 @@ def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
     return found
 
 
+def _center_of_name(stem: str, centers: dict[int, int]) -> int | None:
+    """The centre of a slide known only by name: the labels file's, else ``patient // 20``."""
+    match = _SLIDE_NAME.match(stem)
+    if match is None:
+        return None
+    patient = int(match.group(1))
+    return centers.get(patient, patient // PATIENTS_PER_CENTER)
+
+
 def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
     """Scan a Camelyon-17 dataset root. Never raises for content problems; see ``problems``."""
     root = Path(root)
@@ -198,12 +209,17 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
         elif folder_center is not None and folder_center != center:
             problems.append(
                 CatalogueProblem(
-                    path, None, f"in center_{folder_center} but the labels file says {center}"
+                    path,
+                    None,
+                    f"in center_{folder_center} but the labels file says {center}",
+                    center,
                 )
             )
         node_label = labels.nodes.get(stem)
         if node_label is None and labels_path.is_file():
-            problems.append(CatalogueProblem(path, None, f"no row for {stem} in {LABELS_FILE}"))
+            problems.append(
+                CatalogueProblem(path, None, f"no row for {stem} in {LABELS_FILE}", center)
+            )
         catalogue.slides.append(
             SlideRecord(
                 slide_id=stem,
@@ -219,14 +235,26 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
 
     for stem, line in sorted(labels.node_lines.items(), key=lambda item: item[1]):
         if stem not in seen:
-            problems.append(CatalogueProblem(labels_path, line, f"label for missing slide {stem}"))
+            problems.append(
+                CatalogueProblem(
+                    labels_path, line, f"label for missing slide {stem}",
+                    _center_of_name(stem, labels.centers),
+                )
+            )  # fmt: skip
     for stem, path in annotations.items():
         if stem not in seen:
-            problems.append(CatalogueProblem(path, None, f"annotation for unknown slide {stem}"))
+            problems.append(
+                CatalogueProblem(
+                    path, None, f"annotation for unknown slide {stem}",
+                    _center_of_name(stem, labels.centers),
+                )
+            )  # fmt: skip
     for slide in catalogue.slides:
         if slide.annotation is not None and slide.node_label == "negative":
             problems.append(
-                CatalogueProblem(slide.annotation, None, f"{slide.slide_id} is labelled negative")
+                CatalogueProblem(
+                    slide.annotation, None, f"{slide.slide_id} is labelled negative", slide.center
+                )
             )
     catalogue.slides.sort(key=lambda slide: slide.slide_id)
     return catalogue

@@ -1,10 +1,13 @@
 """One centre's patch store: plan which patches it holds, then read and write them.
 
 The plan (:func:`plan_center`) samples ``patches_per_class`` patches of each label over
-the centre's slides and splits them by patient; :func:`build_center_store` reads the
-planned pixels and writes ``center_{c}.h5`` atomically. A slide whose pixels turn out to
-be unreadable at this stage is dropped and the centre re-planned without it, so one bad
-slide costs its own patches only.
+the centre's slides and puts the test patients' patches in the test split, the patients
+being chosen from the catalogue before any pixel is read (:func:`catalogue_test_patients`);
+:func:`build_center_store` reads the planned pixels and writes ``center_{c}.h5``
+atomically. A slide whose pixels turn out to be unreadable at this stage is dropped and
+the centre re-planned without it: the stable sample replaces its patches with the next
+ones of the other slides, and no patient changes split, so one bad slide costs its own
+patches only.
 """
 
 from __future__ import annotations
@@ -13,15 +16,22 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from wsi.patches import LABEL_NAMES, PatchParams
-from wsi.sampling import PatchSelection, SlidePatches, sample_balanced, split_by_patient
+from wsi.catalogue import SlideRecord
+from wsi.patches import HEALTHY, LABEL_NAMES, TUMOR, HealthySource, PatchParams
+from wsi.sampling import (
+    PatchSelection,
+    SlidePatches,
+    available_per_label,
+    sample_balanced,
+    split_patients,
+)
 from wsi.slide import SlideReadError
 from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs
 
@@ -57,7 +67,9 @@ class SamplingParams:
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.shortfall not in ("fail", "take_available"):
-            raise ValueError(f"shortfall must be 'fail' or 'take_available', got {self.shortfall!r}")
+            raise ValueError(
+                f"shortfall must be 'fail' or 'take_available', got {self.shortfall!r}"
+            )
 
 
 class InsufficientPatchesError(Exception):
@@ -68,8 +80,13 @@ class InsufficientPatchesError(Exception):
         self.found = found
         self.requested = requested
         detail = ", ".join(f"{count} {name}" for name, count in found.items())
+        scarcest = min(found.values(), default=0)
+        hint = (
+            f" (shortfall: take_available would take {scarcest} of each)" if scarcest else ""
+        )
         super().__init__(
-            f"centre {center} can supply only {detail} patches; {requested} of each requested"
+            f"centre {center} can supply only {detail} patches; {requested} of each "
+            f"requested{hint}"
         )
 
     def __reduce__(self) -> tuple[type, tuple[int, dict[str, int], int]]:
@@ -102,27 +119,98 @@ def params_hash(patch: PatchParams, sampling: SamplingParams) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan_center(
+def patches_to_take(
     center: int, slides: Sequence[SlidePatches], sampling: SamplingParams
+) -> int:
+    """Patches of each label the centre's store will hold: ``patches_per_class``, or with
+    ``shortfall="take_available"`` as many as its scarcest label offers.
+
+    Raises :class:`InsufficientPatchesError` (saying how many each label has) when the
+    centre falls short and ``shortfall`` is ``"fail"``, or when a label has none at all.
+    Needs only the candidates, so the flow checks every centre before writing any store.
+    """
+    available = available_per_label(
+        slides, labels=tuple(LABEL_NAMES), max_per_slide=sampling.max_per_slide
+    )
+    scarcest = min(available.values())
+    if scarcest >= sampling.patches_per_class:
+        return sampling.patches_per_class
+    found = {LABEL_NAMES[label]: count for label, count in available.items()}
+    if sampling.shortfall == "fail" or scarcest == 0:
+        raise InsufficientPatchesError(center, found, sampling.patches_per_class)
+    log.warning(
+        "centre %d: %s available, %d of each requested; taking %d of each (take_available)",
+        center, found, sampling.patches_per_class, scarcest,
+    )
+    return scarcest
+
+
+def plan_center(
+    center: int,
+    slides: Sequence[SlidePatches],
+    sampling: SamplingParams,
+    test_patients: Collection[str] | None = None,
 ) -> CenterPlan:
-    """Balanced sample over ``slides``, split by patient; raises if a label falls short."""
+    """A balanced sample over ``slides``, with ``test_patients``' patches as the test split.
+
+    ``test_patients`` should come from the catalogue (:func:`catalogue_test_patients`), so
+    that a slide failing now moves no patient; without it, the patients are split from
+    the labels the given slides offer.
+    """
+    per_class = patches_to_take(center, slides, sampling)
     selection = sample_balanced(
         slides,
-        sampling.patches_per_class,
+        per_class,
         labels=tuple(LABEL_NAMES),
         max_per_slide=sampling.max_per_slide,
         seed=sampling.seed,
     )
-    found = dict(zip(LABEL_NAMES.values(), selection.label_counts(len(LABEL_NAMES)), strict=True))
-    if min(found.values()) < sampling.patches_per_class:
-        raise InsufficientPatchesError(center, found, sampling.patches_per_class)
-    is_test = split_by_patient(
-        selection.patients,
-        selection.labels,
+    if test_patients is None:
+        test_patients = split_patients(
+            [slide.patient for slide in slides],
+            [set(np.unique(slide.labels).tolist()) & set(LABEL_NAMES) for slide in slides],
+            test_fraction=sampling.test_fraction,
+            seed=sampling.seed,
+        )
+    is_test = np.isin(selection.patients, sorted(test_patients))
+    plan = CenterPlan(center=center, selection=selection, is_test=is_test)
+    for name in ("train", "test"):
+        counts = plan.split(name).label_counts(len(LABEL_NAMES))
+        if min(counts) == 0:
+            log.warning("centre %d: the %s split has %s patches", center, name,
+                        dict(zip(LABEL_NAMES.values(), counts, strict=True)))
+    return plan
+
+
+def labels_offered(
+    node_label: str | None, annotated: bool, healthy_source: HealthySource
+) -> frozenset[int]:
+    """The labels a slide can give, from the catalogue alone (the rule of
+    :func:`wsi.patches.assign_labels`, without the pixels)."""
+    offered: set[int] = set()
+    if node_label == "negative" and not annotated:
+        offered.add(HEALTHY)
+    if annotated:
+        offered.add(TUMOR)
+        if healthy_source == "outside_annotations" and node_label not in (None, "itc"):
+            offered.add(HEALTHY)
+    return frozenset(offered)
+
+
+def catalogue_test_patients(
+    records: Sequence[SlideRecord], patch: PatchParams, sampling: SamplingParams
+) -> frozenset[str]:
+    """The test patients of a centre's catalogue records (see
+    :func:`wsi.sampling.split_patients`): decided before any slide is read."""
+    return split_patients(
+        [record.patient_id for record in records],
+        [
+            labels_offered(record.node_label, record.annotation is not None, patch.healthy_source)
+            for record in records
+        ],
         test_fraction=sampling.test_fraction,
         seed=sampling.seed,
     )
-    return CenterPlan(center=center, selection=selection, is_test=is_test)
 
 
 def write_plan(
@@ -169,8 +257,14 @@ def build_center_store(
     read_patches: PatchReader,
     *,
     mpp: float,
+    test_patients: Collection[str] | None = None,
 ) -> CenterResult:
-    """Plan, read and write one centre's store, dropping slides whose pixels fail to read."""
+    """Plan, read and write one centre's store, dropping slides whose pixels fail to read.
+
+    A dropped slide's patches are replaced by the next ones of the other slides (the
+    sample is stable, see :func:`wsi.sampling.sample_balanced`) and no patient changes
+    split, since ``test_patients`` is fixed up front.
+    """
     remaining = list(slides)
     dropped: list[tuple[str, str]] = []
     attrs = StoreAttrs(
@@ -182,7 +276,7 @@ def build_center_store(
         params_hash=params_hash(patch, sampling),
     )
     while True:
-        plan = plan_center(center, remaining, sampling)
+        plan = plan_center(center, remaining, sampling, test_patients)
         paths = {slide.slide_id: slide.path for slide in remaining}
         try:
             write_plan(plan, paths, out_path, attrs, read_patches, patch.level)

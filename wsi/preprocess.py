@@ -8,21 +8,24 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from wsi.annotations import AnnotationError, read_asap
 from wsi.cache import CandidateCache
-from wsi.catalogue import SlideRecord
+from wsi.catalogue import CatalogueProblem, SlideRecord
 from wsi.center import (
     CenterResult,
     InsufficientPatchesError,
     SamplingParams,
     build_center_store,
+    catalogue_test_patients,
 )
 from wsi.patches import (
     LABEL_NAMES,
@@ -37,11 +40,14 @@ from wsi.sampling import SlidePatches
 from wsi.slide import Backend, SlideReadError, open_slide
 from wsi.store import store_path
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SlideFailure:
-    """A slide left out: which one, at which step (open, annotation, tissue, lesions,
-    pixels) and why."""
+    """Something left out, at which step and why: a slide (steps open, annotation,
+    tissue, lesions, candidates, pixels), a catalogue entry (step catalogue; ``slide``
+    is then the file concerned) or a whole centre (step centre)."""
 
     slide: str
     stage: str
@@ -68,6 +74,38 @@ _STAGE_OF_ERROR: tuple[tuple[type[Exception], str], ...] = (
 )
 
 
+def catalogue_failures(
+    problems: Sequence[CatalogueProblem], centers: Sequence[int]
+) -> list[SlideFailure]:
+    """The catalogue's problems that concern ``centers`` (or no centre in particular), as
+    failures of step ``catalogue`` naming the file (and line) concerned."""
+    wanted = set(centers)
+    return [
+        SlideFailure(
+            f"{problem.path}:{problem.line}" if problem.line is not None else str(problem.path),
+            "catalogue",
+            problem.message,
+            problem.center,
+        )
+        for problem in problems
+        if problem.center is None or problem.center in wanted
+    ]
+
+
+def _stage_of(error: Exception) -> str:
+    return next((name for kind, name in _STAGE_OF_ERROR if isinstance(error, kind)), "candidates")
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, PatchError):  # its text starts with the slide id, known already
+        return error.reason
+    if isinstance(error, AnnotationError | SlideReadError):
+        return str(error)
+    if isinstance(error, MemoryError):
+        return f"out of memory ({error or 'no detail'})"
+    return f"{type(error).__name__}: {error}"
+
+
 def slide_patches(
     record: SlideRecord,
     params: PatchParams,
@@ -88,12 +126,9 @@ def slide_patches(
             candidates = compute_candidates(
                 slide, annotations, record.node_label, params, slide_id=record.slide_id
             )
-    except (AnnotationError, SlideReadError, PatchError) as error:
-        stage = next(name for kind, name in _STAGE_OF_ERROR if isinstance(error, kind))
-        # a PatchError's text starts with the slide id, which the record already holds
-        message = error.reason if isinstance(error, PatchError) else str(error)
+    except Exception as error:  # any failure of one slide, MemoryError too, is that slide's
         raise SlideStepError(
-            SlideFailure(record.slide_id, stage, message, record.center)
+            SlideFailure(record.slide_id, _stage_of(error), _reason(error), record.center)
         ) from error
     usable = candidates.labels != UNUSABLE
     patches = SlidePatches(
@@ -108,15 +143,24 @@ def slide_patches(
     return patches
 
 
+CenterStatus = Literal["complete", "failed"]
+
+
 @dataclass
 class CenterReport:
-    """Table 1 for one centre: counts per split and label, patients, slides dropped."""
+    """Table 1 for one centre: counts per split and label, patients, what was left out.
+
+    A ``"failed"`` report has no store (it was removed, so nothing stale looks current),
+    no counts, and says why in ``error``.
+    """
 
     center: int
     counts: dict[str, dict[str, int]]
     patients: dict[str, list[str]]
     store: str
     failures: list[SlideFailure] = field(default_factory=list)
+    status: CenterStatus = "complete"
+    error: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "failures": [asdict(f) for f in self.failures]}
@@ -130,7 +174,39 @@ class CenterReport:
             patients=data["patients"],  # type: ignore[arg-type]
             store=str(data["store"]),
             failures=failures,
+            status=data.get("status", "complete"),  # type: ignore[arg-type]
+            error=data.get("error"),  # type: ignore[arg-type]
         )
+
+
+def report_path(out_dir: str | os.PathLike[str], center: int) -> Path:
+    """Where centre ``center``'s report lives beside its store."""
+    return Path(out_dir) / f"center_{center}.json"
+
+
+def record_failed_center(
+    center: int,
+    error: str,
+    out_dir: str | os.PathLike[str],
+    slide_failures: Sequence[SlideFailure] = (),
+) -> CenterReport:
+    """Remove ``center``'s store, left by an earlier run, and write a ``"failed"`` report
+    in its place, so that no summary presents the old store as this run's result."""
+    path = store_path(out_dir, center)
+    if path.exists():
+        log.warning("centre %d failed: removing its earlier store %s", center, path)
+        path.unlink()
+    report = CenterReport(
+        center=center,
+        counts={},
+        patients={},
+        store="",
+        failures=[*slide_failures, SlideFailure(f"center_{center}", "centre", error, center)],
+        status="failed",
+        error=error,
+    )
+    write_json_atomic(report_path(out_dir, center), report.to_json())
+    return report
 
 
 def _level_mpp(slides: Sequence[SlidePatches], level: int, backend: Backend) -> float:
@@ -149,11 +225,15 @@ def center_store(
     out_dir: str | os.PathLike[str],
     backend: Backend = "auto",
     slide_failures: Sequence[SlideFailure] = (),
+    records: Sequence[SlideRecord] | None = None,
 ) -> CenterReport:
     """Build ``out_dir/center_{c}.h5`` and its report (also written beside it as JSON).
 
     ``slide_failures`` are the centre's slides that failed earlier steps; the report
     keeps them with those dropped here, so each centre's JSON tells its whole story.
+    ``records`` are the centre's catalogue entries, from which the patients are split
+    (so that slides failing cannot move a patient); without them the patients are
+    split from what ``slides`` offer.
 
     Raises :class:`~wsi.center.InsufficientPatchesError` when the slides cannot supply
     ``patches_per_class`` of each label.
@@ -169,9 +249,13 @@ def center_store(
         return read_patches(path, level, coords, size, backend=backend)
 
     path = store_path(out_dir, center)
-    result: CenterResult = build_center_store(
-        center, slides, patch, sampling, path, reader, mpp=_level_mpp(slides, patch.level, backend)
+    test_patients = (
+        catalogue_test_patients(records, patch, sampling) if records is not None else None
     )
+    result: CenterResult = build_center_store(
+        center, slides, patch, sampling, path, reader,
+        mpp=_level_mpp(slides, patch.level, backend), test_patients=test_patients,
+    )  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     patients: dict[str, list[str]] = {}
     for split in ("train", "test"):
@@ -190,7 +274,7 @@ def center_store(
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],
     )
-    write_json_atomic(Path(out_dir) / f"center_{center}.json", report.to_json())
+    write_json_atomic(report_path(out_dir, center), report.to_json())
     return report
 
 
@@ -206,9 +290,11 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 
 def summary_rows(reports: Sequence[CenterReport]) -> list[dict[str, object]]:
-    """One row per centre and split: healthy, tumour and total counts, patients."""
+    """One row per complete centre and split: healthy, tumour and total counts, patients."""
     rows = []
     for report in sorted(reports, key=lambda r: r.center):
+        if report.status != "complete":
+            continue
         for split in ("train", "test"):
             counts = report.counts[split]
             rows.append(

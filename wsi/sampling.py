@@ -1,12 +1,14 @@
 """Choosing a centre's patches: balanced per label, spread over slides, split by patient.
 
 Both steps are deterministic for a seed and independent of the order in which slides
-were processed (inputs are sorted by slide id first).
+were processed, and both are stable: which patches a slide gives, and which split a
+patient lands in, do not depend on the centre's other slides (see each function).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,13 @@ class PatchSelection:
         return np.bincount(self.labels, minlength=n_classes).tolist()
 
 
+def stable_key(*parts: object) -> int:
+    """A 64-bit integer digest of ``parts``: the same on every machine, run and Python
+    (unlike ``hash``), so it can seed per-slide and per-patient draws."""
+    text = "\x1f".join(map(str, parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
 def sample_balanced(
     slides: Sequence[SlidePatches],
     patches_per_class: int,
@@ -66,25 +75,34 @@ def sample_balanced(
 ) -> PatchSelection:
     """Up to ``patches_per_class`` patches of each label, spread evenly over slides.
 
-    For each label, slides take turns (in a seeded order) giving one random candidate at
-    a time, so a slide gives its k-th patch only once every slide with candidates left
-    has given k - 1; no slide gives more than ``max_per_slide`` of one label. A label
-    short of candidates yields fewer patches; the caller decides whether that is fatal.
+    For each label, slides take turns giving one candidate at a time, so a slide gives
+    its k-th patch only once every slide with candidates left has given k - 1; no slide
+    gives more than ``max_per_slide`` of one label. A label short of candidates yields
+    fewer patches; the caller decides whether that is fatal.
+
+    Stability: a slide's order of candidates, and its place in the turns, are drawn from
+    (``seed``, slide id, label) alone. So what one slide gives is always a prefix of the
+    same sequence: when another slide of the centre fails or is added, every other slide
+    keeps the patches it gave and only gives more (or fewer) from the end of its sequence.
     """
-    rng = np.random.default_rng(seed)
     slides = sorted(slides, key=lambda slide: slide.slide_id)
     cap = max_per_slide if max_per_slide is not None else patches_per_class
     chosen: list[tuple[int, int]] = []  # (slide index, candidate index)
     for label in labels:
-        pools = [rng.permutation(np.flatnonzero(slide.labels == label))[:cap] for slide in slides]
-        turn_order = rng.permutation(len(slides))
+        pools = []
+        for slide in slides:
+            rng = np.random.default_rng(stable_key(seed, slide.slide_id, label))
+            pools.append(rng.permutation(np.flatnonzero(slide.labels == label))[:cap])
+        turn_order = sorted(
+            range(len(slides)), key=lambda i: stable_key(seed, "turn", slides[i].slide_id, label)
+        )
         taken = 0
         for depth in range(max((len(pool) for pool in pools), default=0)):
             for slide_index in turn_order:
                 if taken == patches_per_class:
                     break
                 if depth < len(pools[slide_index]):
-                    chosen.append((int(slide_index), int(pools[slide_index][depth])))
+                    chosen.append((slide_index, int(pools[slide_index][depth])))
                     taken += 1
     if not chosen:
         return PatchSelection(
@@ -99,50 +117,58 @@ def sample_balanced(
     ).sorted()
 
 
-def split_by_patient(
-    patients: np.ndarray,
-    labels: np.ndarray,
+def available_per_label(
+    slides: Sequence[SlidePatches],
+    *,
+    labels: Sequence[int] = (0, 1),
+    max_per_slide: int | None = None,
+) -> dict[int, int]:
+    """How many patches of each label ``sample_balanced`` could take at most."""
+    cap = max_per_slide if max_per_slide is not None else np.iinfo(np.int64).max
+    return {
+        label: int(sum(min(int((slide.labels == label).sum()), cap) for slide in slides))
+        for label in labels
+    }
+
+
+def split_patients(
+    patients: Sequence[str],
+    offers: Sequence[Collection[int]],
     *,
     test_fraction: float,
     seed: int = 0,
-    trials: int = 4096,
-) -> np.ndarray:
-    """Boolean ``is_test`` per patch, with every patient wholly in one split.
+) -> frozenset[str]:
+    """The test patients of a centre, decided per patient from what the catalogue says.
 
-    Searches seeded random orderings of the patients; each ordering proposes its prefix
-    whose patch count is closest to ``test_fraction`` of all patches. The proposal kept
-    is the one that first has every label present in both splits (when any proposal
-    does), then the smallest distance to the target count. At least one patient goes to
-    each split when there are two or more.
+    ``offers[i]`` holds the labels slide i of ``patients[i]`` can give. Patients are
+    stratified by the union of their slides' labels (tumour and healthy, tumour only,
+    healthy only), so each kind of patient is represented in both splits when it has two
+    or more members. Within a stratum of n patients, each patient's place is drawn from
+    (``seed``, patient id) alone and the first ``round(test_fraction * n)`` go to test
+    (at least one, and never all, when n >= 2).
+
+    Stability: no pixel is read, so a slide that fails later moves no patient; a slide
+    added to a patient moves nobody unless it changes what that patient offers; a new
+    patient shifts the cut of its own stratum by at most one patient.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    unique_patients = np.unique(patients)
-    n_patients = len(unique_patients)
-    if n_patients < 2:
-        return np.zeros(len(patients), dtype=bool)
-    present = np.unique(labels)
-    # counts[p, l]: patches of label l from patient p
-    patient_index = np.searchsorted(unique_patients, patients)
-    label_index = np.searchsorted(present, labels)
-    counts = np.zeros((n_patients, len(present)), dtype=np.int64)
-    np.add.at(counts, (patient_index, label_index), 1)
-    totals = counts.sum(axis=0)
-    target = test_fraction * len(patients)
-
-    rng = np.random.default_rng(seed)
-    best_key: tuple[int, float] | None = None
-    best_test: np.ndarray | None = None
-    for _ in range(trials):
-        order = rng.permutation(n_patients)
-        prefix_counts = np.cumsum(counts[order], axis=0)[:-1]  # 1 .. n-1 test patients
-        sizes = prefix_counts.sum(axis=1)
-        both = ((prefix_counts > 0) & (prefix_counts < totals)).all(axis=1)
-        keys = np.abs(sizes - target) + np.where(both, 0, len(patients) + 1)
-        cut = int(np.argmin(keys))
-        key = (int(not both[cut]), float(abs(sizes[cut] - target)))
-        if best_key is None or key < best_key:
-            best_key = key
-            best_test = np.sort(order[: cut + 1])
-    assert best_test is not None
-    return np.isin(patient_index, best_test)
+    if len(patients) != len(offers):
+        raise ValueError(f"{len(patients)} slides' patients but {len(offers)} offers")
+    offered: dict[str, frozenset[int]] = {}
+    for patient, labels in zip(patients, offers, strict=True):
+        offered[patient] = offered.get(patient, frozenset()) | frozenset(labels)
+    test: set[str] = set()
+    for stratum in sorted(set(offered.values()), key=sorted):
+        members = sorted(
+            (p for p, labels in offered.items() if labels == stratum),
+            key=lambda p: (stable_key(seed, "split", p), p),
+        )
+        if len(members) < 2:
+            continue
+        n_test = min(max(round(test_fraction * len(members)), 1), len(members) - 1)
+        test.update(members[:n_test])
+    if not test and len(offered) >= 2:  # every stratum a single patient: split them all
+        members = sorted(offered, key=lambda p: (stable_key(seed, "split", p), p))
+        test.update(members[: min(max(round(test_fraction * len(members)), 1), len(members) - 1)])
+    return frozenset(test)

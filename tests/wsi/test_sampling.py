@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from wsi.center import InsufficientPatchesError, SamplingParams, plan_center
-from wsi.sampling import SlidePatches, sample_balanced, split_by_patient
+from wsi.sampling import SlidePatches, sample_balanced, split_patients
 
 
 def _slides(n_patients: int = 6, nodes: int = 3, per_slide: int = 30) -> list[SlidePatches]:
@@ -46,33 +46,71 @@ def test_per_slide_cap_limits_the_sample() -> None:
     assert selection.label_counts(2) == [6 * 2 * 5, 6 * 1 * 5]
 
 
-def test_patient_split_is_disjoint_and_near_the_target() -> None:
-    selection = sample_balanced(_slides(n_patients=10), 100, seed=0)
-    is_test = split_by_patient(selection.patients, selection.labels, test_fraction=0.2, seed=1)
-    assert set(selection.patients[is_test]).isdisjoint(selection.patients[~is_test])
-    assert abs(is_test.mean() - 0.2) < 0.05
-    for split in (is_test, ~is_test):
-        assert set(selection.labels[split]) == {0, 1}
-    np.testing.assert_array_equal(
-        is_test,
-        split_by_patient(selection.patients, selection.labels, test_fraction=0.2, seed=1),
-    )
+def _chosen(selection) -> dict[str, set[tuple[int, int, int]]]:
+    """Per slide, the (x, y, label) of the patches it gave."""
+    chosen: dict[str, set[tuple[int, int, int]]] = {}
+    for slide_id, (x, y), label in zip(
+        selection.slide_ids, selection.coords, selection.labels, strict=True
+    ):
+        chosen.setdefault(str(slide_id), set()).add((int(x), int(y), int(label)))
+    return chosen
 
 
-def test_split_prefers_both_labels_in_both_splits() -> None:
-    # patient a: healthy only; b: tumour only; c and d: both
-    patients = np.array(["a"] * 10 + ["b"] * 10 + ["c"] * 4 + ["d"] * 4)
-    labels = np.array([0] * 10 + [1] * 10 + [0, 0, 1, 1] * 2)
-    is_test = split_by_patient(patients, labels, test_fraction=0.2, seed=0)
-    assert set(labels[is_test]) == {0, 1} and set(labels[~is_test]) == {0, 1}
+def test_a_slide_dropped_or_added_leaves_the_others_patches_in_place() -> None:
+    slides = _slides(n_patients=5)
+    before = _chosen(sample_balanced(slides, 40, seed=2))
+    victim = slides[4].slide_id  # a tumour slide of patient 1
+    after = _chosen(sample_balanced([s for s in slides if s.slide_id != victim], 40, seed=2))
+    assert victim in before and victim not in after
+    for slide_id, patches in before.items():
+        if slide_id != victim:  # every other slide keeps what it gave, and gives more
+            assert patches <= after[slide_id], slide_id
+    # the lost tumour patches are made up by the other slides
+    assert sum(len(p) for p in after.values()) == 80
+    # adding the slide back only takes from the end of the others' sequences
+    for slide_id, patches in after.items():
+        assert before[slide_id] <= patches
+
+
+def test_the_patient_split_ignores_which_slides_survive_and_keeps_both_labels() -> None:
+    patients = [f"patient_{p:03d}" for p in range(10) for _ in range(3)]
+    offers = [{0}, {0}, {1}] * 5 + [{0}, {0}, {0}] * 5  # five with tumour slides, five without
+    test = split_patients(patients, offers, test_fraction=0.2, seed=1)
+    assert len(test) == 2 and test == split_patients(patients, offers, test_fraction=0.2, seed=1)
+    tumour_patients = {p for p, o in zip(patients, offers, strict=True) if 1 in o}
+    assert len(test & tumour_patients) == 1  # each stratum gives its share to test
+    # a slide added to a patient, without changing what it offers, moves nobody
+    more = split_patients([*patients, patients[0]], [*offers, {0}], test_fraction=0.2, seed=1)
+    assert more == test
+    # a new patient moves at most one patient of its stratum
+    grown = split_patients([*patients, "patient_099"], [*offers, {0}], test_fraction=0.2, seed=1)
+    assert len(test - grown) <= 1
+    assert split_patients(patients, offers, test_fraction=0.2, seed=2) != test
     with pytest.raises(ValueError):
-        split_by_patient(patients, labels, test_fraction=1.0)
-    single = split_by_patient(np.array(["a", "a"]), np.array([0, 1]), test_fraction=0.2)
-    assert not single.any()
+        split_patients(patients, offers, test_fraction=1.0)
+    assert split_patients(["a", "a"], [{0}, {1}], test_fraction=0.2) == frozenset()
+
+
+def test_the_plan_splits_by_the_given_patients_and_stays_balanced() -> None:
+    slides = _slides(n_patients=10)
+    test_patients = frozenset({"patient_003", "patient_007"})
+    plan = plan_center(0, slides, SamplingParams(patches_per_class=60), test_patients)
+    assert plan.selection.label_counts(2) == [60, 60]
+    assert set(plan.split("test").patients) == test_patients
+    assert test_patients.isdisjoint(plan.split("train").patients)
+
+
+def test_take_available_keeps_the_store_balanced() -> None:
+    slides = _slides(n_patients=1)  # 54 healthy, 27 tumour candidates
+    plan = plan_center(
+        3, slides, SamplingParams(patches_per_class=100, shortfall="take_available")
+    )
+    assert plan.selection.label_counts(2) == [27, 27]
 
 
 def test_plan_reports_a_short_centre() -> None:
     with pytest.raises(InsufficientPatchesError) as caught:
         plan_center(3, _slides(n_patients=1), SamplingParams(patches_per_class=100))
     assert caught.value.center == 3 and caught.value.found == {"healthy": 54, "tumor": 27}
-    assert "centre 3" in str(caught.value) and "100 of each" in str(caught.value)
+    message = str(caught.value)
+    assert "centre 3" in message and "100 of each" in message and "take 27 of each" in message

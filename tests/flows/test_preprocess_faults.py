@@ -1,0 +1,76 @@
+"""Faults of the bad-input campaign, each recorded where the user looks (``failures.json``,
+the centre's report, the exit code) while the rest of the run finishes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+from flows.preprocess import main
+from wsi.catalogue import scan_camelyon
+from wsi.store import read_store_info, store_path
+from wsi.synth import SynthManifest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(root: Path, out: Path, *extra: str) -> int:
+    return main(
+        [
+            *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
+            *("--out", str(out), "--cache-dir", str(out.parent / "cache")),
+            *("--centers", "0", "1", "--patch-size", "128", "--level", "0", "--workers", "2"),
+            *extra,
+        ]
+    )
+
+
+def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    with (root / "stage_labels.csv").open("a", newline="") as labels:
+        csv.writer(labels).writerow(["patient_000_node_9.tif", "negative"])  # no such slide
+    line = len((root / "stage_labels.csv").read_text().splitlines())
+    victim = next(s for s in scan_camelyon(root).for_centers([0]) if s.node_label == "negative")
+    victim.path.write_bytes(victim.path.read_bytes()[: victim.path.stat().st_size // 2])
+    out = tmp_path / "patches"
+    out.mkdir()
+    (out / "center_1.h5").write_bytes(b"a store from an earlier run")
+    (out / "center_1.json").write_text(json.dumps({"center": 1, "counts": {}, "patients": {},
+                                                   "store": "center_1.h5"}))
+
+    assert _run(root, out, "--patches-per-class", "0=6", "1=100000") == 1
+
+    error = capsys.readouterr().err
+    assert "centre 1 can supply only" in error and "100000 of each requested" in error
+    recorded = json.loads((out / "failures.json").read_text())
+    failures = {(f["stage"], f["slide"]): f for f in recorded}
+    catalogue = failures[("catalogue", f"{root / 'stage_labels.csv'}:{line}")]
+    assert "label for missing slide patient_000_node_9" in catalogue["error"]
+    assert catalogue["center"] == 0
+    assert [key for key in failures if key[1] == victim.slide_id], "the truncated slide"
+    assert failures[("centre", "center_1")]["center"] == 1
+    # centre 1 failed: its earlier store is gone and its report says so
+    assert not (out / "center_1.h5").exists()
+    report = json.loads((out / "center_1.json").read_text())
+    assert report["status"] == "failed" and "100000 of each" in report["error"]
+    summary = (out / "summary.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in summary[1:]] == ["0", "0"]
+    # centre 0 finished without the truncated slide
+    stored = read_store_info(store_path(out, 0))
+    assert victim.slide_id not in stored.splits["train"].slides + stored.splits["test"].slides
+
+    # the catalogue problem alone is enough for --strict
+    victim.path.unlink()
+    with (root / "stage_labels.csv").open() as labels:
+        rows = [row for row in csv.reader(labels) if row[0] != f"{victim.slide_id}.tif"]
+    with (root / "stage_labels.csv").open("w", newline="") as labels:
+        csv.writer(labels).writerows(rows)
+    assert _run(root, out, "--patches-per-class", "6") == 0
+    assert [f["stage"] for f in json.loads((out / "failures.json").read_text())] == ["catalogue"]
+    assert _run(root, out, "--patches-per-class", "6", "--strict") == 1
+    assert "1 slide or catalogue failure(s) and --strict is set" in capsys.readouterr().err
