@@ -47,3 +47,39 @@ def test_unreadable_pixels_drop_the_slide(synthetic_dataset: SynthManifest, tmp_
     info = read_store_info(store_path(tmp_path / "out", 0))
     stored = info.splits["train"].slides + info.splits["test"].slides
     assert victim.slide_id not in stored and len(stored) == 12
+
+
+def _by_slide(info) -> tuple[dict[str, set[tuple[int, int]]], dict[str, set[str]]]:
+    patches: dict[str, set[tuple[int, int]]] = {}
+    patients: dict[str, set[str]] = {}
+    for split in ("train", "test"):
+        meta = info.splits[split]
+        patients[split] = set(meta.patients)
+        for slide_id, (x, y) in zip(meta.slides, meta.coords, strict=True):
+            patches.setdefault(slide_id, set()).add((int(x), int(y)))
+    return patches, patients
+
+
+def test_a_slide_failing_moves_no_patient_and_no_other_slides_patch(
+    synthetic_dataset: SynthManifest, tmp_path: Path
+) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    params, sampling = PatchParams(patch_size=128), SamplingParams(patches_per_class=8)
+    records = [r for r in scan_camelyon(root).for_centers([0]) if r.node_label]
+    patches = [slide_patches(r, params, CandidateCache(tmp_path / "cache")) for r in records]
+    whole = center_store(0, patches, params, sampling, tmp_path / "whole", records=records)
+    before, split_before = _by_slide(read_store_info(store_path(tmp_path / "whole", 0)))
+    victim = next(p for p in patches if p.slide_id in before and (p.labels == 0).any())
+    _corrupt_level0_tiles(victim.path)
+
+    report = center_store(0, patches, params, sampling, tmp_path / "out", records=records)
+
+    assert [f.slide for f in report.failures] == [victim.slide_id]
+    after, split_after = _by_slide(read_store_info(store_path(tmp_path / "out", 0)))
+    assert report.patients == whole.patients and split_after == split_before
+    assert victim.slide_id not in after
+    for slide_id, kept in before.items():
+        if slide_id != victim.slide_id:
+            assert kept <= after[slide_id], f"{slide_id} lost patches it gave before"
+    assert sum(map(len, after.values())) == sum(map(len, before.values())) == 16
