@@ -29,13 +29,15 @@ from pathlib import Path
 from prefect import flow
 from prefect.futures import as_completed
 from prefect.logging import get_run_logger
-from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner
+from prefect.task_runners import TaskRunner
 from prefect.utilities.annotations import unmapped
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from flows.config import DEFAULT_PARAMS, PreprocessConfig, ValidationError, add_model_flags, resolve
+from flows.processes import ParentBoundProcessPool
+from flows.server import ServerStartError, address_towards, shared_prefect_api
 from tasks.preprocess import (
     centre_store,
     dropped_candidates,
@@ -182,18 +184,44 @@ def print_summary(rows: list[dict[str, object]], failures: list[SlideFailure]) -
         console.print(f"[red]failed[/red] {failure.slide} at {failure.stage}: {failure.error}")
 
 
-def task_runner(workers: int) -> TaskRunner:
-    """Per-slide work runs in ``workers`` processes; swap in e.g. prefect-dask's
-    ``DaskTaskRunner(address=...)`` here to spread slides over a cluster."""
-    return ProcessPoolTaskRunner(max_workers=workers)
+def task_runner(config: PreprocessConfig) -> TaskRunner:
+    """Where the flow's tasks run, by ``config.runner``:
+
+    - ``process``: a pool of ``config.workers`` local processes;
+    - ``dask``: the Dask cluster whose scheduler is ``config.scheduler_address``, else a
+      local cluster of ``config.workers`` worker processes of one thread each.
+
+    Local workers die with this process, even when it is killed (:mod:`flows.processes`).
+    """
+    if config.runner == "process":
+        return ParentBoundProcessPool(max_workers=config.workers)
+    from prefect_dask import DaskTaskRunner  # imports distributed: only when asked for
+
+    if config.scheduler_address:
+        return DaskTaskRunner(address=config.scheduler_address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": config.workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,  # parallel runs would fight over :8787
+        }
+    )
 
 
 def run_preprocess(
     config: PreprocessConfig, redo_slides: Sequence[str] = ()
 ) -> list[CenterReport]:
-    """The preprocess flow with per-slide work spread over ``config.workers`` processes."""
-    flow_run = preprocess.with_options(task_runner=task_runner(config.workers))
-    return flow_run(config, redo_slides=tuple(redo_slides))
+    """The preprocess flow on ``config``'s runner (:func:`task_runner`).
+
+    The flow and all its workers report to one Prefect API: the configured one, else a
+    server started for this run (:func:`flows.server.shared_prefect_api`); with a remote
+    Dask scheduler, that server listens on the address the scheduler's network reaches.
+    """
+    host = address_towards(config.scheduler_address) if config.scheduler_address else "127.0.0.1"
+    with shared_prefect_api(host):
+        flow_run = preprocess.with_options(task_runner=task_runner(config))
+        return flow_run(config, redo_slides=tuple(redo_slides))
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Path]:
@@ -236,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run_preprocess(config, redo_slides=redo_slides)
-    except PreprocessFailed as error:
+    except (PreprocessFailed, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

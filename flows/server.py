@@ -6,12 +6,17 @@ Without a server, every flow run starts its own temporary one (and so does every
 process of a process-pool task runner): 5-15 s each. ``make demo`` runs ``dvc repro``
 through this, so its dozen flow runs share one server. When ``PREFECT_API_URL`` is
 already set, the command simply runs against that server.
+
+:func:`shared_prefect_api` does the same for one flow run and the worker processes it
+starts (``python -m flows.preprocess``). The server dies with the process that started it,
+even when that one is killed (:mod:`flows.processes`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -21,6 +26,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from flows.processes import parent_bound_command
+
+log = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
@@ -46,14 +56,18 @@ def prefect_server(
     host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 180.0,
     log_path: Path | None = None,
 ) -> Iterator[str]:
-    """Start ``prefect server start`` and yield its API URL; stop it on exit."""
+    """Start ``prefect server start`` and yield its API URL; stop it on exit.
+
+    The server is killed with the calling process if that dies first (Linux).
+    """
     port = port or free_port(host)
     api_url = f"http://{host}:{port}/api"
     prefect = Path(sys.executable).parent / "prefect"
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    output = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
     server = subprocess.Popen(
-        [str(prefect), "server", "start", "--host", host, "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        parent_bound_command([str(prefect), "server", "start", "--host", host,
+                              "--port", str(port)]),
+        stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s
@@ -74,7 +88,62 @@ def prefect_server(
             server.kill()
             server.wait()
         if log_path:
-            log.close()  # type: ignore[union-attr]
+            output.close()  # type: ignore[union-attr]
+
+
+def address_towards(url: str) -> str:
+    """This machine's IP address on the route to ``url``'s host (e.g. a Dask scheduler's
+    ``tcp://host:8786``): the address at which that host's network can reach us."""
+    parts = urlsplit(url if "://" in url else f"tcp://{url}")
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r}")
+    family = socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((parts.hostname, parts.port or 80))  # chooses a route, sends nothing
+        return str(probe.getsockname()[0])
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
+def shared_prefect_api(host: str = "127.0.0.1") -> Iterator[str | None]:
+    """The Prefect API that flow runs in this block, and every worker process they start,
+    report to; yields its URL.
+
+    - ``PREFECT_API_URL`` already set (in the environment or the active Prefect settings):
+      that server; nothing is started.
+    - Inside a running flow: nothing is started either (yields ``None``); the flow runs of
+      the block report wherever their parent does.
+    - Otherwise: one server on ``host`` (:func:`prefect_server`), for the block. Its URL is
+      set in this process's Prefect settings and in ``os.environ``, so that the workers of
+      a process pool or of a local Dask cluster, which inherit both, report to it instead
+      of each starting a temporary server of its own.
+    """
+    from prefect.context import FlowRunContext
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    configured = get_current_settings().api.url
+    if configured or FlowRunContext.get() is not None:
+        yield configured
+        return
+    started = time.monotonic()
+    with prefect_server(host=host) as api_url:
+        log.info("Prefect server for this run: %s (up in %.1f s)", api_url.removesuffix("/api"),
+                 time.monotonic() - started)
+        with temporary_settings({PREFECT_API_URL: api_url}), \
+                _environment("PREFECT_API_URL", api_url):  # fmt: skip
+            yield api_url
 
 
 def main(argv: list[str] | None = None) -> int:

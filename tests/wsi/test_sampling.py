@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsi.center import InsufficientPatchesError, SamplingParams, plan_center
+from wsi.center import InsufficientPatchesError, SamplingParams, labels_offered, plan_center
+from wsi.patches import UNUSABLE, PatchParams, assign_labels
 from wsi.sampling import SlidePatches, sample_balanced, split_patients
 
 
@@ -114,3 +115,17 @@ def test_plan_reports_a_short_centre() -> None:
     assert caught.value.center == 3 and caught.value.found == {"healthy": 54, "tumor": 27}
     message = str(caught.value)
     assert "centre 3" in message and "100 of each" in message and "take 27 of each" in message
+
+
+@pytest.mark.parametrize("healthy_source", ["negative_slides", "outside_annotations"])
+def test_labels_offered_follows_the_labelling_rule(healthy_source: str) -> None:
+    """The catalogue-only rule that splits patients must agree with the pixel rule."""
+    params = PatchParams(healthy_source=healthy_source)  # type: ignore[arg-type]
+    inside, outside = np.array([1.0, 0.0]), np.array([1.0, 1.0])  # tumour, tissue
+    for node_label in (None, "negative", "itc", "micro", "macro"):
+        for annotated in (False, True):
+            labels = assign_labels(
+                outside, inside, node_label=node_label, annotated=annotated, params=params
+            )
+            given = set(labels.tolist()) - {UNUSABLE}
+            assert labels_offered(node_label, annotated, params.healthy_source) == given
