@@ -9,6 +9,12 @@ Tumour is the union of the areas in the tumour groups minus the union of the are
 carve-out groups. ``Polygon``, ``Rectangle`` and ``Spline`` annotations are areas (a spline
 is taken as its control polygon); ``Dot`` and ``PointSet`` mark points and are ignored.
 Some files write decimals with a comma; both separators are accepted.
+
+:func:`read_asap` checks the file on its own; :func:`check_regions_on_slide` then checks
+each tumour and carve-out polygon against the slide it annotates (its level-0 size):
+degenerate, entirely outside the slide, enclosing the whole slide or implausibly large
+polygons are errors, since each would silently mislabel patches. A polygon only partly
+outside the slide is fine: the masks clip it.
 """
 
 from __future__ import annotations
@@ -43,12 +49,23 @@ class AnnotationError(Exception):
 
 @dataclass(frozen=True)
 class Region:
-    """One annotated area: its name, group, ASAP type and (M, 2) level-0 (x, y) vertices."""
+    """One annotated area: its name, group, ASAP type and (M, 2) level-0 (x, y) vertices.
+
+    ``index`` is the annotation's position among the file's ``Annotation`` elements
+    (counting point annotations too), ``None`` for a region not read from a file.
+    """
 
     name: str
     group: str
     kind: str
     vertices: np.ndarray
+    index: int | None = None
+
+    @property
+    def description(self) -> str:
+        """How an error names the region: as the XML has it."""
+        where = f"annotation {self.index} " if self.index is not None else "annotation "
+        return f"{where}{self.name!r} ({self.kind}, group {self.group!r})"
 
     @property
     def area(self) -> float:
@@ -128,7 +145,7 @@ def _region(element: ElementTree.Element, index: int, path: Path) -> Region | No
     vertices = np.array([(x, y) for _, x, y in points], dtype=np.float64)
     if not np.isfinite(vertices).all():
         raise AnnotationError(path, f"annotation {name!r} has non-finite coordinates")
-    return Region(name=name, group=group, kind=kind, vertices=vertices)
+    return Region(name=name, group=group, kind=kind, vertices=vertices, index=index)
 
 
 def read_asap(path: str | os.PathLike[str]) -> SlideAnnotations:
@@ -162,3 +179,135 @@ def read_asap(path: str | os.PathLike[str]) -> SlideAnnotations:
     if unknown:
         log.warning("%s: groups %s are neither tumour nor carve-out; ignored", path, unknown)
     return SlideAnnotations(path=path, regions=tuple(regions))
+
+
+# --------------------------------------------------------------------------------------
+# Regions checked against the slide they annotate
+# --------------------------------------------------------------------------------------
+
+MIN_REGION_AREA = 1.0
+"""Least area (level-0 pixels squared) of a real region; below it a polygon is degenerate
+(collinear or repeated vertices, a self-cancelling figure of eight)."""
+
+
+def _clip_half_plane(
+    points: list[tuple[float, float]], axis: int, bound: float, keep_below: bool
+) -> list[tuple[float, float]]:
+    """One Sutherland-Hodgman pass: the part of the polygon on one side of an axis line."""
+
+    def inside(point: tuple[float, float]) -> bool:
+        return point[axis] <= bound if keep_below else point[axis] >= bound
+
+    clipped: list[tuple[float, float]] = []
+    previous = points[-1]
+    for current in points:
+        if inside(current) != inside(previous):
+            t = (bound - previous[axis]) / (current[axis] - previous[axis])
+            crossing = [previous[0] + t * (current[0] - previous[0]),
+                        previous[1] + t * (current[1] - previous[1])]
+            crossing[axis] = bound  # exactly on the line, whatever the rounding
+            clipped.append((crossing[0], crossing[1]))
+        if inside(current):
+            clipped.append(current)
+        previous = current
+    return clipped
+
+
+def clip_to_rectangle(vertices: np.ndarray, width: float, height: float) -> np.ndarray:
+    """The part of a polygon inside ``[0, width] x [0, height]`` (Sutherland-Hodgman).
+
+    Exact in area for a simple polygon, convex or not (a concave one may come back with
+    zero-width bridges along the rectangle's edges, which enclose nothing). Returns a
+    (K, 2) array, K = 0 when nothing of the polygon lies inside.
+    """
+    points = [(float(x), float(y)) for x, y in np.asarray(vertices, dtype=np.float64)]
+    for axis, bound, keep_below in ((0, 0.0, False), (0, float(width), True),
+                                    (1, 0.0, False), (1, float(height), True)):
+        if not points:
+            break
+        points = _clip_half_plane(points, axis, bound, keep_below)
+    return np.array(points, dtype=np.float64).reshape(-1, 2)
+
+
+def contains_points(vertices: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Which of ``points`` (N, 2) lie inside the polygon (even-odd rule), as (N,) bools."""
+    x, y = vertices[:, 0], vertices[:, 1]
+    x_next, y_next = np.roll(x, -1), np.roll(y, -1)
+    inside = np.zeros(len(points), dtype=bool)
+    for k, (px, py) in enumerate(np.asarray(points, dtype=np.float64)):
+        spans = (y > py) != (y_next > py)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x_cross = x + (py - y) * (x_next - x) / (y_next - y)
+        inside[k] = bool(np.count_nonzero(spans & (px < x_cross)) % 2)
+    return inside
+
+
+def region_problem(
+    region: Region, width: int, height: int, max_area_fraction: float
+) -> str | None:
+    """Why ``region`` cannot be a lesion or carve-out of a ``width`` x ``height`` slide,
+    or ``None`` when it can. See :func:`check_regions_on_slide`."""
+    vertices = np.asarray(region.vertices, dtype=np.float64)
+    if vertices.ndim != 2 or vertices.shape[1] != 2:
+        return f"has vertices of shape {vertices.shape}, not (M, 2)"
+    if not np.isfinite(vertices).all():
+        return "has non-finite coordinates"
+    distinct = len(np.unique(vertices, axis=0))
+    if distinct < 3:
+        return f"is degenerate: {distinct} distinct vertices, an area needs 3"
+    area = polygon_area(vertices)
+    if area < MIN_REGION_AREA:
+        return f"is degenerate: it encloses no area ({area:.3g} px^2)"
+    x_min, y_min = vertices.min(axis=0)
+    x_max, y_max = vertices.max(axis=0)
+    box = f"x {x_min:.0f}..{x_max:.0f}, y {y_min:.0f}..{y_max:.0f}"
+    inside_area = polygon_area(clip_to_rectangle(vertices, width, height))
+    if inside_area < MIN_REGION_AREA:
+        return (
+            f"lies entirely outside the slide: its bounding box ({box}) does not meet the "
+            f"slide's level-0 extent 0..{width} x 0..{height}"
+        )
+    corners = np.array(
+        [[0.5, 0.5], [width - 0.5, 0.5], [width - 0.5, height - 0.5], [0.5, height - 0.5]]
+    )
+    if contains_points(vertices, corners).all():
+        return (
+            f"encloses the whole slide: all four corners of the {width} x {height} level-0 "
+            f"extent lie inside it (bounding box {box})"
+        )
+    fraction = inside_area / (float(width) * float(height))
+    if fraction > max_area_fraction:
+        return (
+            f"is implausibly large: it covers {fraction:.0%} of the {width} x {height} slide "
+            f"({inside_area:.0f} px^2), more than max_area_fraction {max_area_fraction:g}"
+        )
+    return None
+
+
+def check_regions_on_slide(
+    annotations: SlideAnnotations,
+    dimensions: tuple[int, int],
+    *,
+    max_area_fraction: float = 0.5,
+) -> None:
+    """Check every tumour and carve-out polygon against the slide's level-0 ``dimensions``
+    (width, height), as :attr:`wsi.slide.Slide.dimensions` gives them.
+
+    Raises :class:`AnnotationError` naming the annotation file, the polygon (index, name,
+    type and group as the XML has them) and why, for the first polygon that is
+    degenerate (fewer than 3 distinct vertices, less than :data:`MIN_REGION_AREA` of area,
+    non-finite coordinates), lies entirely outside the slide (the message gives its
+    bounding box and the slide's size), encloses the whole slide (contains all four
+    corners) or covers more than ``max_area_fraction`` of the slide. A polygon partly
+    outside the slide is fine, and only its part inside counts towards the area.
+    Regions of other groups play no part in the labels and are not checked.
+    """
+    width, height = (int(side) for side in dimensions)
+    if width <= 0 or height <= 0:
+        raise ValueError(f"slide dimensions must be positive, got {dimensions}")
+    if not 0.0 < max_area_fraction <= 1.0:
+        raise ValueError(f"max_area_fraction must be in (0, 1], got {max_area_fraction}")
+    for region in (*annotations.tumor, *annotations.carve_outs):
+        problem = region_problem(region, width, height, max_area_fraction)
+        if problem is not None:
+            raise AnnotationError(annotations.path, f"{region.description} {problem}")

@@ -5,7 +5,8 @@ annotation file's, the slide's label, every :class:`~wsi.patches.PatchParams` fi
 the source of the modules that compute candidates (:data:`CANDIDATE_MODULES`), so a
 rerun after a crash, or after adding slides, recomputes only what changed, and a fix in
 that code is applied to every slide. Entries
-are written to a temporary file and renamed, so a killed run never leaves a torn entry.
+are written atomically (:func:`wsi.atomic.atomic_write`), so a killed run never leaves a
+torn entry.
 :meth:`CandidateCache.forget` drops a slide's entries, to have it recomputed on demand.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wsi.atomic import atomic_write
 from wsi.catalogue import SlideRecord
 from wsi.patches import PatchParams
 from wsi.sampling import SlidePatches
@@ -86,11 +88,8 @@ class CandidateCache:
 
     def save(self, record: SlideRecord, params: PatchParams, patches: SlidePatches) -> Path:
         path = self.path_for(record, params)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as handle:
+        with atomic_write(path) as handle:
             np.savez(handle, coords=patches.coords, labels=patches.labels)
-        os.replace(tmp, path)
         return path
 
     def entries(self, slide_id: str) -> list[Path]:

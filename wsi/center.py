@@ -33,7 +33,7 @@ from wsi.sampling import (
     split_patients,
 )
 from wsi.slide import SlideReadError
-from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs
+from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs, source_files
 
 log = logging.getLogger(__name__)
 
@@ -267,17 +267,18 @@ def build_center_store(
     """
     remaining = list(slides)
     dropped: list[tuple[str, str]] = []
-    attrs = StoreAttrs(
-        center=center,
-        patch_size=patch.patch_size,
-        level=patch.level,
-        mpp=mpp,
-        n_classes=len(LABEL_NAMES),
-        params_hash=params_hash(patch, sampling),
-    )
     while True:
         plan = plan_center(center, remaining, sampling, test_patients)
         paths = {slide.slide_id: slide.path for slide in remaining}
+        attrs = StoreAttrs(
+            center=center,
+            patch_size=patch.patch_size,
+            level=patch.level,
+            mpp=mpp,
+            n_classes=len(LABEL_NAMES),
+            params_hash=params_hash(patch, sampling),
+            sources=source_files(paths[slide_id] for slide_id in set(plan.selection.slide_ids)),
+        )
         try:
             write_plan(plan, paths, out_path, attrs, read_patches, patch.level)
         except SlideReadError as error:

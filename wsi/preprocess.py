@@ -17,7 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from wsi.annotations import AnnotationError, read_asap
+from wsi.annotations import AnnotationError, check_regions_on_slide, read_asap
+from wsi.atomic import atomic_write
 from wsi.cache import CandidateCache
 from wsi.catalogue import CatalogueProblem, SlideRecord
 from wsi.center import (
@@ -123,6 +124,8 @@ def slide_patches(
     try:
         annotations = read_asap(record.annotation) if record.annotation else None
         with open_slide(record.path, backend) as slide:
+            if annotations is not None:  # no mislabelled patch from an implausible polygon
+                check_regions_on_slide(annotations, slide.dimensions)
             candidates = compute_candidates(
                 slide, annotations, record.node_label, params, slide_id=record.slide_id
             )
@@ -279,10 +282,8 @@ def center_store(
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_write(path, "w") as handle:
+        handle.write(text)
 
 
 def write_json_atomic(path: Path, data: object) -> None:

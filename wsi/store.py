@@ -2,7 +2,8 @@
 
 One file per centre (``center_{c}.h5``)::
 
-    attrs: schema_version, center, patch_size, level, mpp, n_classes, params_hash
+    attrs: schema_version, center, patch_size, level, mpp, n_classes, params_hash,
+           provenance (schema 2: a JSON string, see :class:`Provenance`)
     /train, /test   groups whose datasets are aligned along N:
         images    (N, S, S, 3) uint8, chunked one patch per chunk, uncompressed
         labels    (N,) int64, 0 = healthy, 1 = tumour (or any 0..n_classes-1)
@@ -15,21 +16,39 @@ size on H&E patches, and single-patch chunks read at ~1000 patches/s cold.
 
 The writer fills a temporary file beside the target and ``os.replace``s it into place
 only when every split is complete, so a crash never leaves a store that looks whole.
-The reader opens the file lazily per process, so it can be handed to DataLoader workers.
+It checks the free space first (:func:`store_bytes_needed`), and a disk that fills up
+anyway ends in one :class:`StoreError` with the temporary removed (see
+:class:`PatchStoreWriter`). The same inputs give the same bytes: no timestamps are
+recorded (h5py's ``track_times`` is off), and the provenance is serialised with sorted keys.
+The reader opens the file lazily per process, so it can be handed to DataLoader workers;
+it reads schema 1 stores too (they only lack the provenance).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import importlib.metadata
+import json
+import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+import re
+import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 1
+from wsi.atomic import remove_stale_temporaries, temporary_path
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+"""Version 1 is version 2 without the ``provenance`` attribute."""
 SPLITS: tuple[str, ...] = ("train", "test")
 FIELDS: tuple[str, ...] = ("images", "labels", "patients", "slides", "coords")
 REQUIRED_ATTRS: tuple[str, ...] = (
@@ -61,9 +80,118 @@ def store_path(directory: str | os.PathLike[str], center: int) -> Path:
     return Path(directory) / f"center_{center}.h5"
 
 
+# --------------------------------------------------------------------------------------
+# Provenance
+# --------------------------------------------------------------------------------------
+
+PROJECT = "camelyon-proxyfl"
+PIXEL_AND_FILE_LIBRARIES: tuple[str, ...] = (
+    "numpy",
+    "h5py",
+    "openslide-python",
+    "openslide-bin",
+    "tiffslide",
+    "tifffile",
+    "imagecodecs",
+    "scikit-image",
+)
+"""Distributions whose versions decide a store's pixels (slide decoding, resizing) or its
+file (HDF5 layout)."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A source slide as it was when the store was written: its file name, size in bytes
+    and modification time in nanoseconds."""
+
+    name: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> SourceFile:
+        stat = Path(path).stat()
+        return cls(name=Path(path).name, size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+def source_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[SourceFile, ...]:
+    """The :class:`SourceFile` of each path, sorted by name (duplicates once), ready for
+    :attr:`StoreAttrs.sources`."""
+    unique = {Path(path) for path in paths}
+    return tuple(sorted((SourceFile.of(path) for path in unique), key=lambda f: f.name))
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def project_version() -> str | None:
+    """This project's installed version, ``None`` when it is run from a tree that is not
+    installed."""
+    return _distribution_version(PROJECT)
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each of :data:`PIXEL_AND_FILE_LIBRARIES` (``None`` for one
+    that is not installed), plus the HDF5 C library's under ``"libhdf5"``."""
+    versions = {name: _distribution_version(name) for name in PIXEL_AND_FILE_LIBRARIES}
+    versions["libhdf5"] = h5py.version.hdf5_version
+    return versions
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a store's content came from: the project's and libraries' versions, and the
+    source slides. Stored as the JSON string attribute ``provenance``."""
+
+    project_version: str | None
+    libraries: Mapping[str, str | None]
+    sources: tuple[SourceFile, ...]
+
+    @classmethod
+    def current(cls, sources: Sequence[SourceFile] = ()) -> Provenance:
+        """This process's versions, with ``sources``."""
+        return cls(project_version(), library_versions(), tuple(sources))
+
+    def to_json(self) -> str:
+        """Compact JSON with sorted keys: the same provenance always gives the same bytes."""
+        content = {
+            "project": {"name": PROJECT, "version": self.project_version},
+            "libraries": dict(self.libraries),
+            "sources": [asdict(source) for source in self.sources],
+        }
+        return json.dumps(content, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Provenance:
+        """Parse :meth:`to_json`'s output; raises ``ValueError`` (or ``KeyError``,
+        ``TypeError``) for anything else."""
+        content = json.loads(text)
+        return cls(
+            project_version=content["project"]["version"],
+            libraries=dict(content["libraries"]),
+            sources=tuple(
+                SourceFile(str(s["name"]), int(s["size"]), int(s["mtime_ns"]))
+                for s in content["sources"]
+            ),
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class StoreAttrs:
-    """File-level attributes of a store."""
+    """File-level attributes of a store.
+
+    ``sources`` are the slides the patches come from (:func:`source_files`); the writer
+    records them in the store's provenance with the versions of this process.
+    """
 
     center: int
     patch_size: int
@@ -72,6 +200,19 @@ class StoreAttrs:
     n_classes: int
     params_hash: str
     schema_version: int = SCHEMA_VERSION
+    sources: tuple[SourceFile, ...] = ()
+
+    def scalars(self) -> dict[str, int | float | str]:
+        """The attributes stored one HDF5 attribute each (``sources`` go in provenance)."""
+        return {
+            "schema_version": self.schema_version,
+            "center": self.center,
+            "patch_size": self.patch_size,
+            "level": self.level,
+            "mpp": self.mpp,
+            "n_classes": self.n_classes,
+            "params_hash": self.params_hash,
+        }
 
 
 @dataclass
@@ -99,6 +240,71 @@ class PatchBatch:
         return len(self.images)
 
 
+STORE_FIXED_OVERHEAD = 256 * 1024
+"""Bytes a store needs besides its patches, whatever their number: superblock, groups,
+object headers, attributes, provenance (measured: about 20 KB with no source listed)."""
+
+STORE_PER_PATCH_OVERHEAD = 512
+"""Bytes per patch besides its pixels: label (8), coordinates (16), the chunk index entry
+and two variable-length strings in the global heap (measured: 195-325 bytes with
+Camelyon-style patient and slide names, ``patient_004`` and ``patient_004_node_4``)."""
+
+DISK_FULL_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+# HDF5's POSIX drivers describe a failed write as "..., errno = 28, error message = ...".
+_HDF5_ERRNO = re.compile(r"\berrno = (\d+)")
+
+
+def store_bytes_needed(split_sizes: Mapping[str, int], patch_size: int) -> int:
+    """Upper bound of the size of a store of ``split_sizes`` patches of ``patch_size``:
+    the pixels (N x S x S x 3) plus :data:`STORE_PER_PATCH_OVERHEAD` per patch and
+    :data:`STORE_FIXED_OVERHEAD`."""
+    n = sum(int(count) for count in split_sizes.values())
+    return n * (patch_size * patch_size * 3 + STORE_PER_PATCH_OVERHEAD) + STORE_FIXED_OVERHEAD
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes free to this user on the filesystem that holds ``path`` (or would)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_free_space(path: str | os.PathLike[str], needed: int) -> None:
+    """Raise :class:`StoreError` naming ``path``, the bytes needed and the bytes free when
+    the filesystem that would hold ``path`` has fewer than ``needed`` bytes free."""
+    free = free_bytes(path)
+    if free < needed:
+        raise StoreError(
+            path, f"needs {needed:,} bytes but only {free:,} are free on its filesystem"
+        )
+
+
+def disk_full_errno(error: BaseException) -> int | None:
+    """The errno of ``error`` if it says the disk (or quota, or file size limit) is full.
+
+    Python's own I/O raises ``OSError`` with ``errno`` set. h5py raises ``OSError`` with
+    ``errno`` parsed from HDF5's message for a failed write or flush ("Can't synchronously
+    write data", "Driver write request failed"), but a ``RuntimeError`` (no errno, the
+    HDF5 message inside) when the failure surfaces elsewhere, e.g. "Can't decrement id
+    ref count": both are recognised, nothing else is.
+    """
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+        return error.errno
+    if isinstance(error, OSError | RuntimeError):
+        for match in _HDF5_ERRNO.finditer(str(error)):
+            if int(match[1]) in DISK_FULL_ERRNOS:
+                return int(match[1])
+    return None
+
+
+# h5py files whose close failed. HDF5 (2.0, h5py 3.16) leaves such a file half closed, and
+# closing it again, or garbage-collecting it, crashes the process (SIGSEGV): so they are
+# kept here, never collected, and their descriptors are given up for the run's lifetime.
+_UNCLOSABLE: list[h5py.File] = []
+
+
 class PatchStoreWriter:
     """Write a store split by split, patch batch by patch batch, then publish it atomically.
 
@@ -108,6 +314,14 @@ class PatchStoreWriter:
     Every declared slot of every split must be written before the context exits; the
     file appears at ``path`` only then. On an exception the temporary file is removed
     and whatever store was at ``path`` before is left untouched.
+
+    Entering removes the temporaries of ``path`` left by killed runs
+    (:func:`wsi.atomic.remove_stale_temporaries`), then raises :class:`StoreError`
+    before creating anything when the filesystem has less free space than
+    :func:`store_bytes_needed`. If the disk fills up all the same (another writer), the
+    write, flush or close that fails with ENOSPC, EDQUOT or EFBIG ends in one
+    :class:`StoreError` ("no space left on device", the bytes needed and free), chained
+    from the HDF5 error, with the temporary removed.
     """
 
     def __init__(
@@ -122,26 +336,45 @@ class PatchStoreWriter:
         self.path = Path(path)
         self.attrs = attrs
         self.split_sizes = {split: int(split_sizes.get(split, 0)) for split in SPLITS}
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.bytes_needed = store_bytes_needed(self.split_sizes, attrs.patch_size)
+        self._tmp = temporary_path(self.path)
         self._file: h5py.File | None = None
         self._written = {split: np.zeros(n, dtype=bool) for split, n in self.split_sizes.items()}
 
     def __enter__(self) -> PatchStoreWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = h5py.File(self._tmp, "w")
-        for key, value in vars(self.attrs).items():
+        remove_stale_temporaries(self.path.parent, targets={self.path.name})
+        check_free_space(self.path, self.bytes_needed)
+        try:
+            self._create()
+        except BaseException as error:
+            self._discard(error)
+            self._raise_if_disk_full(error)
+            raise
+        return self
+
+    def _create(self) -> None:
+        # No chunk cache: each patch goes to the file as it is written, so a full disk
+        # fails that write, not a flush of up to 8 MiB of cached chunks at close; writing
+        # one-patch chunks once, a cache saves nothing (measured: same speed).
+        self._file = h5py.File(self._tmp, "w", rdcc_nbytes=0)
+        for key, value in self.attrs.scalars().items():
             self._file.attrs[key] = value
+        self._file.attrs["provenance"] = Provenance.current(self.attrs.sources).to_json()
         size = self.attrs.patch_size
         for split, n in self.split_sizes.items():
             group = self._file.create_group(split)
             group.create_dataset(
-                "images", shape=(n, size, size, 3), dtype=np.uint8, chunks=(1, size, size, 3)
+                "images",
+                shape=(n, size, size, 3),
+                dtype=np.uint8,
+                chunks=(1, size, size, 3) if n else None,  # HDF5 cannot chunk an empty axis
+                track_times=False,
             )
-            group.create_dataset("labels", shape=(n,), dtype=np.int64)
-            group.create_dataset("patients", shape=(n,), dtype=_STR)
-            group.create_dataset("slides", shape=(n,), dtype=_STR)
-            group.create_dataset("coords", shape=(n, 2), dtype=np.int64)
-        return self
+            group.create_dataset("labels", shape=(n,), dtype=np.int64, track_times=False)
+            group.create_dataset("patients", shape=(n,), dtype=_STR, track_times=False)
+            group.create_dataset("slides", shape=(n,), dtype=_STR, track_times=False)
+            group.create_dataset("coords", shape=(n, 2), dtype=np.int64, track_times=False)
 
     def write(self, split: str, start: int, batch: PatchBatch) -> None:
         """Write ``batch`` into slots ``start .. start + len(batch)`` of ``split``."""
@@ -171,17 +404,57 @@ class PatchStoreWriter:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        assert self._file is not None
-        self._file.close()
-        self._file = None
+        if exc is not None:
+            self._discard(exc)
+            self._raise_if_disk_full(exc)
+            return  # the exception propagates as it is
         missing = {split: int((~done).sum()) for split, done in self._written.items()}
-        if exc_type is None and any(missing.values()):
-            self._tmp.unlink(missing_ok=True)
+        if any(missing.values()):
+            self._discard(None)
             raise RuntimeError(f"{self.path}: store closed with unwritten slots {missing}")
-        if exc_type is not None:
-            self._tmp.unlink(missing_ok=True)
+        assert self._file is not None
+        try:
+            # Flush before closing: a flush that fails leaves the file open, so that it can
+            # still be closed cleanly (a close that fails cannot be retried, see _discard).
+            self._file.flush()
+            self._file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+        except BaseException as error:
+            self._discard(error)
+            self._raise_if_disk_full(error)
+            raise
+
+    def _discard(self, error: BaseException | None) -> None:
+        """Close the temporary file (after ``error``, if any) and remove it."""
+        file, self._file = self._file, None
+        if file is not None:
+            if error is not None and disk_full_errno(error) is not None:
+                # Free the temporary's space first: closing flushes HDF5's dirty metadata,
+                # which needs room on the full disk. The file is being discarded anyway.
+                with contextlib.suppress(OSError):
+                    os.truncate(self._tmp, 0)
+                # HDF5 2.0 after a failed flush: closing fails ("slist already enabled?")
+                # unless a flush is tried once more first, whatever that flush then says.
+                with contextlib.suppress(Exception):
+                    file.flush()
+            try:
+                file.close()
+            except Exception as close_error:  # never retried: a second close crashes
+                _UNCLOSABLE.append(file)
+                log.error("%s: could not close %s (%s); its descriptor stays open",
+                          self.path, self._tmp, " ".join(str(close_error).split()))
+        self._tmp.unlink(missing_ok=True)
+
+    def _raise_if_disk_full(self, error: BaseException) -> None:
+        code = disk_full_errno(error)
+        if code is None:
             return
-        os.replace(self._tmp, self.path)
+        reason = (
+            f"{os.strerror(code).lower()} writing the store: it needs {self.bytes_needed:,} "
+            f"bytes, {free_bytes(self.path):,} are free"
+        )
+        raise StoreError(self.path, reason) from error
 
 
 def write_patch_store(
@@ -211,11 +484,13 @@ class SplitInfo:
 
 @dataclass(frozen=True)
 class StoreInfo:
-    """A validated store's attributes and per-split metadata."""
+    """A validated store's attributes, provenance (``None`` in a schema 1 store) and
+    per-split metadata."""
 
     path: Path
     attrs: StoreAttrs
     splits: dict[str, SplitInfo] = field(default_factory=dict)
+    provenance: Provenance | None = None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -248,8 +523,11 @@ def read_store_info(
             if missing:
                 raise StoreError(path, f"missing attribute(s) {missing}")
             version = int(h5.attrs["schema_version"])
-            if version != SCHEMA_VERSION:
-                raise StoreError(path, f"schema_version {version}, expected {SCHEMA_VERSION}")
+            if version not in READABLE_SCHEMA_VERSIONS:
+                raise StoreError(
+                    path, f"schema_version {version}, expected one of {READABLE_SCHEMA_VERSIONS}"
+                )
+            provenance = _read_provenance(path, h5, version)
             attrs = StoreAttrs(
                 center=int(h5.attrs["center"]),
                 patch_size=int(h5.attrs["patch_size"]),
@@ -257,6 +535,8 @@ def read_store_info(
                 mpp=float(h5.attrs["mpp"]),
                 n_classes=int(h5.attrs["n_classes"]),
                 params_hash=str(h5.attrs["params_hash"]),
+                schema_version=version,
+                sources=provenance.sources if provenance is not None else (),
             )
             loaded: dict[str, SplitInfo] = {}
             for split in SPLITS:
@@ -287,7 +567,19 @@ def read_store_info(
         raise
     except (OSError, KeyError, ValueError) as error:
         raise StoreError(path, f"not a readable HDF5 patch store ({error})") from error
-    return StoreInfo(path=path, attrs=attrs, splits=loaded)
+    return StoreInfo(path=path, attrs=attrs, splits=loaded, provenance=provenance)
+
+
+def _read_provenance(path: Path, h5: h5py.File, version: int) -> Provenance | None:
+    if version < 2:
+        return None
+    if "provenance" not in h5.attrs:
+        raise StoreError(path, "missing attribute(s) ['provenance']")
+    text = h5.attrs["provenance"]
+    try:
+        return Provenance.from_json(text.decode() if isinstance(text, bytes) else str(text))
+    except (ValueError, KeyError, TypeError) as error:
+        raise StoreError(path, f"provenance is not valid ({error!r})") from error
 
 
 class PatchSplitReader:

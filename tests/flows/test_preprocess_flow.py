@@ -155,7 +155,11 @@ def test_killed_run_reruns_to_identical_stores(
     done = len(list(cache.glob("*.npz")))
     assert 3 <= done < 20, "the run should have been killed midway"
     assert not list(out.glob("*.h5")), "no store may be published before the run completes"
+    out.mkdir(exist_ok=True)
+    leftover = out / f".center_0.h5.{process.pid}.tmp"  # as a store write killed midway
+    leftover.write_bytes(b"\0" * 4096)
     assert _run(synthetic_dataset.root, out) == 0
+    assert not leftover.exists() and not list(out.glob(".*.tmp"))
     assert len(list(cache.glob("*.npz"))) == 20
     for center in (0, 1):
         assert store_path(out, center).read_bytes() == store_path(built, center).read_bytes()

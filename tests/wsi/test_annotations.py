@@ -1,11 +1,22 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from wsi.annotations import AnnotationError, polygon_area, read_asap
+from wsi.annotations import (
+    AnnotationError,
+    Region,
+    SlideAnnotations,
+    check_regions_on_slide,
+    clip_to_rectangle,
+    contains_points,
+    polygon_area,
+    read_asap,
+)
+from wsi.synth import SynthConfig, plan_slide, write_asap_xml
 
 
 def _asap(*annotations: str) -> str:
@@ -117,3 +128,145 @@ def test_polygon_area_is_orientation_independent() -> None:
     triangle = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 3.0]])
     assert polygon_area(triangle) == pytest.approx(6.0)
     assert polygon_area(triangle[::-1]) == pytest.approx(6.0)
+
+
+# --------------------------------------------------------------------------------------
+# Regions checked against the slide (check_regions_on_slide)
+# --------------------------------------------------------------------------------------
+
+SLIDE = (4000, 3000)  # level-0 (width, height) of the slides below
+
+
+def _box(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
+    return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], dtype=np.float64)
+
+
+def _written(tmp_path: Path, groups: dict[str, list[np.ndarray]]) -> SlideAnnotations:
+    """The annotations as read back from a real ASAP file (wsi.synth's writer)."""
+    path = tmp_path / "patient_010_node_3.xml"
+    write_asap_xml(path, groups)
+    return read_asap(path)
+
+
+def test_sound_regions_pass(tmp_path: Path) -> None:
+    lesion = _box(100, 100, 900, 700)
+    partly_outside = _box(-500, 2500, 600, 3400)  # clipped by the masks: fine
+    carve_out = _box(300, 300, 400, 400)
+    annotations = _written(
+        tmp_path, {"Tumor": [lesion, partly_outside], "Exclusion": [carve_out]}
+    )
+    check_regions_on_slide(annotations, SLIDE)
+
+
+@pytest.mark.parametrize(
+    ("polygon", "message"),
+    [
+        (_box(-10, -10, 4010, 3010), r"encloses the whole slide: all four corners of the "
+                                     r"4000 x 3000 level-0 extent"),
+        (_box(50_000, 60_000, 50_400, 60_300),
+         r"lies entirely outside the slide: its bounding box \(x 50000\.\.50400, "
+         r"y 60000\.\.60300\) does not meet the slide's level-0 extent 0\.\.4000 x 0\.\.3000"),
+        (_box(-900, 100, -100, 500), "lies entirely outside the slide"),
+        (_box(0, 0, 3000, 2500), r"implausibly large: it covers 62% of the 4000 x 3000 slide"),
+        (np.array([[0, 0], [100, 100], [200, 200], [300, 300]]), "encloses no area"),
+        (np.array([[10, 10], [50, 10], [10, 10], [50, 10]]), "2 distinct vertices"),
+        # a figure of eight whose two loops cancel out in the signed area
+        (np.array([[0, 0], [100, 100], [100, 0], [0, 100]]), "encloses no area"),
+    ],
+)
+def test_bad_tumour_polygon_is_named(
+    tmp_path: Path, polygon: np.ndarray, message: str
+) -> None:
+    good = _box(100, 100, 200, 200)
+    annotations = _written(tmp_path, {"Tumor": [good, polygon]})
+    with pytest.raises(AnnotationError, match=message) as caught:
+        check_regions_on_slide(annotations, SLIDE)
+    assert caught.value.path == annotations.path
+    text = str(caught.value)
+    named = "annotation 1 'Annotation 1' (Polygon, group 'Tumor')"
+    assert text.startswith(f"{annotations.path}: {named} ")
+    assert "\n" not in text
+
+
+def test_carve_outs_are_checked_and_indices_count_points(tmp_path: Path) -> None:
+    path = tmp_path / "a.xml"
+    far = [("90000", "90000"), ("90100", "90000"), ("90100", "90100"), ("90000", "90100")]
+    path.write_text(
+        _asap(
+            _annotation("dot", "Dot", "Tumor", [("5", "5")]),
+            _annotation("lesion", "Polygon", "_0", SQUARE),
+            _annotation("hole", "Polygon", "_2", far),
+        )
+    )
+    with pytest.raises(AnnotationError, match="entirely outside") as caught:
+        check_regions_on_slide(read_asap(path), SLIDE)
+    assert "annotation 2 'hole' (Polygon, group '_2')" in str(caught.value)
+
+
+def test_area_limit_is_a_parameter_and_other_groups_are_not_checked(tmp_path: Path) -> None:
+    large = _box(0, 0, 3000, 2500)  # 62 % of the slide
+    annotations = _written(tmp_path, {"Tumor": [large], "Other": [_box(-9, -9, 1e6, 1e6)]})
+    check_regions_on_slide(annotations, SLIDE, max_area_fraction=0.7)
+    with pytest.raises(AnnotationError, match=r"more than max_area_fraction 0\.6"):
+        check_regions_on_slide(annotations, SLIDE, max_area_fraction=0.6)
+    with pytest.raises(ValueError, match="max_area_fraction"):
+        check_regions_on_slide(annotations, SLIDE, max_area_fraction=0.0)
+    with pytest.raises(ValueError, match="dimensions"):
+        check_regions_on_slide(annotations, (0, 3000))
+
+
+def test_only_the_part_inside_the_slide_counts(tmp_path: Path) -> None:
+    # 2.5x the slide's area in all, but only a 1000-wide strip of it lies on the slide
+    strip = _box(3000, -3000, 6000, 6000)
+    check_regions_on_slide(_written(tmp_path, {"Tumor": [strip]}), SLIDE)
+
+
+def test_non_finite_vertices_and_pickling() -> None:
+    region = Region("r", "Tumor", "Polygon", np.array([[0, 0], [np.inf, 0], [5, 5]]), index=4)
+    annotations = SlideAnnotations(path=Path("slide.xml"), regions=(region,))
+    with pytest.raises(AnnotationError, match=r"annotation 4 'r' .* non-finite") as caught:
+        check_regions_on_slide(annotations, SLIDE)
+    clone = pickle.loads(pickle.dumps(caught.value))
+    assert (clone.path, clone.reason, str(clone)) == (
+        caught.value.path, caught.value.reason, str(caught.value)
+    )
+
+
+def test_real_camelyon17_annotation_fits_its_slide(camelyon_annotation: Path) -> None:
+    """The real annotation passes for any slide that holds it: from the tightest size
+    (its polygons reach x 13,483, y 89,161; the slide's real size is not recorded with the
+    file) to a typical Camelyon-17 level-0 size of about 100,000 x 220,000 pixels."""
+    annotations = read_asap(camelyon_annotation)
+    x_max = max(region.bounds[2] for region in annotations.regions)
+    y_max = max(region.bounds[3] for region in annotations.regions)
+    tightest = (int(np.ceil(x_max)) + 1, int(np.ceil(y_max)) + 1)
+    assert tightest == (13_484, 89_162)
+    for dimensions in (tightest, (97_792, 221_184)):
+        check_regions_on_slide(annotations, dimensions)
+    with pytest.raises(AnnotationError, match=r"annotation 0 'Annotation 0'.*entirely outside"):
+        check_regions_on_slide(annotations, (10_000, 20_000))  # the wrong slide's size
+
+
+def test_synthetic_slides_pass(tmp_path: Path) -> None:
+    """The demo's lesions and carve-outs, written and read back as the flow does."""
+    config = SynthConfig()
+    for patient, node in ((1, 1), (21, 1)):
+        plan = plan_slide(config, patient, node, "macro")
+        assert plan.carve_outs  # both groups are exercised
+        annotations = _written(
+            tmp_path, {"metastases": list(plan.metastases), "normal": list(plan.carve_outs)}
+        )
+        check_regions_on_slide(annotations, (config.width, config.height))
+
+
+def test_clip_and_contains() -> None:
+    # a U: 100 x 100 minus an 40 x 80 notch from the bottom edge
+    u_shape = np.array(
+        [[0, 0], [30, 0], [30, 80], [70, 80], [70, 0], [100, 0], [100, 100], [0, 100]], float
+    )
+    assert polygon_area(u_shape) == pytest.approx(6800)
+    assert polygon_area(clip_to_rectangle(u_shape, 100, 50)) == pytest.approx(3000)
+    assert len(clip_to_rectangle(u_shape, 100, 50)) >= 3
+    assert clip_to_rectangle(u_shape + 500, 100, 100).shape == (0, 2)
+    inside = contains_points(u_shape, np.array([[50.0, 50.0], [50.0, 90.0], [10.0, 10.0]]))
+    assert inside.tolist() == [False, True, True]

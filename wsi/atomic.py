@@ -1,0 +1,150 @@
+"""Temporary files of atomic writes: their one naming scheme, and removing those left behind.
+
+Every atomic write in the pipeline (stores, candidate-cache entries, reports) fills
+``.{name}.{pid}.tmp`` beside its target and renames it into place, so a reader never
+sees a torn file. A run killed mid-write (SIGKILL, out of memory, power loss) leaves its
+temporary behind, hidden and possibly gigabytes large; :func:`remove_stale_temporaries`
+removes those whose writer is gone, never one a live process may still be filling.
+
+The PID test is local to this machine: on a filesystem shared between hosts, another
+host's live writer looks dead from here. Run the sweep only on directories that one host
+writes to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.(?P<pid>[0-9]+)\.tmp")
+
+PID_REUSE_MARGIN_S = 2.0
+"""Slack when comparing a process's start with a file's modification: the kernel gives
+the boot time in whole seconds, so a start time read from ``/proc`` is off by up to 1 s."""
+
+
+def temporary_path(path: str | os.PathLike[str], pid: int | None = None) -> Path:
+    """Where process ``pid`` (this one by default) writes ``path`` before renaming it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+def parse_temporary(path: str | os.PathLike[str]) -> tuple[str, int] | None:
+    """(target file name, writer's PID) of a temporary's path, ``None`` for another file."""
+    match = _TEMPORARY.fullmatch(Path(path).name)
+    if match is None:
+        return None
+    return match["target"], int(match["pid"])
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (any user's; a zombie counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, to within about a second),
+    from Linux's ``/proc``; ``None`` where that cannot be read (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    # Field 22 (starttime, clock ticks since boot) counts from after the command name,
+    # which is in parentheses and may itself hold spaces or parentheses.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    try:
+        ticks = int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def may_be_written(path: Path, pid: int) -> bool:
+    """Whether process ``pid`` may still be writing ``path``: it is alive, and (where the
+    start time is known) it started before the file was last modified; a process started
+    later holds a reused PID and cannot have written the file."""
+    if not process_alive(pid):
+        return False
+    started = process_start_time(pid)
+    if started is None:
+        return True  # alive and nothing more known: keep the file
+    try:
+        modified = path.stat().st_mtime
+    except FileNotFoundError:
+        return True  # gone already: nothing to decide
+    return started <= modified + PID_REUSE_MARGIN_S
+
+
+def remove_stale_temporaries(
+    directory: str | os.PathLike[str], *, targets: Collection[str] | None = None
+) -> list[Path]:
+    """Remove the temporaries (``.{name}.{pid}.tmp``) in ``directory`` left by dead writers.
+
+    A temporary is stale when its PID is not a live process here, or is the PID of a
+    process started after the file was last modified (the PID was reused). Files of live
+    writers, this process's included, are kept. ``targets`` limits the sweep to the
+    temporaries of those file names (e.g. ``{"center_0.h5"}``); by default all are swept.
+    The directory itself is not descended into. Returns the files removed, sorted; a
+    missing directory has none.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for path in sorted(directory.iterdir()):
+        parsed = parse_temporary(path)
+        if parsed is None or (targets is not None and parsed[0] not in targets):
+            continue
+        if not path.is_file() or path.is_symlink() or may_be_written(path, parsed[1]):
+            continue
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:  # removed meanwhile, e.g. by another sweep
+            continue
+        log.info("removed %s (%d bytes) left by process %d, no longer running",
+                 path, size, parsed[1])
+        removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open :func:`temporary_path` of ``path`` for writing; on success flush, fsync and
+    rename it onto ``path``; on any failure remove it and leave ``path`` as it was.
+
+    >>> with atomic_write(path, "w") as handle:
+    ...     handle.write(text)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(path)
+    try:
+        with temporary.open(mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
