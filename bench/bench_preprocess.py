@@ -1,56 +1,59 @@
-"""Preprocessing throughput: 512 x 512 level-0 patches per second per worker.
+"""Preprocessing on a real-size slide: masks and candidates per slide, patches per second.
 
-Measured side by side in one run, on the same generated slide and the same tissue
-coordinates (aligned to the 512 px tile grid, as the patch grid of DESIGN.md §3.2 is):
+The slide (``bench.slidegen``, cached under ``bench/.cache/`` between runs) has Camelyon-17's
+size by default: 100,000 x 200,000 px at 0.243 µm/px, 512 px JPEG tiles, a full pyramid,
+about 20 % tissue in 4 irregular sections and one ASAP lesion. Measured:
 
-- ``wsi.tiles.read_patches``: the path the preprocessing flow uses (tiles decoded
-  directly), one process;
-- the naive loop: ``openslide.OpenSlide.read_region`` once per patch, converted to an
-  RGB ndarray (and tiffslide's ``read_region`` likewise, for reference);
-- the decode limit: the raw JPEG bytes of every tile those patches need are read into
-  memory first, then only ``imagecodecs.jpeg8_decode`` of them is timed (into a
-  preallocated buffer), which no reader of this file can beat on one core;
-- ``read_patches`` in a pool of 1 and of 2 worker processes, each taking a contiguous
-  share of the coordinates (workers return a checksum, not the pixels), for scaling.
+1. **Masks + candidates**: ``wsi.patches.compute_candidates`` with the default
+   ``PatchParams`` (``mask_mpp`` 8) and with ``mask_mpp`` 4, each run in a fresh (spawned)
+   worker process, so its peak resident memory (``VmHWM``, imports included) is its own:
+   wall and CPU seconds per slide and the worker's peak. Targets (the project's issue):
+   peak <= 1 GB per worker whatever the slide size, and <= 5 s CPU per 20-gigapixel slide.
+2. **Patch throughput**, on the same slide and tile-aligned tissue candidates:
+   ``wsi.tiles.read_patches`` (the path the preprocessing flow uses), the naive
+   ``openslide.OpenSlide.read_region`` loop (and tiffslide's, for reference), the decode
+   limit (only ``imagecodecs.jpeg8_decode`` of the raw tiles those patches need, read into
+   memory first, which no reader of this file can beat on one core), and ``read_patches``
+   in pools of 1 and 2 workers. Targets: at least 4x the naive loop, at least half the
+   decode limit, near-linear scaling from 1 to 2 workers.
 
-Every figure is the median of ``REPEATS`` runs. Targets (the project's issue): at least
-4x the naive loop, at least half the decode limit, near-linear scaling from 1 to 2
-workers. ``python -m bench preprocess``.
+Every figure is the median of ``--repeats`` runs. ``python -m bench preprocess`` (real size);
+``python -m bench.bench_preprocess --small`` for a 0.8-gigapixel slide in a minute.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import math
 import multiprocessing
 import os
 import statistics
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import imagecodecs
 import numpy as np
-from scipy import ndimage
 
+from bench.slidegen import CACHE, SlideSpec, WrittenSlide, cached_slide
 from wsi.tiles import TileReader, read_patches
 
 log = logging.getLogger(__name__)
 
-WIDTH, HEIGHT = 16384, 12288  # level 0 of the generated slide
-TILE = 512
 PATCH = 512
-JPEG_QUALITY = 85
-MPP = 0.25
 N_PATCHES = 300
 REPEATS = 5
+MASK_REPEATS = 3
 SEED = 17
-FIELD_DOWNSAMPLE = 64  # resolution of the tissue and stain fields
+MASK_MPPS = (8.0, 4.0)  # the default PatchParams, and twice as fine
+SMALL = {"width": 20_000, "height": 40_000}
 SPIN_ITERATIONS = 4_000_000  # the control workload, about as long as reading the patches
+TARGET_PEAK_BYTES = 1e9  # per worker, whatever the slide size
+TARGET_CPU_PER_20_GIGAPIXELS = 5.0  # seconds of masks + candidates
 TARGET_VS_NAIVE = 4.0
 TARGET_VS_DECODE = 0.5
 TARGET_SCALING = 1.8  # "near-linear" from 1 to 2 workers
@@ -59,146 +62,72 @@ Coords = list[tuple[int, int]]
 
 
 # --------------------------------------------------------------------------------------
-# A tissue-like slide
+# Masks and candidates, one fresh worker per measurement
 # --------------------------------------------------------------------------------------
 
 
-def _smooth_field(rng: np.random.Generator, shape: tuple[int, int], sigma: float) -> np.ndarray:
-    field = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), sigma)
-    field -= field.mean()
-    field /= field.std() + 1e-6
-    return field
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def _tissue_field(rng: np.random.Generator) -> np.ndarray:
-    """Tissue coverage in [0, 1] at 1/FIELD_DOWNSAMPLE resolution, about half the slide."""
-    shape = (HEIGHT // FIELD_DOWNSAMPLE, WIDTH // FIELD_DOWNSAMPLE)
-    blobs = _smooth_field(rng, shape, 10)
-    threshold = np.quantile(blobs, 0.5)
-    return np.clip((blobs - threshold) * 4 + 0.5, 0, 1).astype(np.float32)
+def _candidates_worker(path: str, annotation: str, mask_mpp: float) -> dict[str, Any]:
+    """One slide's masks and candidates in this (fresh) process: seconds, peak, results."""
+    from wsi.annotations import read_asap
+    from wsi.patches import TUMOR, PatchParams, compute_candidates
+    from wsi.slide import open_slide
+
+    annotations = read_asap(annotation)
+    params = PatchParams(mask_mpp=mask_mpp)
+    with open_slide(path) as slide:
+        before = _peak_rss_bytes()
+        wall, cpu = time.perf_counter(), time.process_time()
+        candidates = compute_candidates(slide, annotations, "macro", params)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tissue = candidates.coords[candidates.tissue_fraction >= params.tissue_fraction_min]
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "peak": _peak_rss_bytes(),
+        "peak_before": before,
+        "grid": slide.thumbnail_shape(candidates.mask_downsample),
+        "candidates": len(candidates),
+        "tissue": tissue,
+        "tumor": int((candidates.labels == TUMOR).sum()),
+    }
 
 
-N_TEXTURES = 24  # distinct tissue tiles; each slide tile is one of them, flipped or turned
-
-
-def _tissue_texture(rng: np.random.Generator) -> np.ndarray:
-    """One TILE x TILE tile of tissue: eosin stroma with fibres, haematoxylin nuclei, grain."""
-    shape = (TILE, TILE)
-    fibre = ndimage.gaussian_filter(rng.standard_normal(shape).astype(np.float32), (0.7, 4.0))
-    fibre = np.rot90(fibre, int(rng.integers(4))) * 30
-    density = rng.uniform(0.002, 0.006)
-    impulses = (rng.random(shape, dtype=np.float32) < density).astype(np.float32)
-    nuclei = np.clip(ndimage.gaussian_filter(impulses, rng.uniform(1.8, 2.6)) * 60, 0, 1)
-    grain = rng.random(shape, dtype=np.float32) * 10 - 5
-    stroma = np.array([226, 150, 196], dtype=np.float32) * rng.uniform(0.9, 1.02)
-    nucleus = np.array([72, 48, 138], dtype=np.float32)
-    rgb = (stroma + (fibre + grain)[..., None]) * (1 - nuclei[..., None])
-    rgb += nucleus * nuclei[..., None]
-    return np.clip(rgb, 0, 255).astype(np.uint8)
-
-
-def _alpha_tile(tissue: np.ndarray, row: int, col: int) -> np.ndarray:
-    """Tissue coverage over one tile, bilinear from the field, as int16 in 0..256."""
-    step = 8
-    ys = (np.arange(row * TILE, (row + 1) * TILE, step) + step / 2) / FIELD_DOWNSAMPLE - 0.5
-    xs = (np.arange(col * TILE, (col + 1) * TILE, step) + step / 2) / FIELD_DOWNSAMPLE - 0.5
-    grid = np.meshgrid(ys, xs, indexing="ij")
-    coarse = ndimage.map_coordinates(tissue, grid, order=1, mode="nearest")
-    alpha = np.repeat(np.repeat((coarse * 256).astype(np.int16), step, 0), step, 1)
-    return alpha
-
-
-def _render_band(
-    rng: np.random.Generator,
-    tissue: np.ndarray,
-    textures: list[np.ndarray],
-    glass: np.ndarray,
-    row: int,
-) -> np.ndarray:
-    """Level-0 rows of tile row ``row``: glass and tissue blended by the tissue field."""
-    rows = min(TILE, HEIGHT - row * TILE)
-    band = np.empty((rows, WIDTH, 3), dtype=np.uint8)
-    for col in range(WIDTH // TILE):
-        target = band[:, col * TILE : (col + 1) * TILE]
-        alpha = _alpha_tile(tissue, row, col)[:rows, :, None]
-        texture = np.rot90(textures[int(rng.integers(len(textures)))], int(rng.integers(4)))
-        if alpha.min() >= 256:
-            target[...] = texture[:rows]
-        elif alpha.max() <= 0:
-            target[...] = glass[:rows]
-        else:
-            light = glass[:rows].astype(np.int16)
-            target[...] = light + (((texture[:rows].astype(np.int16) - light) * alpha) >> 8)
-    return band
-
-
-def _glass(rng: np.random.Generator) -> np.ndarray:
-    """An empty tile: bright glass with a little grain."""
-    grain = rng.integers(-3, 4, (TILE, TILE, 1), dtype=np.int16)
-    return (np.array([238, 236, 242], dtype=np.int16) + grain).astype(np.uint8)
-
-
-def make_slide(path: Path, seed: int = SEED) -> np.ndarray:
-    """Write the benchmark slide at ``path``; returns the tissue field (for coordinates)."""
-    rng = np.random.default_rng(seed)
-    tissue = _tissue_field(rng)
-    textures = [_tissue_texture(rng) for _ in range(N_TEXTURES)]
-    glass = _glass(rng)
-
-    def bands() -> Iterator[np.ndarray]:
-        for row in range(math.ceil(HEIGHT / TILE)):
-            yield _render_band(rng, tissue, textures, glass, row)
-
-    try:
-        from wsi.synth import write_pyramidal_tiff
-    except ImportError:
-        _write_with_tifffile(path, bands())
-    else:
-        write_pyramidal_tiff(
-            path,
-            bands(),
-            shape=(HEIGHT, WIDTH),
-            mpp=MPP,
-            tile_size=TILE,
-            jpeg_quality=JPEG_QUALITY,
-        )
-    return tissue
-
-
-def _write_with_tifffile(path: Path, bands: Iterator[np.ndarray]) -> None:
-    """Level 0 only: enough for every reader measured here."""
-    import tifffile
-
-    def tiles() -> Iterator[np.ndarray]:
-        for band in bands:
-            for x in range(0, WIDTH, TILE):
-                yield band[:, x : x + TILE]
-
-    pixels_per_cm = 1e4 / MPP
-    with tifffile.TiffWriter(path, bigtiff=True) as writer:
-        writer.write(
-            tiles(),
-            shape=(HEIGHT, WIDTH, 3),
-            dtype=np.uint8,
-            photometric="rgb",
-            tile=(TILE, TILE),
-            compression="jpeg",
-            compressionargs={"level": JPEG_QUALITY},
-            resolution=(pixels_per_cm, pixels_per_cm),
-            resolutionunit="CENTIMETER",
-        )
+def measure_candidates(slide: WrittenSlide, mask_mpp: float, repeats: int) -> dict[str, Any]:
+    """Medians over ``repeats`` fresh spawned workers (the peak: the largest)."""
+    context = multiprocessing.get_context("spawn")
+    runs = []
+    for _ in range(repeats):
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            future = pool.submit(
+                _candidates_worker, str(slide.path), str(slide.annotation), mask_mpp
+            )
+            runs.append(future.result())
+    return {
+        "wall": statistics.median(r["wall"] for r in runs),
+        "cpu": statistics.median(r["cpu"] for r in runs),
+        "peak": max(r["peak"] for r in runs),
+        "peak_before": max(r["peak_before"] for r in runs),
+        "grid": runs[0]["grid"],
+        "candidates": runs[0]["candidates"],
+        "tissue": runs[0]["tissue"],
+        "tumor": runs[0]["tumor"],
+    }
 
 
 def tissue_coordinates(tissue: np.ndarray, n: int, seed: int = SEED) -> Coords:
-    """``n`` tile-aligned level-0 patch corners whose cell is at least half tissue."""
-    cell = PATCH // FIELD_DOWNSAMPLE
-    rows, cols = HEIGHT // PATCH, WIDTH // PATCH
-    fraction = (tissue[: rows * cell, : cols * cell] > 0.5).reshape(rows, cell, cols, cell)
-    fraction = fraction.mean(axis=(1, 3))
-    cells = np.argwhere(fraction >= 0.5)
+    """``n`` of the tissue candidates (tile-aligned level-0 corners), in reading order."""
     rng = np.random.default_rng(seed)
-    chosen = cells[np.sort(rng.choice(len(cells), size=min(n, len(cells)), replace=False))]
-    return [(int(c) * PATCH, int(r) * PATCH) for r, c in chosen]
+    chosen = np.sort(rng.choice(len(tissue), size=min(n, len(tissue)), replace=False))
+    return [(int(x), int(y)) for x, y in tissue[chosen]]
 
 
 # --------------------------------------------------------------------------------------
@@ -245,8 +174,8 @@ def raw_tiles(path: Path, coords: Coords) -> tuple[list[bytes], dict[str, Any]]:
         return tiles, reader.jpeg_arguments
 
 
-def decode_all(tiles: list[bytes], arguments: dict[str, Any]) -> None:
-    buffer = np.empty((TILE, TILE, 3), dtype=np.uint8)
+def decode_all(tiles: list[bytes], arguments: dict[str, Any], tile: int) -> None:
+    buffer = np.empty((tile, tile, 3), dtype=np.uint8)
     for data in tiles:
         imagecodecs.jpeg8_decode(data, out=buffer, **arguments)
 
@@ -314,45 +243,113 @@ def measure(
     )
 
 
-def main() -> int:
-    cores = len(os.sched_getaffinity(0))
-    with tempfile.TemporaryDirectory(prefix="bench_preprocess_") as folder:
-        path = Path(folder) / "slide.tif"
-        start = time.perf_counter()
-        tissue = make_slide(path)
-        coords = tissue_coordinates(tissue, N_PATCHES)
-        n = len(coords)
-        tiles, jpeg_arguments = raw_tiles(path, coords)
-        with TileReader(path) as reader:
-            tile_kb = reader.tile_byte_counts.mean() / 1024
-        print(
-            f"slide: {WIDTH}x{HEIGHT} level 0, {TILE} px JPEG tiles q{JPEG_QUALITY} "
-            f"({tile_kb:.0f} KB/tile on average, {np.mean([len(t) for t in tiles]) / 1024:.0f}"
-            f" KB for the tissue tiles read), written in {time.perf_counter() - start:.1f} s;"
-            f"\n{n} tile-aligned tissue patches of {PATCH}x{PATCH}; "
-            f"median of {REPEATS} round-robin runs; {cores} cores"
-        )
-        ours = run_ours(path, coords)
-        identical = np.array_equal(ours, run_openslide(path, coords)) and np.array_equal(
-            ours, run_tiffslide(path, coords)
-        )
-        del ours
+def _parser() -> argparse.ArgumentParser:
+    defaults = SlideSpec()
+    parser = argparse.ArgumentParser(
+        prog="python -m bench preprocess", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--width", type=int, default=defaults.width, help="level-0 px")
+    parser.add_argument("--height", type=int, default=defaults.height, help="level-0 px")
+    parser.add_argument(
+        "--small", action="store_true", help=f"a {SMALL['width']}x{SMALL['height']} slide"
+    )
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="patch-throughput runs")
+    parser.add_argument(
+        "--mask-repeats", type=int, default=MASK_REPEATS, help="fresh workers per mask_mpp"
+    )
+    parser.add_argument("--patches", type=int, default=N_PATCHES)
+    parser.add_argument("--cache", type=Path, default=CACHE, help="where slides are kept")
+    return parser
 
-        load_before = os.getloadavg()[0]
-        with _pool(1) as pool1, _pool(2) as pool2:
-            seconds, cpu = measure(
-                {
-                    "ours": lambda: run_ours(path, coords),
-                    "openslide": lambda: run_openslide(path, coords),
-                    "tiffslide": lambda: run_tiffslide(path, coords),
-                    "decode": lambda: decode_all(tiles, jpeg_arguments),
-                    "pool1": lambda: run_pool(pool1, 1, path, coords),
-                    "pool2": lambda: run_pool(pool2, 2, path, coords),
-                    "spin1": lambda: run_spin(pool1, 1),
-                    "spin2": lambda: run_spin(pool2, 2),
-                }
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    size = SMALL if args.small else {"width": args.width, "height": args.height}
+    spec = replace(SlideSpec(), **size)
+    cores = len(os.sched_getaffinity(0))
+    start = time.perf_counter()
+    slide = cached_slide(spec, args.cache)
+    made = "written now" if time.perf_counter() - start > 1 else "cached"
+    print(
+        f"slide: {spec.width}x{spec.height} px ({spec.gigapixels:.1f} gigapixels) at "
+        f"{spec.mpp} µm/px, {slide.levels} levels, {spec.tile} px JPEG tiles q"
+        f"{spec.jpeg_quality}, {slide.tissue_fraction:.0%} tissue in {slide.pieces} pieces, "
+        f"{slide.bytes / 2**30:.2f} GiB; {made} (writing took {slide.write_seconds:.1f} s, "
+        f"streamed tile by tile)\n{slide.path}\n{cores} cores"
+    )
+
+    # 1. Masks and candidates, one fresh worker per run.
+    print(
+        f"\nmasks + candidates (wsi.patches.compute_candidates), median of "
+        f"{args.mask_repeats} fresh workers; peak = the worker's VmHWM, imports included"
+    )
+    print(
+        f"{'mask_mpp':>8} {'grid (rows x cols)':>19} {'wall s':>7} {'CPU s':>7} "
+        f"{'CPU s/20 Gpx':>12} {'peak MB':>8} {'at start':>8} {'candidates':>10} {'tumour':>6}"
+    )
+    checks: list[tuple[str, bool]] = []
+    results = {}
+    for mask_mpp in MASK_MPPS:
+        result = measure_candidates(slide, mask_mpp, args.mask_repeats)
+        results[mask_mpp] = result
+        per_20 = result["cpu"] * 20 / spec.gigapixels
+        grid = f"{result['grid'][0]} x {result['grid'][1]}"
+        print(
+            f"{mask_mpp:>8g} {grid:>19} {result['wall']:>7.2f} {result['cpu']:>7.2f} "
+            f"{per_20:>12.2f} {result['peak'] / 1e6:>8.0f} {result['peak_before'] / 1e6:>8.0f} "
+            f"{result['candidates']:>10} {result['tumor']:>6}"
+        )
+        checks.append(
+            (
+                f"mask_mpp {mask_mpp:g}: peak {result['peak'] / 1e6:.0f} MB per worker "
+                f"<= {TARGET_PEAK_BYTES / 1e6:.0f} MB",
+                result["peak"] <= TARGET_PEAK_BYTES,
             )
-        load_after = os.getloadavg()[0]
+        )
+        checks.append(
+            (
+                f"mask_mpp {mask_mpp:g}: {per_20:.2f} s CPU per 20-gigapixel slide "
+                f"<= {TARGET_CPU_PER_20_GIGAPIXELS:g} s",
+                per_20 <= TARGET_CPU_PER_20_GIGAPIXELS,
+            )
+        )
+
+    # 2. Patch throughput on tissue candidates of the same slide.
+    path = slide.path
+    coords = tissue_coordinates(results[MASK_MPPS[0]]["tissue"], args.patches)
+    n = len(coords)
+    tiles, jpeg_arguments = raw_tiles(path, coords)
+    print(
+        f"\n{n} tile-aligned tissue patches of {PATCH}x{PATCH} at level 0 "
+        f"({np.mean([len(t) for t in tiles]) / 1024:.0f} KB per JPEG tile read); "
+        f"median of {args.repeats} round-robin runs"
+    )
+    ours = run_ours(path, coords)
+    identical = np.array_equal(ours, run_openslide(path, coords)) and np.array_equal(
+        ours, run_tiffslide(path, coords)
+    )
+    del ours
+
+    load_before = os.getloadavg()[0]
+    with _pool(1) as pool1, _pool(2) as pool2:
+        seconds, cpu = measure(
+            {
+                "ours": lambda: run_ours(path, coords),
+                "openslide": lambda: run_openslide(path, coords),
+                "tiffslide": lambda: run_tiffslide(path, coords),
+                "decode": lambda: decode_all(tiles, jpeg_arguments, spec.tile),
+                "pool1": lambda: run_pool(pool1, 1, path, coords),
+                "pool2": lambda: run_pool(pool2, 2, path, coords),
+                "spin1": lambda: run_spin(pool1, 1),
+                "spin2": lambda: run_spin(pool2, 2),
+            },
+            repeats=args.repeats,
+        )
+    load_after = os.getloadavg()[0]
 
     rate = {name: n / s for name, s in seconds.items()}
     cpu_rate = {name: n / s for name, s in cpu.items()}  # patches per CPU-second
@@ -364,7 +361,6 @@ def main() -> int:
         ("read_patches, pool of 1 worker", "pool1", 1),
         ("read_patches, pool of 2 workers", "pool2", 2),
     ]
-    print()
     print(
         f"{'path':<38} {'patches/s':>9} {'per worker':>10} {'CPU ms/patch':>12} "
         f"{'patches/CPU-s':>13}"
@@ -374,7 +370,7 @@ def main() -> int:
             f"{label:<38} {rate[key]:>9.1f} {rate[key] / workers:>10.1f} "
             f"{1000 * cpu[key] / n:>12.2f} {cpu_rate[key]:>13.1f}"
         )
-    checks = [
+    ratios = [
         (
             "ours / naive openslide loop",
             rate["ours"] / rate["openslide"],
@@ -407,13 +403,13 @@ def main() -> int:
         ),
     ]
     print()
-    print(f"{'ratio':<30} {'wall':>6} {'CPU':>6}  {'target':<8} verdict (wall, CPU)")
-    for label, by_wall, by_cpu, target in checks:
+    print(f"{'ratio':<30} {'wall':>6} {'CPU':>6}  {'target':<8}")
+    for label, by_wall, by_cpu, target in ratios:
         if target is None:
             print(f"{label:<30} {by_wall:>6.2f} {by_cpu:>6.2f}")
             continue
-        verdicts = ", ".join("met" if v >= target else "MISSED" for v in (by_wall, by_cpu))
-        print(f"{label:<30} {by_wall:>6.2f} {by_cpu:>6.2f}  >= {target:<5g} {verdicts}")
+        print(f"{label:<30} {by_wall:>6.2f} {by_cpu:>6.2f}  >= {target:<5g}")
+        checks.append((f"{label}: {by_cpu:.2f} (CPU) >= {target:g}", by_cpu >= target))
     print()
     note = (
         f"load average {load_before:.1f} before, {load_after:.1f} after the runs on {cores} "
@@ -425,8 +421,12 @@ def main() -> int:
     )
     print(textwrap.fill(note, width=100))
     print(f"pixels identical to openslide and tiffslide: {'yes' if identical else 'NO'}")
+    print()
+    for label, ok in checks:
+        print(f"{_verdict(ok)} {label}")
     return 0
 
 
 if __name__ == "__main__":
-    main()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    raise SystemExit(main())

@@ -20,20 +20,23 @@ Labels (``HEALTHY`` = 0, ``TUMOR`` = 1, ``UNUSABLE`` = -1); every label needs
   annotated, so their "outside" is not known to be healthy);
 - everything else ``UNUSABLE``.
 
-Memory is bounded by the mask: nothing here decodes level 0.
+Memory is bounded by the mask: the tissue mask is made from the slide read a band at a
+time (:meth:`wsi.slide.Slide.thumbnail_blocks`, :func:`wsi.masks.tissue_mask_from_blocks`),
+and nothing here decodes level 0 unless the slide has no coarser level.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from wsi.annotations import SlideAnnotations
-from wsi.masks import box_fractions, tissue_mask, tumor_mask
-from wsi.slide import Slide
+from wsi.masks import box_fractions, tissue_mask_from_blocks, tumor_mask
+from wsi.slide import REGION_PIXELS, Slide
 
 HEALTHY, TUMOR, UNUSABLE = 0, 1, -1
 LABEL_NAMES: dict[int, str] = {HEALTHY: "healthy", TUMOR: "tumor"}
@@ -151,8 +154,14 @@ def compute_candidates(
     params: PatchParams,
     *,
     slide_id: str | None = None,
+    region_pixels: int = REGION_PIXELS,
 ) -> SlideCandidates:
     """Masks, candidate grid, fractions and labels of one slide.
+
+    The mask grid has ``floor(width / d)`` columns for ``d = mask_mpp / mpp`` (at least
+    1), and its downsample is snapped to ``width / columns`` so that columns tile the
+    slide's width exactly; the slide is read ``region_pixels`` pixels at a time. The time
+    it took is logged (INFO).
 
     Raises :class:`NoTissueError` when the slide shows no tissue, and
     :class:`NoLesionPatchError` when an annotated slide whose tumour patches are wanted
@@ -163,10 +172,14 @@ def compute_candidates(
         raise PatchError(name, "the slide has no resolution (mpp); pass one to open_slide")
     if params.level >= slide.level_count:
         raise PatchError(name, f"level {params.level} requested, slide has {slide.level_count}")
-    downsample = params.mask_mpp / slide.mpp
-    rgb = slide.thumbnail_at_downsample(max(downsample, 1.0))
-    downsample = slide.dimensions[0] / rgb.shape[1]
-    tissue = tissue_mask(rgb, min_saturation=params.min_saturation)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    columns = slide.thumbnail_shape(max(params.mask_mpp / slide.mpp, 1.0))[1]
+    downsample = slide.dimensions[0] / columns
+    tissue = tissue_mask_from_blocks(
+        slide.thumbnail_blocks(downsample, region_pixels=region_pixels),
+        slide.thumbnail_shape(downsample),
+        min_saturation=params.min_saturation,
+    )
     if not tissue.any():
         raise NoTissueError(name, f"no tissue found at {params.mask_mpp} µm/px")
 
@@ -193,6 +206,15 @@ def compute_candidates(
 
     labels = assign_labels(
         tissue_fraction, tumor_fraction, node_label=node_label, annotated=annotated, params=params
+    )
+    log.info(
+        "%s: masks and candidates on a %dx%d grid (%.3g µm/px) in %.2f s (%.2f s CPU)",
+        name,
+        tissue.shape[1],
+        tissue.shape[0],
+        downsample * slide.mpp,
+        time.perf_counter() - start,
+        time.process_time() - start_cpu,
     )
     if annotated and node_label != "itc" and not (labels == TUMOR).any():
         raise NoLesionPatchError(

@@ -5,13 +5,19 @@ adds what the pipeline relies on: level-0 coordinates everywhere, RGB ``uint8`` 
 with transparent or missing areas composited onto white, microns per pixel, the tile
 grid, and thumbnails at a requested resolution. Every failure to open or read a slide
 raises :class:`SlideReadError`, which names the file and what each backend said.
+
+Thumbnails are made in bounded memory: :meth:`Slide.thumbnail_blocks` decodes the chosen
+level a band of tiles at a time (at most about ``region_pixels`` pixels) and area-averages
+each band onto the thumbnail grid (:func:`area_sums`), so a whole level is never in memory
+however large the slide; :meth:`Slide.thumbnail_at_downsample` only assembles the blocks.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -21,6 +27,9 @@ import numpy as np
 Backend = Literal["openslide", "tiffslide", "auto"]
 BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
 WHITE = 255
+READ_LEVEL_MAX_PIXELS = 64 * 2**20  # read_level refuses larger levels
+REGION_PIXELS = 2 * 2**20  # pixels decoded at once by thumbnail_blocks: 6 MB of RGB
+STRIPPED_TILE = 256  # the read granularity assumed for a level that has no tiles
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +71,22 @@ def _describe(error: BaseException) -> str:
 
 
 def composite_on_white(pixels: np.ndarray) -> np.ndarray:
-    """RGB(A) ``uint8`` -> RGB ``uint8``, alpha-blending onto white where alpha < 255."""
+    """RGB(A) ``uint8`` -> RGB ``uint8``, alpha-blending onto white where alpha < 255.
+
+    ``out = (rgb * a + 255 * (255 - a) + 127) // 255``, computed only for the pixels that
+    are not opaque (inside a slide, usually none), so no widened copy of the image is made.
+    """
     if pixels.ndim != 3:
         raise ValueError(f"expected an (H, W, C) image, got shape {pixels.shape}")
     if pixels.shape[2] == 3:
         return pixels
-    rgb = pixels[..., :3].astype(np.uint16)
-    alpha = pixels[..., 3:4].astype(np.uint16)
-    blended = (rgb * alpha + WHITE * (255 - alpha) + 127) // 255
-    return blended.astype(np.uint8)
+    rgb = np.ascontiguousarray(pixels[..., :3])
+    translucent = pixels[..., 3] < 255
+    if translucent.any():
+        alpha = pixels[..., 3][translucent].astype(np.uint16)[:, None]
+        blended = (rgb[translucent] * alpha + WHITE * (255 - alpha) + 127) // 255
+        rgb[translucent] = blended.astype(np.uint8)
+    return rgb
 
 
 class Slide:
@@ -156,28 +172,138 @@ class Slide:
             pixels[outside_rows, :] = WHITE
         return pixels
 
-    def read_level(self, level: int) -> np.ndarray:
-        """A whole level as RGB. Refuses levels over 64 megapixels: never load level 0."""
+    def level_tile_size(self, level: int) -> tuple[int, int] | None:
+        """(tile width, tile height) of ``level`` in its own pixels, ``None`` when untiled."""
+        props = self._handle.properties
+        width = props.get(f"{self.backend}.level[{level}].tile-width")
+        height = props.get(f"{self.backend}.level[{level}].tile-height")
+        if width is None or height is None:
+            return None
+        return int(width), int(height)
+
+    def read_level(self, level: int, *, max_pixels: int = READ_LEVEL_MAX_PIXELS) -> np.ndarray:
+        """A whole level as RGB. Refuses levels over ``max_pixels``: never load level 0.
+
+        Nothing in the pipeline reads whole levels; thumbnails and masks go through
+        :meth:`thumbnail_blocks`, which reads any level by regions.
+        """
         width, height = self.level_dimensions[level]
-        if width * height > 64 * 2**20:
+        if width * height > max_pixels:
             raise MemoryError(
                 f"{self.path}: level {level} is {width}x{height}; read it by regions instead"
             )
         return self.read_region(0, 0, level, (width, height))
 
-    def thumbnail_at_downsample(self, downsample: float) -> np.ndarray:
-        """The slide at ``downsample`` relative to level 0, read from the nearest finer level.
+    def read_level_pixels(
+        self, level: int, col: int, row: int, size: tuple[int, int]
+    ) -> np.ndarray:
+        """Like :meth:`read_region`, with the top-left given in pixels of ``level`` itself."""
+        downsample = self.level_downsamples[level]
+        return self.read_region(_level0(col, downsample), _level0(row, downsample), level, size)
 
-        The output has ``floor(level-0 size / downsample)`` pixels per side; it is made by
-        area averaging from the coarsest level that is at least as fine as requested.
+    def thumbnail_shape(self, downsample: float) -> tuple[int, int]:
+        """(rows, cols) of the slide at ``downsample``: ``floor(level-0 size / downsample)``.
+
+        At least 1; a ratio within 1e-6 of an integer counts as that integer, so that the
+        downsample ``width / cols`` of a grid gives back ``cols``.
+        """
+        width0, height0 = self.dimensions
+        return (
+            max(1, math.floor(height0 / downsample + 1e-6)),
+            max(1, math.floor(width0 / downsample + 1e-6)),
+        )
+
+    def thumbnail_blocks(
+        self, downsample: float, *, region_pixels: int = REGION_PIXELS
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The slide at ``downsample``, as ``(row, col, rgb)`` blocks of its thumbnail grid.
+
+        Thumbnail pixel (r, c) is the area mean of level-0 pixels
+        ``[c d, (c + 1) d) x [r d, (r + 1) d)`` (``d = downsample``), taken from the
+        coarsest level at least that fine, whose pixel i covers level-0
+        ``[i D, (i + 1) D)`` (``D`` its downsample): in that level's pixels the thumbnail
+        pixel spans ``[c s, (c + 1) s)`` with ``s = d / D`` (at least 1 up to rounding),
+        generally not an integer,
+        and pixels cut by an edge count by the part inside (:func:`area_sums`); areas
+        beyond the level are white. Means are rounded to ``uint8``.
+
+        The level is decoded in tile-aligned bands of about ``region_pixels`` pixels, full
+        width when a band of tiles that wide fits, otherwise in vertical stripes (a
+        pyramid-less slide); the few level rows a thumbnail row shares with the next band
+        are carried over, so every tile is decoded once per stripe. Blocks come in
+        row-major order and tile the grid of :meth:`thumbnail_shape` exactly.
         """
         if downsample < 1:
             raise ValueError(f"{self.path}: downsample {downsample} is finer than level 0")
+        rows, cols = self.thumbnail_shape(downsample)
         level = self.best_level_for_downsample(downsample)
-        pixels = self.read_level(level)
-        width0, height0 = self.dimensions
-        target = (max(1, int(height0 / downsample)), max(1, int(width0 / downsample)))
-        return _resize_area(pixels, target)
+        scale = downsample / self.level_downsamples[level]
+        tile_width, tile_height = self.level_tile_size(level) or (STRIPPED_TILE, STRIPPED_TILE)
+        col_edges = np.arange(cols + 1) * scale
+        row_edges = np.arange(rows + 1) * scale
+        # Stripes: the whole width when one band of tiles that wide fits in the budget.
+        stripe_cols = cols
+        if math.ceil(col_edges[-1]) * tile_height > region_pixels:
+            width = max(tile_width, region_pixels // tile_height // tile_width * tile_width)
+            stripe_cols = max(1, math.floor(width / scale))
+        for col0 in range(0, cols, stripe_cols):
+            col1 = min(cols, col0 + stripe_cols)
+            x0 = math.floor(col_edges[col0])
+            x1 = max(x0 + 1, math.ceil(col_edges[col1]))
+            band = max(tile_height, region_pixels // (x1 - x0) // tile_height * tile_height)
+            band = min(band, -(-math.ceil(row_edges[-1]) // tile_height) * tile_height)
+            yield from self._stripe_blocks(
+                level, x0, x1, band, row_edges, col_edges[col0 : col1 + 1] - x0, col0
+            )
+
+    def _stripe_blocks(
+        self,
+        level: int,
+        x0: int,
+        x1: int,
+        band: int,
+        row_edges: np.ndarray,
+        col_edges: np.ndarray,
+        col0: int,
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """One stripe of level columns ``[x0, x1)``, top to bottom, ``band`` rows a read."""
+        held = np.empty((0, x1 - x0, 3), dtype=np.uint8)  # level rows [held_y0, read_y)
+        held_y0 = read_y = row = 0
+        rows = len(row_edges) - 1
+        while row < rows:
+            pixels = self.read_level_pixels(level, x0, read_y, (x1 - x0, band))
+            held = np.concatenate([held, pixels]) if len(held) else pixels
+            read_y += band
+            # Thumbnail rows whose level rows have all been read.
+            done = int(np.searchsorted(row_edges, read_y, side="right")) - 1
+            done = min(done, rows)
+            if done <= row:
+                continue
+            sums = area_sums(held, row_edges[row : done + 1] - held_y0, col_edges)
+            areas = np.diff(row_edges[row : done + 1])[:, None] * np.diff(col_edges)[None, :]
+            sums /= areas.astype(np.float32)[..., None]
+            # Means of uint8 values lie in [0, 255]: rounding needs no clipping.
+            yield row, col0, np.rint(sums, out=sums).astype(np.uint8)
+            row = done
+            keep = min(math.floor(row_edges[row]), read_y)
+            held, held_y0 = held[keep - held_y0 :], keep
+
+    def thumbnail_at_downsample(
+        self, downsample: float, *, region_pixels: int = REGION_PIXELS
+    ) -> np.ndarray:
+        """The slide at ``downsample`` relative to level 0, read from the nearest finer level.
+
+        The output has ``floor(level-0 size / downsample)`` pixels per side; it is made by
+        exact area averaging from the coarsest level that is at least as fine as requested,
+        read by regions (:meth:`thumbnail_blocks`), so only the thumbnail itself is whole
+        in memory.
+        """
+        if downsample < 1:
+            raise ValueError(f"{self.path}: downsample {downsample} is finer than level 0")
+        out = np.empty((*self.thumbnail_shape(downsample), 3), dtype=np.uint8)
+        for row, col, block in self.thumbnail_blocks(downsample, region_pixels=region_pixels):
+            out[row : row + block.shape[0], col : col + block.shape[1]] = block
+        return out
 
     def thumbnail(self, mpp: float) -> np.ndarray:
         """The slide at ``mpp`` microns per pixel (needs the slide's own resolution)."""
@@ -208,15 +334,90 @@ class Slide:
         )
 
 
-def _resize_area(pixels: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """Area-average ``pixels`` to ``shape`` (rows, cols); exact block means when it divides."""
-    rows, cols = shape
-    if pixels.shape[:2] == (rows, cols):
-        return pixels
-    from skimage.transform import resize
+def _level0(pixel: int, downsample: float) -> int:
+    """The smallest level-0 coordinate that the backends map to level pixel ``pixel``.
 
-    resized = resize(pixels, (rows, cols), order=1, anti_aliasing=True, preserve_range=True)
-    return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+    tiffslide takes ``int(x / downsample)`` (OpenSlide renders from ``x / downsample``, the
+    same pixel when the division is exact); ``ceil(pixel * downsample)`` is that coordinate
+    up to the rounding of the product, which the two loops settle.
+    """
+    x = math.ceil(pixel * downsample)
+    while int(x / downsample) < pixel:
+        x += 1
+    while x > 0 and int((x - 1) / downsample) >= pixel:
+        x -= 1
+    return x
+
+
+def box_taps(edges: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source pixels and weights of the cells ``[edges[j], edges[j + 1])`` of one axis.
+
+    Returns ``(index, weight)``, both (K, cells): cell j is ``sum_t weight[t, j] *
+    x[index[t, j]]``, where ``weight`` is the length of pixel ``[i, i + 1)`` inside the
+    cell (1 for a pixel wholly inside, less for one cut by an edge, 0 for a padding tap)
+    and K the most pixels any cell touches (``ceil(s) + 1`` at most for cells of length
+    ``s``). ``0 <= edges <= size``.
+    """
+    edges = np.asarray(edges, dtype=np.float64)
+    low, high = edges[:-1], edges[1:]
+    first = np.floor(low).astype(np.intp)
+    taps = max(1, math.ceil(float((high - first).max()))) if len(low) else 1
+    index = first[None, :] + np.arange(taps)[:, None]
+    weight = np.clip(np.minimum(high, index + 1) - np.maximum(low, index), 0, None)
+    return np.minimum(index, size - 1), weight.astype(np.float32)
+
+
+def _integrate(values: np.ndarray, edges: np.ndarray, axis: int) -> np.ndarray:
+    """Sums of ``values`` over the cells of ``edges`` along ``axis`` (float32, :func:`box_taps`).
+
+    One gather and one multiply-add per tap, so the cost is about one pass over the input
+    however the cells fall; whole pixels have weight 1, so integer edges give exact sums
+    (integers below 2**24 are exact in float32).
+    """
+    index, weight = box_taps(edges, values.shape[axis])
+    shape = [1] * values.ndim
+    shape[axis] = weight.shape[1]
+    out_shape = list(values.shape)
+    out_shape[axis] = weight.shape[1]
+    sums = np.zeros(out_shape, dtype=np.float32)
+    term: np.ndarray | None = None
+    for taken, scale in zip(index, weight, strict=True):
+        used = np.flatnonzero(scale)
+        if len(used) < len(scale) // 2:
+            # A tap few cells reach (the last one, for s just above an integer): only those.
+            if len(used):
+                where: list[slice | np.ndarray] = [slice(None)] * values.ndim
+                where[axis] = used
+                part = np.take(values, taken[used], axis=axis) * scale[used].reshape(
+                    [len(used) if i == axis else 1 for i in range(values.ndim)]
+                )
+                sums[tuple(where)] += part
+            continue
+        pixels = np.take(values, taken, axis=axis)
+        if (scale == 1).all():
+            np.add(sums, pixels, out=sums)  # cast on the fly: no float copy of the input
+            continue
+        if term is None:
+            term = np.empty(out_shape, dtype=np.float32)
+        np.multiply(pixels, scale.reshape(shape), out=term)
+        np.add(sums, term, out=sums)
+    return sums
+
+
+def area_sums(pixels: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray) -> np.ndarray:
+    """Area integrals of ``pixels`` over the cells of a grid of fractional edges.
+
+    Cell (i, j) is ``[row_edges[i], row_edges[i + 1]) x [col_edges[j], col_edges[j + 1])``
+    in pixel units; the result (float32, one value per cell and channel) is
+    ``sum_p w_p x_p`` with ``w_p`` the area of pixel p inside the cell. The weights are
+    separable (``w_p`` = row overlap x column overlap), so columns then rows are summed
+    with :func:`box_taps`: the cost is linear in the pixels whatever the ratio, with no
+    dense weight matrix. Integer edges give exact block sums; dividing by the cell areas
+    gives area means. Edges must lie in ``[0, size]`` of their axis.
+    """
+    # Columns first: their gathers are the slow, strided ones, and cheapest on the uint8 input.
+    cols = _integrate(pixels, np.asarray(col_edges, dtype=np.float64), axis=1)
+    return _integrate(cols, np.asarray(row_edges, dtype=np.float64), axis=0)
 
 
 def _mpp_of(handle: Any, backend: str) -> float | None:

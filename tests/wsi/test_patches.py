@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +186,89 @@ def test_lesion_too_small_for_a_patch(tmp_path: Path) -> None:
         assert not (candidates.labels == TUMOR).any()
         with pytest.raises(PatchError, match="level 9 requested"):
             compute_candidates(slide, None, "negative", PatchParams(level=9))
+
+
+def test_streamed_mask_equals_the_mask_of_the_thumbnail(synthetic_dataset) -> None:  # type: ignore[no-untyped-def]
+    """compute_candidates reads by regions; its tissue fractions are those of the in-memory
+    mask of the whole thumbnail, whatever the region size."""
+    params = PatchParams(patch_size=256, mask_mpp=4.1)  # a fractional level-to-mask ratio
+    for synth in synthetic_dataset.slides[:2]:
+        with open_slide(synth.slide_path) as slide:
+            candidates = compute_candidates(slide, None, "negative", params)
+            small = compute_candidates(slide, None, "negative", params, region_pixels=50_000)
+            thumbnail = slide.thumbnail_at_downsample(candidates.mask_downsample)
+        mask = tissue_mask(thumbnail, min_saturation=params.min_saturation)
+        assert 0.02 < mask.mean() < 0.98
+        expected = box_fractions(
+            mask, candidates.coords, candidates.extent, candidates.mask_downsample
+        )
+        np.testing.assert_array_equal(candidates.tissue_fraction, expected)
+        np.testing.assert_array_equal(small.tissue_fraction, expected)
+
+
+def test_pyramid_less_slide_is_read_by_regions(tmp_path: Path) -> None:
+    image = np.full((1536, 2048, 3), 240, np.uint8)
+    image[200:1300, 300:1700] = (190, 110, 170)
+    path = tmp_path / "patient_000_node_0.tif"
+    write_pyramidal_tiff(path, image, mpp=0.25, tile_size=256, levels=1)
+    params = PatchParams(patch_size=256, mask_mpp=2.3)
+    with open_slide(path) as slide:
+        assert slide.level_count == 1
+        with pytest.raises(MemoryError):
+            slide.read_level(0, max_pixels=2**20)
+        whole = compute_candidates(slide, None, "negative", params)
+        banded = compute_candidates(slide, None, "negative", params, region_pixels=2**16)
+    np.testing.assert_array_equal(whole.tissue_fraction, banded.tissue_fraction)
+    inside = (whole.coords[:, 0] >= 300) & (whole.coords[:, 0] + 256 <= 1700)
+    inside &= (whole.coords[:, 1] >= 200) & (whole.coords[:, 1] + 256 <= 1300)
+    assert (whole.tissue_fraction[inside] > 0.9).all()
+    assert (whole.labels[inside] == HEALTHY).all()
+
+
+_PEAK_CHILD = """
+import sys
+from wsi.annotations import read_asap
+from wsi.patches import PatchParams, compute_candidates
+from wsi.slide import open_slide
+
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+path, xml, mask_mpp = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with open_slide(path) as slide:
+    level = slide.best_level_for_downsample(mask_mpp / slide.mpp)
+    width, height = slide.level_dimensions[level]
+    before = peak()
+    candidates = compute_candidates(slide, read_asap(xml), "macro", PatchParams(mask_mpp=mask_mpp))
+print(before, peak(), level, width * height, int((candidates.labels == 1).sum()))
+"""
+
+
+def test_mask_memory_is_bounded_on_a_large_slide(tmp_path: Path) -> None:
+    """On a 134-megapixel slide written by the bench's streaming writer, with the mask made
+    from level 1 (33 megapixels: 100 MB as RGB, several times that as the old whole-level
+    read and float resize took it), the worker grows by a few bytes per mask pixel only."""
+    from bench.slidegen import SlideSpec, write_slide
+
+    spec = SlideSpec(width=8192, height=16_384, pieces=3)
+    written = write_slide(spec, tmp_path / "slide.tif", tmp_path / "slide.xml")
+    assert written.levels >= 6 and 0.15 < written.tissue_fraction < 0.25
+    mask_mpp = 3.8 * spec.mpp  # just coarser than level 1: a ratio of 1.9 from level 1
+    arguments = [str(written.path), str(written.annotation), str(mask_mpp)]
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, *arguments],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    before, after, level, level_pixels, tumour = (int(v) for v in result.stdout.split())
+    assert level == 1 and level_pixels == spec.width * spec.height // 4
+    assert tumour > 0
+    grid_pixels = spec.width * spec.height / 3.8**2
+    # Codes, mask, morphology and tumour mask: a few bytes per mask pixel; plus a constant
+    # (a band of pixels in float32, OpenSlide's tile cache), where the old whole-level read,
+    # uint16 composite and float64 resize took over 1 GB here.
+    assert after - before < 8 * grid_pixels + 160e6 < 0.3e9

@@ -138,3 +138,78 @@ def test_composite_on_white() -> None:
     assert rgb[0, 0].tolist() == [255, 255, 255]
     assert rgb[0, 1].tolist() == [0, 0, 0]
     assert rgb[0, 2].tolist() == [177, 152, 127]
+
+
+def _block_means(pixels: np.ndarray, factor: int, shape: tuple[int, int]) -> np.ndarray:
+    rows, cols = shape
+    blocks = pixels[: rows * factor, : cols * factor].astype(np.float64)
+    means = blocks.reshape(rows, factor, cols, factor, 3).mean(axis=(1, 3))
+    return np.rint(means).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def flat_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-level (pyramid-less) tiled slide with structure at every scale."""
+    from scipy import ndimage
+
+    from wsi.synth import write_pyramidal_tiff
+
+    rng = np.random.default_rng(2)
+    field = ndimage.gaussian_filter(rng.random((1000, 1300)), 12)
+    image = np.full((1000, 1300, 3), 238, np.uint8)
+    image[field > np.quantile(field, 0.6)] = (196, 118, 172)
+    image = np.clip(image + rng.integers(-6, 7, image.shape), 0, 255).astype(np.uint8)
+    path = tmp_path_factory.mktemp("flat") / "patient_000_node_0.tif"
+    write_pyramidal_tiff(path, image, mpp=0.25, tile_size=128, levels=1)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
+def test_thumbnail_of_a_flat_slide_is_read_by_regions(flat_slide: Path, backend: str) -> None:
+    with open_slide(flat_slide, backend) as slide:
+        assert slide.level_count == 1
+        with pytest.raises(MemoryError, match="by regions"):
+            slide.read_level(0, max_pixels=100_000)
+        level = slide.read_level(0)
+        # Integer ratio: exact block means, however small the regions.
+        expected = _block_means(level, 8, slide.thumbnail_shape(8))
+        for region_pixels in (1, 40_000, 10**8):
+            thumbnail = slide.thumbnail_at_downsample(8, region_pixels=region_pixels)
+            np.testing.assert_array_equal(thumbnail, expected)
+        # Fractional ratio: the same whatever the regions, and close to block means.
+        reference = slide.thumbnail_at_downsample(6.3, region_pixels=10**8)
+        assert reference.shape == (int(1000 / 6.3), int(1300 / 6.3), 3)
+        for region_pixels in (1, 30_000):
+            thumbnail = slide.thumbnail_at_downsample(6.3, region_pixels=region_pixels)
+            np.testing.assert_array_equal(thumbnail, reference)
+
+
+def test_thumbnail_blocks_tile_the_grid(flat_slide: Path) -> None:
+    with open_slide(flat_slide) as slide:
+        shape = slide.thumbnail_shape(5.5)
+        seen = np.zeros(shape, np.int64)
+        for row, col, block in slide.thumbnail_blocks(5.5, region_pixels=20_000):
+            assert block.dtype == np.uint8 and block.shape[2] == 3
+            seen[row : row + block.shape[0], col : col + block.shape[1]] += 1
+        assert (seen == 1).all()
+        # Width / columns gives the columns back despite floating point.
+        assert slide.thumbnail_shape(slide.dimensions[0] / shape[1])[1] == shape[1]
+
+
+def test_pyramid_thumbnail_is_area_mean_of_the_finer_level(openslide_fixtures: Path) -> None:
+    with open_slide(openslide_fixtures / "boxes.tiff") as slide:
+        level = slide.best_level_for_downsample(4)
+        factor = round(4 / slide.level_downsamples[level])
+        pixels = slide.read_level(level)
+        thumbnail = slide.thumbnail_at_downsample(4, region_pixels=5_000)
+        np.testing.assert_array_equal(thumbnail, _block_means(pixels, factor, thumbnail.shape[:2]))
+
+
+def test_composite_on_white_keeps_opaque_pixels_and_does_not_widen() -> None:
+    rgba = np.zeros((4, 5, 4), np.uint8)
+    rgba[..., :3] = 90
+    rgba[..., 3] = 255
+    rgba[0, 0, 3] = 0
+    rgb = composite_on_white(rgba)
+    assert rgb.dtype == np.uint8 and rgb.flags.c_contiguous
+    assert rgb[0, 0].tolist() == [255, 255, 255] and (rgb.reshape(-1, 3)[1:] == 90).all()
