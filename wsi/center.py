@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from wsi.catalogue import SlideRecord
-from wsi.patches import HEALTHY, LABEL_NAMES, TUMOR, HealthySource, PatchParams
+from wsi.patches import LABEL_NAMES, PatchParams, labels_offered
 from wsi.sampling import (
     PatchSelection,
     SlidePatches,
@@ -180,21 +180,6 @@ def plan_center(
             log.warning("centre %d: the %s split has %s patches", center, name,
                         dict(zip(LABEL_NAMES.values(), counts, strict=True)))
     return plan
-
-
-def labels_offered(
-    node_label: str | None, annotated: bool, healthy_source: HealthySource
-) -> frozenset[int]:
-    """The labels a slide can give, from the catalogue alone (the rule of
-    :func:`wsi.patches.assign_labels`, without the pixels)."""
-    offered: set[int] = set()
-    if node_label == "negative" and not annotated:
-        offered.add(HEALTHY)
-    if annotated:
-        offered.add(TUMOR)
-        if healthy_source == "outside_annotations" and node_label not in (None, "itc"):
-            offered.add(HEALTHY)
-    return frozenset(offered)
 
 
 def catalogue_test_patients(

@@ -147,6 +147,22 @@ def assign_labels(
     return labels
 
 
+def labels_offered(
+    node_label: str | None, annotated: bool, healthy_source: HealthySource
+) -> frozenset[int]:
+    """The labels a slide can give, from the catalogue alone: the rule of
+    :func:`assign_labels` without the pixels (so patients can be split before any slide
+    is read)."""
+    offered: set[int] = set()
+    if node_label == "negative" and not annotated:
+        offered.add(HEALTHY)
+    if annotated:
+        offered.add(TUMOR)
+        if healthy_source == "outside_annotations" and node_label not in (None, "itc"):
+            offered.add(HEALTHY)
+    return frozenset(offered)
+
+
 def compute_candidates(
     slide: Slide,
     annotations: SlideAnnotations | None,

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsi.center import InsufficientPatchesError, SamplingParams, labels_offered, plan_center
-from wsi.patches import UNUSABLE, PatchParams, assign_labels
+from wsi.center import InsufficientPatchesError, SamplingParams, plan_center
+from wsi.patches import UNUSABLE, PatchParams, assign_labels, labels_offered
 from wsi.sampling import SlidePatches, sample_balanced, split_patients
 
 
