@@ -45,6 +45,7 @@ from tasks.preprocess import (
     slide_candidates,
     slide_catalogue,
 )
+from wsi.atomic import remove_stale_temporaries
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import (
@@ -103,6 +104,9 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     ``redo_slides`` (slide ids of those centres) have their cached candidates dropped
     and recomputed first; it is an action, not a parameter, so it is not in ``config``.
     """
+    for directory in (config.out, config.cache_dir):  # left by a killed run
+        for path in remove_stale_temporaries(directory):
+            get_run_logger().info("removed %s, left by a run that was killed", path)
     records, catalogue_failures = slide_catalogue(config.data_root, config.centers)
     if redo_slides:
         check_slides_known(redo_slides, records, config.centers)
@@ -204,7 +208,7 @@ def task_runner(config: PreprocessConfig) -> TaskRunner:
             "n_workers": config.workers,
             "threads_per_worker": 1,
             "processes": True,
-            "dashboard_address": None,  # parallel runs would fight over :8787
+            "dashboard_address": ":0",  # a free port: runs side by side would fight over :8787
         }
     )
 

@@ -123,27 +123,70 @@ def shared_prefect_api(host: str = "127.0.0.1") -> Iterator[str | None]:
 
     - ``PREFECT_API_URL`` already set (in the environment or the active Prefect settings):
       that server; nothing is started.
-    - Inside a running flow: nothing is started either (yields ``None``); the flow runs of
-      the block report wherever their parent does.
-    - Otherwise: one server on ``host`` (:func:`prefect_server`), for the block. Its URL is
-      set in this process's Prefect settings and in ``os.environ``, so that the workers of
-      a process pool or of a local Dask cluster, which inherit both, report to it instead
-      of each starting a temporary server of its own.
+    - Otherwise, outside any flow run: one server on ``host`` (:func:`prefect_server`),
+      for the block.
+    - Inside a running flow: nothing is done (yields the configured URL or ``None``); the
+      flow runs of the block report wherever their parent does.
+
+    For the block, the URL is set in ``os.environ`` and in this process's Prefect settings,
+    the process-global ones included: threads here and the workers of a process pool or
+    of a local Dask cluster (which inherit the environment and the settings) then report to
+    it instead of each starting a temporary server of its own. Logs and events still
+    buffered are sent before the block ends.
     """
     from prefect.context import FlowRunContext
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import get_current_settings
 
     configured = get_current_settings().api.url
-    if configured or FlowRunContext.get() is not None:
+    if FlowRunContext.get() is not None:
         yield configured
         return
-    started = time.monotonic()
-    with prefect_server(host=host) as api_url:
-        log.info("Prefect server for this run: %s (up in %.1f s)", api_url.removesuffix("/api"),
-                 time.monotonic() - started)
-        with temporary_settings({PREFECT_API_URL: api_url}), \
-                _environment("PREFECT_API_URL", api_url):  # fmt: skip
-            yield api_url
+    with contextlib.ExitStack() as stack:
+        if configured:
+            api_url = configured
+        else:
+            started = time.monotonic()
+            api_url = stack.enter_context(prefect_server(host=host))
+            log.info(
+                "Prefect server for this run: %s (up in %.1f s)",
+                api_url.removesuffix("/api"),
+                time.monotonic() - started,
+            )
+        stack.enter_context(_reporting_to(api_url))
+        yield api_url
+
+
+@contextlib.contextmanager
+def _reporting_to(api_url: str) -> Iterator[None]:
+    """``api_url`` as the Prefect API of this process, its threads and its children."""
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
+        stack.enter_context(_environment("PREFECT_API_URL", api_url))
+        # New threads do not inherit the caller's settings context and fall back to the
+        # process-global one, read from the environment at import: the thread that forwards
+        # a process pool's logs and events would start a temporary server of its own. This
+        # is how prefect.testing.utilities.prefect_test_harness installs its settings
+        # (private, hence prefect pinned to 3.8 in pyproject.toml).
+        stack.enter_context(prefect.context._temporary_global_settings_context(
+            prefect.context.get_settings_context()
+        ))  # fmt: skip
+        try:
+            yield
+        finally:
+            _deliver_logs_and_events()
+
+
+def _deliver_logs_and_events(timeout_s: float = 30.0) -> None:
+    """Send the logs and events Prefect still holds while their server is up: at exit,
+    they would be retried against a closed port for a minute or more."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=timeout_s)
+    EventsWorker.drain_all(timeout=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
