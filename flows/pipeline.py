@@ -30,6 +30,7 @@ from flows.config import (
 )
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
+from flows.server import ServerStartError, address_towards, shared_prefect_api
 from flows.train import train
 from proxyfl.launch import TrainingJobFailed
 from proxyfl.report import ReportError, ReportPaths
@@ -84,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="parameters file (default params.yaml)")
     args = parser.parse_args(argv)
     try:
-        PipelineConfig.from_file(args.config)
+        config = PipelineConfig.from_file(args.config)
     except (ValidationError, ConfigError) as error:
         print(f"error: invalid parameters in {args.config}: {error}", file=sys.stderr)
         return 2
-    try:
-        pipeline(args.config)
-    except (PreprocessFailed, TrainingJobFailed, ReportError) as error:
+    scheduler = config.preprocess.scheduler_address
+    try:  # one server for the pipeline, its stages and their workers (not one each)
+        with shared_prefect_api(address_towards(scheduler) if scheduler else "127.0.0.1"):
+            pipeline(args.config)
+    except (PreprocessFailed, TrainingJobFailed, ReportError, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
