@@ -17,7 +17,7 @@ def _keys(mapping: dict[str, Any], prefix: str = "") -> set[str]:
     keys = set()
     for key, value in mapping.items():
         keys.add(prefix + key)
-        if isinstance(value, dict):
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):  # a section
             keys |= _keys(value, f"{prefix}{key}.")
     return keys
 
@@ -34,6 +34,8 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
     assert (options["sigma"], options["clip"], options["delta"]) == (1.4, 0.7, 1e-5)
     assert options["dml_alpha"] == options["dml_beta"] == 0.3 and options["input_size"] is None
     assert config.preprocess.patch_size == 512 and len(config.train.seeds) == 15
+    # Table 1 of the paper: train + test patches per class, per client
+    assert config.preprocess.patches_per_class == {0: 1517, 1: 1701, 2: 1834, 3: 1861}
     assert config.train.centers == [0, 1, 2, 3]
 
 
@@ -45,6 +47,8 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
         (lambda p: p["train"].update(centers=[0, 5]), "train.centers"),
         (lambda p: p["train"].update(data="elsewhere"), "preprocess.out"),
         (lambda p: p["preprocess"].update(patch_size=2), "patch_size"),
+        (lambda p: p["preprocess"].update(patches_per_class={0: 5}), "no number for centre"),
+        (lambda p: p["preprocess"].update(shortfall="shrug"), "shortfall"),
     ],
 )
 def test_the_pipeline_refuses_bad_parameters_before_any_stage(
