@@ -3,7 +3,7 @@
 Every module ``bench/bench_<name>.py`` with a ``main()`` is a benchmark; with no names all
 of them run in turn (sorted by name) except those that set ``IN_DEFAULT_RUN = False``
 (``fidelity``: half an hour of training, ``make fidelity``; ``collaboration``: needs the
-demo's stores), otherwise only those named
+demo's stores; ``preprocess_flow``: 15 GB of real-size slides), otherwise only those named
 (``preprocess`` or ``bench_preprocess``). Each named benchmark runs with its defaults.
 """
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
@@ -13,7 +15,7 @@ from prefect.states import Failed
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, SamplingParams
-from wsi.patches import PatchParams
+from wsi.patches import LABEL_NAMES, PatchParams
 from wsi.preprocess import (
     CenterReport,
     SlideFailure,
@@ -65,12 +67,27 @@ def dropped_candidates(slide_ids: Sequence[str], cache_dir: Path) -> list[Path]:
 def slide_candidates(
     record: SlideRecord, params: PatchParams, cache_dir: Path, backend: Backend
 ) -> SlidePatches | SlideFailure:
-    """A slide's usable candidates, or the record of why it has none."""
+    """A slide's usable candidates, or the record of why it has none (a WARNING: the slide
+    is left out, the run goes on)."""
+    logger = get_run_logger()
+    cache = CandidateCache(cache_dir)
+    cached = cache.path_for(record, params).is_file()
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
-        return slide_patches(record, params, CandidateCache(cache_dir), backend)
+        patches = slide_patches(record, params, cache, backend)
     except SlideStepError as error:
-        get_run_logger().error("%s", error)
+        logger.warning("%s", error)
         return error.failure
+    counts = np.bincount(patches.labels, minlength=len(LABEL_NAMES)).tolist()
+    logger.info(
+        "%s: %s usable candidates %s in %.2f s (%.2f s CPU)",
+        record.slide_id,
+        dict(zip(LABEL_NAMES.values(), counts, strict=True)),
+        "from the cache" if cached else "computed",
+        time.perf_counter() - start,
+        time.process_time() - start_cpu,
+    )
+    return patches
 
 
 @task(name="centre store", task_run_name="center_{center}.h5")
