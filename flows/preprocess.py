@@ -141,6 +141,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             get_run_logger().error("%s", error)
             record_failed_center(center, str(error), config.out, slide_failures[center])
 
+    to_build = [center for center in config.centers if center not in short]
     store_futures = [
         centre_store.submit(
             center,
@@ -152,14 +153,18 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             slide_failures[center],
             [record for record in records if record.center == center],
         )
-        for center in config.centers
-        if center not in short
+        for center in to_build
     ]
     failed = dict(short)
-    for future in _with_progress(store_futures, "centre stores"):
+    for center, future in zip(
+        to_build, _with_progress(store_futures, "centre stores"), strict=True
+    ):
         outcome = future.result(raise_on_failure=False)
-        if isinstance(outcome, CenterReport) and outcome.status == "failed":
-            failed[outcome.center] = outcome.error or "failed"
+        if isinstance(outcome, BaseException):  # the task itself crashed (e.g. its worker)
+            failed[center] = f"{type(outcome).__name__}: {outcome}"
+            record_failed_center(center, failed[center], config.out, slide_failures[center])
+        elif outcome.status == "failed":
+            failed[center] = outcome.error or "failed"
 
     rows = patch_summary(config.out, unplaced)
     reports = read_center_reports(config.out)
