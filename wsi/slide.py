@@ -121,12 +121,7 @@ class Slide:
     @property
     def tile_size(self) -> tuple[int, int] | None:
         """Level-0 (tile width, tile height) of the file, or ``None`` for a stripped file."""
-        props = self._handle.properties
-        width = props.get(f"{self.backend}.level[0].tile-width")
-        height = props.get(f"{self.backend}.level[0].tile-height")
-        if width is None or height is None:
-            return None
-        return int(width), int(height)
+        return self.level_tile_size(0)
 
     def level_mpp(self, level: int) -> float | None:
         """Microns per pixel at ``level`` (``None`` when the file does not say)."""
