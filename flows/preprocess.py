@@ -20,7 +20,6 @@ slide of ``--centers``.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -55,8 +54,6 @@ from wsi.preprocess import (
     record_failed_center,
 )
 from wsi.sampling import SlidePatches
-
-log = logging.getLogger(__name__)
 
 
 class PreprocessFailed(RuntimeError):
