@@ -361,7 +361,7 @@ def mask_lines(output: str) -> list[dict[str, object]]:
 
 def check_stores(out: Path, centers: Sequence[int]) -> list[tuple[str, bool]]:
     """Per centre: is its store published (readable, report complete, no temporary left)?"""
-    from wsi.atomic import parse_temporary
+    from plumbing.atomic import parse_temporary
     from wsi.store import StoreError, read_store_info, store_path
 
     leftovers = [p.name for p in out.iterdir() if parse_temporary(p.name)] if out.is_dir() else []

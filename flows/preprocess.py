@@ -44,7 +44,7 @@ from tasks.preprocess import (
     slide_candidates,
     slide_catalogue,
 )
-from wsi.atomic import remove_stale_temporaries
+from plumbing.atomic import remove_stale_temporaries
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import (

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from plumbing.errors import PipelineError
+
 TUMOR_GROUPS: frozenset[str] = frozenset({"metastases", "Tumor", "_0", "_1"})
 CARVE_OUT_GROUPS: frozenset[str] = frozenset({"normal", "_2", "Exclusion"})
 AREA_TYPES: frozenset[str] = frozenset({"Polygon", "Rectangle", "Spline"})
@@ -35,16 +37,11 @@ POINT_TYPES: frozenset[str] = frozenset({"Dot", "PointSet"})
 log = logging.getLogger(__name__)
 
 
-class AnnotationError(Exception):
+class AnnotationError(PipelineError):
     """An annotation file is missing or malformed."""
 
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        self.path = Path(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
-
-    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
-        return type(self), (self.path, self.reason)
+        super().__init__(Path(path), reason)
 
 
 @dataclass(frozen=True)

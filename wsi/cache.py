@@ -5,7 +5,7 @@ annotation file's, the slide's label, every :class:`~wsi.patches.PatchParams` fi
 the source of the modules that compute candidates (:data:`CANDIDATE_MODULES`), so a
 rerun after a crash, or after adding slides, recomputes only what changed, and a fix in
 that code is applied to every slide. Entries
-are written atomically (:func:`wsi.atomic.atomic_write`), so a killed run never leaves a
+are written atomically (:func:`plumbing.atomic.atomic_write`), so a killed run never leaves a
 torn entry.
 :meth:`CandidateCache.forget` drops a slide's entries, to have it recomputed on demand.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wsi.atomic import atomic_write
+from plumbing.atomic import atomic_write
 from wsi.catalogue import SlideRecord
 from wsi.patches import PatchParams
 from wsi.sampling import SlidePatches

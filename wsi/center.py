@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from plumbing.errors import PipelineError
 from wsi.catalogue import SlideRecord
 from wsi.patches import LABEL_NAMES, PatchParams, labels_offered
 from wsi.sampling import (
@@ -72,25 +73,22 @@ class SamplingParams:
             )
 
 
-class InsufficientPatchesError(Exception):
+class InsufficientPatchesError(PipelineError):
     """A centre's slides cannot supply the requested number of patches of every label."""
 
     def __init__(self, center: int, found: dict[str, int], requested: int) -> None:
-        self.center = center
-        self.found = found
-        self.requested = requested
         detail = ", ".join(f"{count} {name}" for name, count in found.items())
         scarcest = min(found.values(), default=0)
         hint = (
             f" (shortfall: take_available would take {scarcest} of each)" if scarcest else ""
         )
         super().__init__(
-            f"centre {center} can supply only {detail} patches; {requested} of each "
-            f"requested{hint}"
+            f"centre {center}",
+            f"can supply only {detail} patches; {requested} of each requested{hint}",
         )
-
-    def __reduce__(self) -> tuple[type, tuple[int, dict[str, int], int]]:
-        return type(self), (self.center, self.found, self.requested)
+        self.center = center
+        self.found = found
+        self.requested = requested
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from typing import Literal
 
 import numpy as np
 
+from plumbing.errors import PipelineError
 from wsi.annotations import SlideAnnotations
 from wsi.masks import box_fractions, tissue_mask_from_blocks, tumor_mask
 from wsi.slide import REGION_PIXELS, Slide
@@ -45,16 +46,12 @@ HealthySource = Literal["negative_slides", "outside_annotations"]
 log = logging.getLogger(__name__)
 
 
-class PatchError(Exception):
+class PatchError(PipelineError):
     """A slide cannot supply the patches it should; names the slide and why."""
 
     def __init__(self, slide: str, reason: str) -> None:
+        super().__init__(slide, reason)
         self.slide = slide
-        self.reason = reason
-        super().__init__(f"{slide}: {reason}")
-
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:
-        return type(self), (self.slide, self.reason)
 
 
 class NoTissueError(PatchError):

@@ -17,8 +17,9 @@ from typing import Literal
 
 import numpy as np
 
+from plumbing.atomic import atomic_write
+from plumbing.errors import PipelineError
 from wsi.annotations import AnnotationError, check_regions_on_slide, read_asap
-from wsi.atomic import atomic_write
 from wsi.cache import CandidateCache
 from wsi.catalogue import CatalogueProblem, SlideRecord
 from wsi.center import (
@@ -56,13 +57,10 @@ class SlideFailure:
     center: int | None = None
 
 
-class SlideStepError(Exception):
+class SlideStepError(PipelineError):
     def __init__(self, failure: SlideFailure) -> None:
+        super().__init__(f"{failure.slide} [{failure.stage}]", failure.error)
         self.failure = failure
-        super().__init__(f"{failure.slide} [{failure.stage}]: {failure.error}")
-
-    def __reduce__(self) -> tuple[type, tuple[SlideFailure]]:
-        return type(self), (self.failure,)
 
 
 # The step a slide failed at, by error type; the most specific type comes first.

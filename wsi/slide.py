@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from plumbing.errors import PipelineError
+
 Backend = Literal["openslide", "tiffslide", "auto"]
 BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
 WHITE = 255
@@ -34,17 +36,13 @@ STRIPPED_TILE = 256  # the read granularity assumed for a level that has no tile
 log = logging.getLogger(__name__)
 
 
-class SlideReadError(Exception):
+class SlideReadError(PipelineError):
     """A slide could not be opened or read; ``reasons`` maps each backend tried to its error."""
 
     def __init__(self, path: str | os.PathLike[str], reasons: dict[str, str]) -> None:
-        self.path = Path(path)
+        detail = "; ".join(f"{backend}: {reason}" for backend, reason in reasons.items())
+        super().__init__(Path(path), f"cannot read slide ({detail})")
         self.reasons = dict(reasons)
-        detail = "; ".join(f"{backend}: {reason}" for backend, reason in self.reasons.items())
-        super().__init__(f"cannot read slide {self.path} ({detail})")
-
-    def __reduce__(self) -> tuple[type, tuple[Path, dict[str, str]]]:
-        return type(self), (self.path, self.reasons)
 
 
 def _open_openslide(path: Path) -> Any:

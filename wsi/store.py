@@ -42,7 +42,8 @@ from types import TracebackType
 import h5py
 import numpy as np
 
-from wsi.atomic import remove_stale_temporaries, temporary_path
+from plumbing.atomic import remove_stale_temporaries, temporary_path
+from plumbing.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,11 @@ REQUIRED_ATTRS: tuple[str, ...] = (
 _STR = h5py.string_dtype(encoding="utf-8")
 
 
-class StoreError(Exception):
+class StoreError(PipelineError):
     """A patch store is missing, unreadable or does not follow the schema."""
 
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        self.path = Path(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
-
-    def __reduce__(self) -> tuple[type, tuple[Path, str]]:
-        return type(self), (self.path, self.reason)
+        super().__init__(Path(path), reason)
 
 
 def store_path(directory: str | os.PathLike[str], center: int) -> Path:
@@ -316,7 +312,7 @@ class PatchStoreWriter:
     and whatever store was at ``path`` before is left untouched.
 
     Entering removes the temporaries of ``path`` left by killed runs
-    (:func:`wsi.atomic.remove_stale_temporaries`), then raises :class:`StoreError`
+    (:func:`plumbing.atomic.remove_stale_temporaries`), then raises :class:`StoreError`
     before creating anything when the filesystem has less free space than
     :func:`store_bytes_needed`. If the disk fills up all the same (another writer), the
     write, flush or close that fails with ENOSPC, EDQUOT or EFBIG ends in one

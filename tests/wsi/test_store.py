@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from wsi import store
-from wsi.atomic import temporary_path
+from plumbing.atomic import temporary_path
 from wsi.store import (
     PIXEL_AND_FILE_LIBRARIES,
     SCHEMA_VERSION,

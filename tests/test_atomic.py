@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wsi.atomic import (
+from plumbing.atomic import (
     parse_temporary,
     process_alive,
     process_start_time,

@@ -1,8 +1,12 @@
-"""Temporary files of atomic writes: their one naming scheme, and removing those left behind.
+"""Atomic writes, the one way the project writes a file a reader may open.
 
-Every atomic write in the pipeline (stores, candidate-cache entries, reports) fills
-``.{name}.{pid}.tmp`` beside its target and renames it into place, so a reader never
-sees a torn file. A run killed mid-write (SIGKILL, out of memory, power loss) leaves its
+Every writer (stores, slides, candidate-cache entries, checkpoints, metrics, reports)
+fills ``.{name}.{pid}.tmp`` beside its target, flushes and fsyncs it, and renames it into
+place with ``os.replace``; on any failure the temporary is removed and the target is left
+as it was, so a reader never sees a torn file. :func:`atomic_write` hands out an open
+file, :func:`atomic_path` the temporary's path (for libraries that open files themselves:
+h5py, tifffile, ``torch.save``), :func:`write_text` and :func:`write_json` cover the
+common cases. A run killed mid-write (SIGKILL, out of memory, power loss) leaves its
 temporary behind, hidden and possibly gigabytes large; :func:`remove_stale_temporaries`
 removes those whose writer is gone, never one a live process may still be filling.
 
@@ -14,6 +18,7 @@ writes to.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -128,23 +133,64 @@ def remove_stale_temporaries(
     return removed
 
 
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open :func:`temporary_path` of ``path`` for writing; on success flush, fsync and
-    rename it onto ``path``; on any failure remove it and leave ``path`` as it was.
+def commit(temporary: Path, path: Path) -> None:
+    """Make a fully written ``temporary`` durable and rename it onto ``path``: fsync the
+    file, ``os.replace``, fsync the directory (so the rename survives a power loss)."""
+    with temporary.open("rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
-    >>> with atomic_write(path, "w") as handle:
-    ...     handle.write(text)
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """The :func:`temporary_path` of ``path`` for a library to write; committed onto
+    ``path`` when the block ends normally, removed when it raises (anything, Ctrl-C too).
+
+    >>> with atomic_path(path) as temporary:
+    ...     torch.save(state, temporary)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(path)
     try:
-        with temporary.open(mode) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        yield temporary
+        commit(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open the temporary of ``path`` for writing (``mode`` ``"w"`` writes UTF-8 text);
+    committed onto ``path`` when the block ends normally, removed when it raises.
+
+    >>> with atomic_write(path, "w") as handle:
+    ...     handle.write(text)
+    """
+    encoding = None if "b" in mode else "utf-8"
+    with atomic_path(path) as temporary, temporary.open(mode, encoding=encoding) as handle:
+        yield handle
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_write(path, "w") as handle:
+        handle.write(text)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = False) -> None:
+    """Write ``payload`` as indented JSON (and a final newline) to ``path`` atomically."""
+    write_text(path, json.dumps(payload, indent=2, sort_keys=sort_keys) + "\n")
