@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from scipy.stats import kendalltau
 
+from camelyon_proxyfl.params import load_params
+from proxyfl.config import TrainConfig
 from proxyfl.launch import TrainingJob, run_job
 from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from proxyfl.results import RUN_FILE
@@ -83,8 +84,8 @@ def train_all(
 ) -> None:
     """One MPI job per (method, seed), skipping those already finished the same way."""
     jobs = [
-        TrainingJob(algorithm, seed, data, runs / algorithm / f"seed_{seed}", centers,
-                    options=options)
+        TrainingJob(TrainConfig(**options, algorithm=algorithm, seed=seed, data=data,
+                                out=runs / algorithm / f"seed_{seed}", centers=list(centers)))
         for seed in seeds
         for algorithm in algorithms
     ]  # fmt: skip
@@ -139,10 +140,9 @@ def comparison(rows: Sequence[AccuracyRow]) -> tuple[str, float, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    params = yaml.safe_load(args.params.read_text())
-    train = params["train"]
-    data = REPO / train["data"]
-    centers = list(train["centers"])
+    train = load_params(args.params).train
+    data = REPO / train.data
+    centers = list(train.centers)
     missing = [c for c in centers if not store_path(data, c).is_file()]
     if missing:
         print(
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    options = {**train["options"], "rounds": args.rounds}
+    options = {**train.options.model_dump(mode="json"), "rounds": args.rounds}
     runs_dir, report_dir = args.out / "runs", args.out / "report"
     print(
         f"fidelity: {len(args.algorithms)} methods x {len(args.seeds)} seeds x "

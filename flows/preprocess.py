@@ -19,11 +19,9 @@ slide of ``--centers``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
 from prefect import flow
 from prefect.futures import as_completed
@@ -34,9 +32,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.config import DEFAULT_PARAMS, PreprocessConfig, ValidationError, add_model_flags, resolve
+from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
 from flows.processes import ParentBoundProcessPool
 from flows.server import ServerStartError, address_towards, shared_prefect_api
+from plumbing.atomic import remove_stale_temporaries
+from plumbing.cli import exit_on_bad_parameters
 from tasks.preprocess import (
     centre_store,
     dropped_candidates,
@@ -44,7 +44,6 @@ from tasks.preprocess import (
     slide_candidates,
     slide_catalogue,
 )
-from plumbing.atomic import remove_stale_temporaries
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import (
@@ -230,16 +229,13 @@ def run_preprocess(
         return flow_run(config, redo_slides=tuple(redo_slides))
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.preprocess",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--config", type=Path, default=DEFAULT_PARAMS,
-                        help="parameters file whose 'preprocess:' section gives the defaults")
-    add_model_flags(parser, PreprocessConfig)
-    parser.add_argument(
+def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, ...]]:
+    """The ``preprocess:`` section (and ``data.root``) of the parameters file with the flags
+    given laid over it, and the slides to redo."""
+    command = ParamsCommand("python -m flows.preprocess", __doc__.split("\n")[0], argv)
+    command.add_section(PreprocessSection, ("preprocess",))
+    command.add_key("--data-root", ("data", "root"))
+    command.parser.add_argument(
         "--redo-slides",
         nargs="+",
         metavar="ID",
@@ -247,21 +243,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Path]:
         help="drop these slides' cached candidates, recompute them and rebuild the stores "
         "of --centers (an action, not a parameter: not in params.yaml)",
     )
-    args = parser.parse_args(argv)
-    return args, args.config
+    args, params = command.parse()
+    return params.preprocess_config(), tuple(args.redo_slides)
 
 
+@exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    args, params_file = parse_args(argv)
-    try:
-        config = resolve(PreprocessConfig, args, params_file, "preprocess")
-    except (ValidationError, ValueError) as error:
-        print(f"error: invalid preprocessing parameters: {error}", file=sys.stderr)
-        return 2
+    config, redo_slides = parse_config(argv)
     if not config.data_root.is_dir():
         print(f"error: data root {config.data_root} is not a directory", file=sys.stderr)
         return 2
-    redo_slides = tuple(args.redo_slides)
     try:  # checked before any flow starts; the flow checks again for other callers
         if redo_slides:
             check_slides_known(redo_slides, scan_camelyon(config.data_root).slides, config.centers)

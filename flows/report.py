@@ -14,15 +14,14 @@ parameter.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from prefect import flow
 from rich.console import Console
 from rich.markdown import Markdown
 
-from flows.config import DEFAULT_PARAMS, ReportConfig, ValidationError, add_model_flags, resolve
+from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
+from plumbing.cli import exit_on_bad_parameters
 from proxyfl.report import ReportError, ReportPaths
 from tasks.report import finished_runs, report_files
 
@@ -44,21 +43,20 @@ def print_tables(paths: ReportPaths) -> None:
     console.print(f"\nplots: {', '.join(str(p) for p in paths.plots())}")
 
 
+def parse_config(argv: list[str] | None) -> ReportConfig:
+    """``report.out`` and the runs ``train:`` describes, with the flags given laid over."""
+    command = ParamsCommand("python -m flows.report", __doc__.split("\n")[0], argv)
+    for option, key in (("--runs", ("train", "runs")), ("--algorithms", ("train", "algorithms")),
+                        ("--seeds", ("train", "seeds"))):  # fmt: skip
+        command.add_key(option, key)
+    command.add_section(ReportSection, ("report",))
+    _, params = command.parse()
+    return params.report_config()
+
+
+@exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.report",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--config", type=Path, default=DEFAULT_PARAMS,
-                        help="parameters file whose 'report:' and 'train:' sections give defaults")
-    add_model_flags(parser, ReportConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = resolve(ReportConfig, args, args.config, "report")
-    except (ValidationError, ValueError) as error:
-        print(f"error: invalid report parameters: {error}", file=sys.stderr)
-        return 2
+    config = parse_config(argv)
     try:
         report(config)
     except ReportError as error:

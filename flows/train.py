@@ -14,66 +14,37 @@ message names the rank and its last lines), 2 on a bad parameter.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from prefect import flow
 
-from flows.config import (
-    DEFAULT_PARAMS,
-    JOB_FIELDS,
-    ConfigError,
-    TrainFlowConfig,
-    ValidationError,
-    add_model_flags,
-    load_section,
-)
-from proxyfl.config import TrainConfig
+from camelyon_proxyfl.params import ParamsCommand, TrainSection
+from plumbing.cli import exit_on_bad_parameters
+from proxyfl.config import TrainOptions
 from proxyfl.launch import TrainingJobFailed
 from tasks.train import training_run
 
 
 @flow(name="train")
-def train(config: TrainFlowConfig) -> list[Path]:
+def train(config: TrainSection) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order."""
     return [training_run(job) for job in config.jobs()]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.train",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--config", type=Path, default=DEFAULT_PARAMS,
-                        help="parameters file whose 'train:' section gives the defaults")
-    add_model_flags(parser, TrainFlowConfig, exclude=frozenset({"options"}))
-    options = parser.add_argument_group("training options (train.options in params.yaml)")
-    add_model_flags(options, TrainConfig, exclude=JOB_FIELDS)  # type: ignore[arg-type]
-    return parser.parse_args(argv)
+def parse_config(argv: list[str] | None) -> TrainSection:
+    """The ``train:`` section of the parameters file with the flags given laid over it."""
+    command = ParamsCommand("python -m flows.train", __doc__.split("\n")[0], argv)
+    command.add_section(TrainSection, ("train",), exclude=("options",))
+    command.add_section(TrainOptions, ("train", "options"),
+                        group="training options (train.options in params.yaml)")  # fmt: skip
+    _, params = command.parse()
+    return params.train
 
 
-def resolve_train(args: argparse.Namespace) -> TrainFlowConfig:
-    """The ``train:`` section with the flags given on the command line on top."""
-    values = load_section(args.config, "train")
-    options = dict(values.pop("options", None) or {})
-    for name in TrainFlowConfig.model_fields:
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
-    for name in set(TrainConfig.model_fields) - JOB_FIELDS:
-        if getattr(args, name, None) is not None:
-            options[name] = getattr(args, name)
-    return TrainFlowConfig(**values, options=options)
-
-
+@exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        config = resolve_train(args)
-    except (ValidationError, ConfigError) as error:
-        print(f"error: invalid training parameters: {error}", file=sys.stderr)
-        return 2
+    config = parse_config(argv)
     try:
         train(config)
     except TrainingJobFailed as error:

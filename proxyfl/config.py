@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from plumbing.cli import ConfigError
 from proxyfl.graphs import parse_schedule_spec
 from proxyfl.names import ALGORITHMS, MODEL_NAMES
 
@@ -26,47 +26,69 @@ Algorithm = Literal["ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Jo
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says what and how to fix it."""
+class TrainOptions(BaseModel):
+    """How every client trains: ``params.yaml``'s ``train.options``, the same for every job.
 
-
-class TrainConfig(BaseModel):
-    """Everything a training run depends on (and nothing about where it runs)."""
+    The defaults are the paper's histopathology configuration.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    algorithm: Algorithm = "ProxyFL"
-    data: Path | None = None
-    out: Path | None = None
-    centers: list[int] | None = None
-    rounds: int = Field(30, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
-    eval_batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    rounds: int = Field(30, ge=1, description="communication rounds")
+    local_epochs: int = Field(1, ge=1, description="local epochs per round")
+    batch_size: int = Field(32, ge=1, description="expected Poisson batch size B")
+    eval_batch_size: int = Field(64, ge=1, description="batch size for evaluation")
+    lr: float = Field(1e-3, gt=0, description="Adam / DP-Adam learning rate")
     # The paper trains both models of ProxyFL/FML with one learning rate. A model trained
     # without DP noise may want a smaller step than its DP proxy: None keeps the paper's.
-    private_lr: float | None = Field(None, gt=0)
-    weight_decay: float = Field(1e-4, ge=0)
-    sigma: float = Field(1.4, ge=0)
-    clip: float = Field(0.7, gt=0)
-    delta: float = Field(1e-5, gt=0, lt=1)
-    dml_alpha: float = Field(0.3, ge=0, le=1)
-    dml_beta: float = Field(0.3, ge=0, le=1)
-    private_model: list[str] = Field(default_factory=lambda: ["resnet18_gn"])
-    proxy_model: str = "resnet18_gn"
-    input_size: int | None = Field(None, ge=1)
-    seed: int = 0
-    device: DeviceChoice = "auto"
-    graph: str = "exponential"
-    epsilon_budget: float | None = Field(None, gt=0)
-    resume: bool = False
-    workers: int = Field(0, ge=0)
-    keep_checkpoints: int = Field(2, ge=2)
+    private_lr: float | None = Field(
+        None, gt=0,
+        description="Adam learning rate of ProxyFL's and FML's private (non-DP) model "
+        "(null: lr, as in the paper)",
+    )
+    weight_decay: float = Field(1e-4, ge=0, description="Adam weight decay")
+    sigma: float = Field(1.4, ge=0, description="DP-SGD noise multiplier σ")
+    clip: float = Field(0.7, gt=0, description="DP-SGD per-example clipping norm C")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee")
+    dml_alpha: float = Field(0.3, ge=0, le=1, description="KL weight α of the private loss")
+    dml_beta: float = Field(0.3, ge=0, le=1, description="KL weight β of the proxy's loss")
+    private_model: list[str] = Field(
+        default_factory=lambda: ["resnet18_gn"],
+        description=f"private architecture: one name, or one per client ({', '.join(MODEL_NAMES)})",
+    )
+    proxy_model: str = Field("resnet18_gn", description="the shared (DP) model's architecture")
+    input_size: int | None = Field(
+        None, ge=1, description="resize patches to this side (null: the stores' own size)"
+    )
+    device: DeviceChoice = Field("auto", description="auto: a GPU per rank when there are GPUs")
+    graph: str = Field(
+        "exponential",
+        description="exponential | exponential_mix | exponential_uneven | file:PATH",
+    )
+    epsilon_budget: float | None = Field(
+        None, gt=0, description="a client stops once its ε would exceed this"
+    )
+    workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
+    keep_checkpoints: int = Field(2, ge=2, description="checkpoints kept per rank")
     # A finished run deletes its checkpoints (hundreds of MB per rank) unless asked to keep them.
-    keep_final_checkpoints: bool = False
+    keep_final_checkpoints: bool = Field(
+        False, description="keep a finished run's checkpoints (they serve --resume)"
+    )
+
+
+class TrainConfig(TrainOptions):
+    """Everything one training job depends on: the options and what the job is
+    (method, seed, stores, run directory, centres). A flow writes it to
+    ``RUN_DIR/config.json``; ``proxyfl.run --config RUN_DIR/config.json`` reads it."""
+
+    algorithm: Algorithm = Field("ProxyFL", description=f"one of {', '.join(ALGORITHMS)}")
+    data: Path | None = Field(None, description="directory holding center_{c}.h5 stores")
+    out: Path | None = Field(None, description="the run directory")
+    centers: list[int] | None = Field(None, description="centre of each rank (default 0..K-1)")
+    seed: int = Field(0, description="run seed")
+    resume: bool = Field(False, description="continue from the run directory's checkpoints")
     # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
-    stop_after_round: int | None = Field(None, ge=1)
+    stop_after_round: int | None = Field(None, ge=1, json_schema_extra={"hidden": True})
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -133,7 +155,7 @@ class TrainConfig(BaseModel):
     def require_paths(self) -> tuple[Path, Path]:
         """``(data, out)``; a :class:`ConfigError` if either is missing."""
         if self.data is None or self.out is None:
-            raise ConfigError("both --data DIR and --out RUN_DIR are required")
+            raise ConfigError(None, "both --data DIR and --out RUN_DIR are required")
         return self.data, self.out
 
     @property
@@ -162,47 +184,3 @@ class TrainConfig(BaseModel):
 def _check_model_name(name: str) -> None:
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-
-
-def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
-    return {str(key).replace("-", "_"): value for key, value in raw.items()}
-
-
-def load_config_section(path: Path) -> dict[str, Any]:
-    """Read ``path`` (YAML) and return its ``train:`` section (or the whole mapping).
-
-    Keys that are not configuration fields (e.g. the lists of algorithms and seeds a
-    pipeline loops over) are dropped with a log message, so that ``params.yaml`` can hold
-    them beside the training parameters.
-    """
-    try:
-        document = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read config file {path}: {error}") from error
-    if document is None:
-        return {}
-    if not isinstance(document, dict):
-        raise ConfigError(f"config file {path} must hold a mapping")
-    section = document.get("train", document)
-    if not isinstance(section, dict):
-        raise ConfigError(f"config file {path}: 'train' must be a mapping")
-    values = _normalise_keys(section)
-    known = set(TrainConfig.model_fields)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        logger.info("config %s: ignoring keys that are not training options: %s", path, unknown)
-    return {key: value for key, value in values.items() if key in known}
-
-
-def build_config(file_values: dict[str, Any], cli_values: dict[str, Any]) -> TrainConfig:
-    """Merge (CLI wins) and validate; a :class:`ConfigError` with readable reasons."""
-    merged = {**file_values, **_normalise_keys(cli_values)}
-    try:
-        return TrainConfig(**merged)
-    except ValidationError as error:
-        reasons = []
-        for item in error.errors():
-            where = ".".join(str(part) for part in item["loc"]) or "config"
-            message = str(item["msg"]).removeprefix("Value error, ")
-            reasons.append(f"--{where.replace('_', '-')}: {message}")
-        raise ConfigError("; ".join(reasons)) from None

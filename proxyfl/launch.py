@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from plumbing.atomic import write_text
+from proxyfl.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,51 +51,53 @@ def mpiexec_path() -> Path:
     return Path(found)
 
 
-def option_flags(options: Mapping[str, Any]) -> list[str]:
-    """``{"batch_size": 8, "resume": True, "centers": [0, 1]}`` ->
-    ``--batch-size 8 --resume --centers 0 1``; ``None`` and ``False`` leave the default."""
-    args: list[str] = []
-    for key, value in options.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif isinstance(value, list | tuple):
-            args += [flag, *map(str, value)]
-        else:
-            args += [flag, str(value)]
-    return args
+CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
 class TrainingJob:
-    """One (algorithm, seed) run over ``centers``, written to ``out``.
+    """One training run: its validated configuration, whose ``data``, ``out`` (the run
+    directory) and ``centers`` are set. The job's ranks read it from ``out/config.json``
+    (``proxyfl.run --config``), never from regenerated flags."""
 
-    ``options`` are further ``proxyfl.run`` options (``{"rounds": 3}`` -> ``--rounds 3``);
-    ``config_file`` is a YAML file whose ``train:`` section gives the other defaults.
-    """
+    config: TrainConfig
 
-    algorithm: str
-    seed: int
-    data: Path
-    out: Path
-    centers: Sequence[int]
-    config_file: Path | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    def __post_init__(self) -> None:
+        missing = [name for name in ("data", "out", "centers")
+                   if getattr(self.config, name) is None]  # fmt: skip
+        if missing:
+            raise ValueError(f"a training job needs {', '.join(missing)} set")
+
+    @property
+    def algorithm(self) -> str:
+        return self.config.algorithm
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def out(self) -> Path:
+        assert self.config.out is not None
+        return self.config.out
 
     @property
     def ranks(self) -> int:
-        return 1 if self.algorithm == "Joint" else len(self.centers)
+        assert self.config.centers is not None
+        return 1 if self.algorithm == "Joint" else len(self.config.centers)
+
+    @property
+    def config_file(self) -> Path:
+        return self.out / CONFIG_FILE
+
+    def write_config(self) -> Path:
+        """``out/config.json``: the configuration the ranks will run with."""
+        write_text(self.config_file, self.config.model_dump_json(indent=2) + "\n")
+        return self.config_file
 
     def arguments(self) -> list[str]:
         """The ``proxyfl.run`` command-line arguments of this job."""
-        args = ["--algorithm", self.algorithm, "--seed", str(self.seed)]
-        args += ["--data", str(self.data), "--out", str(self.out)]
-        args += ["--centers", *map(str, self.centers)]
-        if self.config_file is not None:
-            args += ["--config", str(self.config_file)]
-        return args + option_flags(self.options)
+        return ["--config", str(self.config_file)]
 
     def command(self) -> list[str]:
         """The whole ``mpiexec`` command line."""
@@ -173,7 +177,7 @@ def run_job(
     interrupted (Ctrl-C, a cancelled flow run), the whole job's process group is
     terminated, so no rank is left running.
     """
-    job.out.mkdir(parents=True, exist_ok=True)
+    job.write_config()
     command = job.command()
     logger.info("launching %s", " ".join(command))
     tails = _RankTails(tail_lines)

@@ -15,9 +15,13 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from plumbing.cli import add_model_flags, exit_on_bad_parameters, given, validate
 from proxyfl.accounting import planned_epsilon, poisson_schedule
+from proxyfl.config import TrainOptions
 
 
 def privacy_report(
@@ -67,23 +71,39 @@ def _format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class PrivacyQuestion(BaseModel):
+    """What :func:`privacy_report` is asked: the clients' sizes and the DP-SGD schedule
+    (σ, B and δ are training's own options, with their defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    train_sizes: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="training patches of each client"
+    )
+    sigma: float = TrainOptions.model_fields["sigma"]
+    batch_size: int = TrainOptions.model_fields["batch_size"]
+    epochs: int = Field(
+        TrainOptions.model_fields["rounds"].default, ge=0,
+        description="passes over a client's data: rounds × local epochs",
+    )  # fmt: skip
+    delta: float = TrainOptions.model_fields["delta"]
+
+
+@exit_on_bad_parameters
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m proxyfl.privacy",
-        description="Per-client and Joint ε of DP-SGD training (RDP accountant).",
+        description="Per-client and Joint ε of DP-SGD training (record-level (ε, δ)-DP, "
+        "RDP accountant).",
     )
-    parser.add_argument("--train-sizes", type=int, nargs="+", required=True)
-    parser.add_argument("--sigma", type=float, default=1.4)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=30, help="rounds × local epochs")
-    parser.add_argument("--delta", type=float, default=1e-5)
+    flags = add_model_flags(parser, PrivacyQuestion)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
-    if any(n < 1 for n in args.train_sizes):
-        parser.error("--train-sizes must be positive")
-    if args.batch_size < 1 or args.epochs < 0 or not 0 < args.delta < 1 or args.sigma < 0:
-        parser.error("need --batch-size >= 1, --epochs >= 0, 0 < --delta < 1, --sigma >= 0")
-    report = privacy_report(args.train_sizes, args.sigma, args.batch_size, args.epochs, args.delta)
+    values = given(args, flags)
+    question = validate(PrivacyQuestion, {f.key[0]: v for f, v in values.items()},
+                        "command line", values)  # fmt: skip
+    report = privacy_report(question.train_sizes, question.sigma, question.batch_size,
+                            question.epochs, question.delta)  # fmt: skip
     if args.json:
         print(json.dumps(report))
     else:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxyfl.config import TrainConfig, build_config, load_config_section
-from proxyfl.names import ALGORITHMS, JOINT_CENTER, MODEL_NAMES
+from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
+from proxyfl.config import TrainConfig
+from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
 from proxyfl.validation import SetupError, agree, check_or_exit, exit_together, run_phase
 from wsi.store import StoreError, read_store_info, store_path
@@ -47,67 +48,48 @@ class _Parser(argparse.ArgumentParser):
         raise _ParserError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, list[Flag]]:
+    """Every :class:`TrainConfig` field as a flag, and ``--config``."""
     parser = _Parser(
         prog="python -m proxyfl.run",
         description=(
             "Train one client per MPI rank with ProxyFL or a baseline. Launch with "
             "mpiexec -n K python -m mpi4py -m proxyfl.run ..."
         ),
-        argument_default=argparse.SUPPRESS,
     )
-    add = parser.add_argument
-    add("--algorithm", help=f"one of {', '.join(ALGORITHMS)} (default ProxyFL)")
-    add("--data", type=Path, help="directory holding center_{c}.h5 patch stores")
-    add("--out", type=Path, help="run directory for metrics.jsonl, run.json, checkpoints")
-    add("--config", type=Path, help="YAML file whose train: section gives defaults")
-    add("--centers", type=int, nargs="+", help="centre of each rank (default 0..K-1)")
-    add("--rounds", type=int, help="communication rounds (default 30)")
-    add("--local-epochs", type=int, help="local epochs per round (default 1)")
-    add("--batch-size", type=int, help="expected Poisson batch size B (default 32)")
-    add("--eval-batch-size", type=int, help="batch size for evaluation (default 64)")
-    add("--lr", type=float, help="Adam / DP-Adam learning rate (default 1e-3)")
-    add(
-        "--private-lr",
-        type=float,
-        help="Adam learning rate of ProxyFL's and FML's private (non-DP) model "
-        "(default: --lr, as in the paper)",
-    )
-    add("--weight-decay", type=float, help="Adam weight decay (default 1e-4)")
-    add("--sigma", type=float, help="DP-SGD noise multiplier σ (default 1.4)")
-    add("--clip", type=float, help="DP-SGD per-example clipping norm C (default 0.7)")
-    add("--delta", type=float, help="δ of the (ε, δ) guarantee (default 1e-5)")
-    add("--dml-alpha", type=float, help="KL weight α of the private model's loss (0.3)")
-    add("--dml-beta", type=float, help="KL weight β of the proxy's loss (0.3)")
-    add("--private-model", nargs="+", help=f"one name or one per client: {MODEL_NAMES}")
-    add("--proxy-model", help="the shared (DP) model's architecture (default resnet18_gn)")
-    add("--input-size", type=int, help="resize patches to this size (default: store's)")
-    add("--seed", type=int, help="run seed (default 0)")
-    add("--device", choices=("auto", "cpu", "cuda"), help="default auto")
-    add("--graph", help="exponential | exponential_mix | exponential_uneven | file:PATH")
-    add("--epsilon-budget", type=float, help="a client stops once ε would exceed this")
-    add("--resume", action="store_true", help="continue from the run directory's checkpoints")
-    add("--workers", type=int, help="DataLoader worker processes (default 0)")
-    add("--keep-checkpoints", type=int, help="checkpoints kept per rank (default 2)")
-    add(
-        "--keep-final-checkpoints",
-        action="store_true",
-        help="keep a finished run's checkpoints (deleted by default: they serve --resume)",
-    )
-    add("--stop-after-round", type=int, help=argparse.SUPPRESS)
-    return parser
+    parser.add_argument(
+        "--config", type=Path,
+        help="a job's RUN_DIR/config.json (as the flows write it), or a parameters file "
+        "whose train: section (options, centers, data) gives the defaults; flags override",
+    )  # fmt: skip
+    return parser, add_model_flags(parser, TrainConfig)
+
+
+def config_file_values(path: Path) -> dict[str, Any]:
+    """A job's ``config.json`` as it is, or a parameters file's ``train:`` section (the
+    whole file validated) as the fields of :class:`TrainConfig` it sets."""
+    if path.suffix == ".json":
+        try:
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as error:
+            raise ConfigError(path, f"not a job configuration ({error})") from None
+    from camelyon_proxyfl.params import load_params
+
+    train = load_params(path).train
+    return {**train.options.model_dump(), "centers": train.centers, "data": train.data}
 
 
 def parse_config(argv: Sequence[str] | None) -> TrainConfig:
     """CLI (and optional ``--config`` file) → validated :class:`TrainConfig`."""
+    parser, flags = build_parser()
     try:
-        namespace = build_parser().parse_args(argv)
+        namespace = parser.parse_args(argv)
     except _ParserError as error:
         raise SetupError(str(error)) from None
-    values = vars(namespace)
-    config_file = values.pop("config", None)
-    file_values = load_config_section(config_file) if config_file else {}
-    config = build_config(file_values, values)
+    values = {flag.key[0]: value for flag, value in given(namespace, flags).items()}
+    source = namespace.config or "command line"
+    file_values = config_file_values(namespace.config) if namespace.config else {}
+    config = validate(TrainConfig, {**file_values, **values}, source, given(namespace, flags))
     config.require_paths()
     return config
 

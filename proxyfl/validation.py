@@ -13,13 +13,18 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
+from plumbing.errors import PipelineError
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
 
 
-class SetupError(Exception):
+class SetupError(PipelineError):
     """Bad input found before training (the message is shown to the user as is)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(None, reason)
 
 
 def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:
@@ -30,7 +35,7 @@ def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:
         raise
     except Exception as error:  # any failure must reach the agreement, never hang a peer
         message = str(error) or type(error).__name__
-        if not isinstance(error, SetupError | ValueError | KeyError | OSError):
+        if not isinstance(error, PipelineError | ValueError | KeyError | OSError):
             logger.exception("unexpected error during setup")
             message = f"{type(error).__name__}: {message}"
         return None, message

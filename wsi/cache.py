@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +59,7 @@ def cache_key(record: SlideRecord, params: PatchParams) -> str:
         "slide": file_identity(record.path),
         "annotation": file_identity(record.annotation),
         "node_label": record.node_label,
-        "params": asdict(params),
+        "params": params.model_dump(),
         "code": candidate_code_digest(),
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:_KEY_LENGTH]

@@ -17,11 +17,12 @@ import json
 import logging
 import os
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing.errors import PipelineError
 from wsi.catalogue import SlideRecord
@@ -45,32 +46,32 @@ PatchReader = Callable[[Path, int, np.ndarray, int], np.ndarray]
 Shortfall = Literal["fail", "take_available"]
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How many patches a centre keeps and how they are split.
+class SamplingRules(BaseModel):
+    """How a centre's patches are drawn and split, whatever their number.
 
     ``shortfall`` says what a centre that cannot supply ``patches_per_class`` of every
     label does: ``"fail"`` (:class:`InsufficientPatchesError`), or ``"take_available"``:
     as many of each label as its scarcest label has, so the store stays balanced.
     """
 
-    patches_per_class: int = 1000
-    max_per_slide: int | None = None
-    test_fraction: float = 0.2
-    seed: int = 0
-    shortfall: Shortfall = "fail"
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        if self.patches_per_class < 1:
-            raise ValueError(f"patches_per_class must be >= 1, got {self.patches_per_class}")
-        if self.max_per_slide is not None and self.max_per_slide < 1:
-            raise ValueError(f"max_per_slide must be >= 1 or null, got {self.max_per_slide}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
-        if self.shortfall not in ("fail", "take_available"):
-            raise ValueError(
-                f"shortfall must be 'fail' or 'take_available', got {self.shortfall!r}"
-            )
+    shortfall: Shortfall = Field(
+        "fail",
+        description="a centre short of patches_per_class: fail, or take_available "
+        "(as many as it has, still balanced)",
+    )
+    max_per_slide: int | None = Field(None, ge=1, description="cap per slide and label")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of each centre's patients in the test split"
+    )
+    seed: int = Field(0, description="seed of the patient split and the patch draw")
+
+
+class SamplingParams(SamplingRules):
+    """:class:`SamplingRules` and the number of patches of each label one centre keeps."""
+
+    patches_per_class: int = Field(1000, ge=1, description="patches of each label")
 
 
 class InsufficientPatchesError(PipelineError):
@@ -113,7 +114,8 @@ class CenterResult:
 
 def params_hash(patch: PatchParams, sampling: SamplingParams) -> str:
     """Short, stable digest of every parameter that shapes a store's content."""
-    text = json.dumps({"patch": asdict(patch), "sampling": asdict(sampling)}, sort_keys=True)
+    content = {"patch": patch.model_dump(), "sampling": sampling.model_dump()}
+    text = json.dumps(content, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing.errors import PipelineError
 from wsi.annotations import SlideAnnotations
@@ -62,34 +63,32 @@ class NoLesionPatchError(PatchError):
     """An annotated slide's lesions cover no candidate enough to make a tumour patch."""
 
 
-@dataclass(frozen=True)
-class PatchParams:
-    """Everything that decides which patches a slide offers and how they are labelled."""
+class PatchParams(BaseModel):
+    """Everything that decides which patches a slide offers and how they are labelled.
 
-    patch_size: int = 512
-    level: int = 0
-    mask_mpp: float = 8.0
-    tissue_fraction_min: float = 0.5
-    tumor_fraction_min: float = 0.5
-    healthy_source: HealthySource = "negative_slides"
-    min_saturation: float = 0.07
+    The defaults are the paper's protocol (512 px patches at level 0, 0.25 µm/px); these
+    fields are also keys of ``params.yaml``'s ``preprocess:`` section.
+    """
 
-    def __post_init__(self) -> None:
-        if self.patch_size < 8:
-            raise ValueError(f"patch_size must be at least 8, got {self.patch_size}")
-        if self.level < 0:
-            raise ValueError(f"level must be >= 0, got {self.level}")
-        if self.mask_mpp <= 0:
-            raise ValueError(f"mask_mpp must be positive, got {self.mask_mpp}")
-        for name in ("tissue_fraction_min", "tumor_fraction_min"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        if self.healthy_source not in ("negative_slides", "outside_annotations"):
-            raise ValueError(
-                f"healthy_source must be 'negative_slides' or 'outside_annotations', "
-                f"got {self.healthy_source!r}"
-            )
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    patch_size: int = Field(512, ge=8, description="stored patch side, pixels at `level`")
+    level: int = Field(0, ge=0, description="pyramid level the patches are read at")
+    mask_mpp: float = Field(8.0, gt=0, description="tissue and tumour mask resolution, µm/px")
+    tissue_fraction_min: float = Field(
+        0.5, gt=0, le=1, description="least tissue fraction of a patch's area"
+    )
+    tumor_fraction_min: float = Field(
+        0.5, gt=0, le=1, description="least lesion fraction of a tumour patch's area"
+    )
+    healthy_source: HealthySource = Field(
+        "negative_slides",
+        description="where healthy patches come from: negative_slides (pN0 slides), or "
+        "outside_annotations (tissue outside the lesions of annotated slides too)",
+    )
+    min_saturation: float = Field(
+        0.07, ge=0, le=1, description="floor of the Otsu saturation threshold for tissue"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
+from plumbing.cli import Flag, add_model_flags, exit_on_bad_parameters, given, validate
 from wsi.annotations import TUMOR_GROUPS, AnnotationError, SlideAnnotations, read_asap
 from wsi.catalogue import scan_camelyon
 from wsi.patches import HEALTHY, TUMOR, PatchError, PatchParams, SlideCandidates, compute_candidates
@@ -51,7 +51,7 @@ def render_preview(
     return np.repeat(np.repeat(preview, zoom, axis=0), zoom, axis=1)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, list[Flag]]:
     parser = argparse.ArgumentParser(prog="python -m wsi.tile", description=__doc__.split("\n")[0])
     parser.add_argument("slide", nargs="?", type=Path, help="slide file (or use --data-root)")
     parser.add_argument("--data-root", type=Path, help="Camelyon-17 dataset root")
@@ -60,24 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-label", choices=["negative", "itc", "micro", "macro"])
     parser.add_argument("--backend", default="auto", choices=["auto", "openslide", "tiffslide"])
     parser.add_argument("--preview", type=Path, help="PNG to write (default: SLIDE_ID.png here)")
-    defaults = PatchParams()
-    for field in fields(PatchParams):
-        flag = "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, type=type(getattr(defaults, field.name)), default=None)
-    return parser
+    group = parser.add_argument_group("patch parameters (as in params.yaml's preprocess:)")
+    return parser, add_model_flags(group, PatchParams)
 
 
+@exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    args = _parser().parse_args(argv)
-    overrides = {
-        f.name: getattr(args, f.name) for f in fields(PatchParams) if getattr(args, f.name)
-    }
-    try:
-        params = PatchParams(**overrides)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    parser, patch_flags = _parser()
+    args = parser.parse_args(argv)
+    flags = given(args, patch_flags)
+    params = validate(PatchParams, {f.key[0]: v for f, v in flags.items()}, "command line", flags)
 
     if args.data_root is not None:
         catalogue = scan_camelyon(args.data_root)

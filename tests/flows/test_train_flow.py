@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from flows.config import TrainFlowConfig, ValidationError
+from camelyon_proxyfl.params import TrainSection
 from flows.report import main as report_main
 from flows.train import main, train
 from proxyfl.launch import TrainingJobFailed
@@ -35,10 +36,10 @@ def _store(directory: Path, center: int, n: int = 12) -> None:
                       {"train": split("train"), "test": split("test")})  # fmt: skip
 
 
-def _config(data: Path, runs: Path, **overrides: object) -> TrainFlowConfig:
+def _config(data: Path, runs: Path, **overrides: object) -> TrainSection:
     values = {"algorithms": ["FedAvg", "Joint"], "seeds": [0], "centers": [0, 1],
               "data": data, "runs": runs, "options": OPTIONS, **overrides}  # fmt: skip
-    return TrainFlowConfig(**values)
+    return TrainSection(**values)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> No
 def test_bad_training_options_are_refused_before_any_job(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="sigma"):
         _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "sigma": -1})
-    with pytest.raises(ValidationError, match="set per job"):
+    with pytest.raises(ValidationError, match="seed"):  # set per job, not an option
         _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "seed": 3})
     assert main(["--rounds", "0", "--runs", str(tmp_path / "runs")]) == 2
     assert not (tmp_path / "runs").exists()

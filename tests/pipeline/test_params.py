@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.pipeline import PipelineConfig, main
+from camelyon_proxyfl.params import load_params
+from flows.pipeline import main
 from tests.pipeline.conftest import REPO, tiny_params, tiny_params_under, write_params
 from wsi.synth import SynthManifest
 
@@ -26,13 +27,14 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
     demo = yaml.safe_load((REPO / "params.yaml").read_text())
     paper = yaml.safe_load((REPO / "params-paper.yaml").read_text())
     assert _keys(demo) == _keys(paper)
-    PipelineConfig.from_file(REPO / "params.yaml")
-    config = PipelineConfig.from_file(REPO / "params-paper.yaml")
-    # the paper's histopathology setting (DESIGN.md §4)
+    load_params(REPO / "params.yaml").check_pipeline("params.yaml")
+    config = load_params(REPO / "params-paper.yaml")
+    config.check_pipeline("params-paper.yaml")
+    # the paper's histopathology setting (docs/design.md §4)
     options = config.train.options
-    assert (options["rounds"], options["batch_size"], options["lr"]) == (30, 32, 1e-3)
-    assert (options["sigma"], options["clip"], options["delta"]) == (1.4, 0.7, 1e-5)
-    assert options["dml_alpha"] == options["dml_beta"] == 0.3 and options["input_size"] is None
+    assert (options.rounds, options.batch_size, options.lr) == (30, 32, 1e-3)
+    assert (options.sigma, options.clip, options.delta) == (1.4, 0.7, 1e-5)
+    assert options.dml_alpha == options.dml_beta == 0.3 and options.input_size is None
     assert config.preprocess.patch_size == 512 and len(config.train.seeds) == 15
     # Table 1 of the paper: train + test patches per class, per client
     assert config.preprocess.patches_per_class == {0: 1517, 1: 1701, 2: 1834, 3: 1861}
@@ -67,7 +69,7 @@ def test_a_missing_parameters_file_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["--config", str(tmp_path / "nope.yaml")]) == 2
-    assert "nope.yaml does not exist" in capsys.readouterr().err
+    assert "nope.yaml: no such parameters file" in capsys.readouterr().err
 
 
 def test_a_centre_that_falls_short_stops_the_pipeline_before_training(

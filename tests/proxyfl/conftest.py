@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxyfl.launch import option_flags
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +99,21 @@ def run_mpi(
     return subprocess.run(
         command, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=timeout
     )
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """``{"batch_size": 8, "resume": True, "centers": [0, 1]}`` ->
+    ``--batch-size 8 --resume --centers 0 1``; ``None`` and ``False`` leave the default."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, list | tuple):
+            args += [flag, *map(str, value)]
+        elif value is not None and value is not False:
+            args += [flag, str(value)]
+    return args
 
 
 def train_args(data: Path, out: Path, algorithm: str, **options: Any) -> list[str]:

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
+from proxyfl.config import TrainConfig
 from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
 from wsi.store import store_path
 
@@ -21,7 +22,7 @@ OPTIONS = {
 
 def _job(data: Path, out: Path, algorithm: str = "ProxyFL") -> TrainingJob:
     return TrainingJob(
-        algorithm=algorithm, seed=0, data=data, out=out, centers=(0, 1), options=OPTIONS
+        TrainConfig(algorithm=algorithm, seed=0, data=data, out=out, centers=[0, 1], **OPTIONS)
     )
 
 

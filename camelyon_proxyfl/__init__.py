@@ -1,0 +1,2 @@
+"""The pipeline's front door: the parameters file's models (:mod:`.params`) and the
+``camelyon-proxyfl`` command (:mod:`.cli`)."""

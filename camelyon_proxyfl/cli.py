@@ -1,0 +1,55 @@
+"""``camelyon-proxyfl``: every command of the pipeline under one name.
+
+    camelyon-proxyfl pipeline [--config params.yaml]     slides -> stores -> runs -> tables
+    camelyon-proxyfl preprocess | train | report ...     one stage (a Prefect flow each)
+    camelyon-proxyfl synth | tile | privacy | job | server ...
+
+Each subcommand is the ``main`` of one module, which also runs as ``python -m MODULE``
+with the same arguments; ``camelyon-proxyfl COMMAND --help`` lists them. Only the chosen
+command's module is imported (Prefect and torch load only where they are needed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "pipeline": ("flows.pipeline", "the whole pipeline as one flow (preprocess, train, report)"),
+    "preprocess": ("flows.preprocess", "slides -> balanced, patient-disjoint stores per centre"),
+    "train": ("flows.train", "one MPI job per method and seed, one rank per centre"),
+    "report": ("flows.report", "accuracy, macro-accuracy and ε tables, curves and plots"),
+    "synth": ("wsi.synth", "write the synthetic Camelyon-17 dataset"),
+    "tile": ("wsi.tile", "one slide's candidates and labels, and a picture of them"),
+    "privacy": ("proxyfl.privacy", "the ε each client will spend, before training"),
+    "job": ("proxyfl.run", "one training job's ranks (run under mpiexec -n K)"),
+    "server": ("flows.server", "run a command with a Prefect server shared by its flows"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    return (
+        "usage: camelyon-proxyfl COMMAND [ARGS...]   (camelyon-proxyfl COMMAND --help)\n\n"
+        "commands:\n" + "\n".join(lines)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    sys.argv[0] = f"camelyon-proxyfl {name}"
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

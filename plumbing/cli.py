@@ -1,0 +1,275 @@
+"""Command lines generated from the parameter models, and parameter files read once.
+
+A command's flags are the fields of pydantic models, each placed at a key path of the
+parameters file (``--patch-size`` sets ``preprocess.patch_size``): the help text and the
+default are the field's own. The file is read, the flags given on the command line are
+laid over it at their key paths, and the result is validated once by the root model. Any
+problem (not YAML, an unknown section or key, a wrong type or value) is one
+:class:`ConfigError` naming the file, or the flag, with the key path and the reason; a
+command exits with :data:`EXIT_BAD_PARAMETERS` before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from plumbing.errors import PipelineError
+
+EXIT_BAD_PARAMETERS = 2
+KeyPath = tuple[str, ...]
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class ConfigError(PipelineError):
+    """Bad parameters: ``subject`` is the file (or ``command line``), ``reason`` says which
+    key and why."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option and the key of the parameters file it sets."""
+
+    option: str  # "--patch-size"
+    dest: str  # attribute of the parsed namespace
+    key: KeyPath  # ("preprocess", "patch_size")
+
+
+# --------------------------------------------------------------------------------------
+# Flags from models
+# --------------------------------------------------------------------------------------
+
+
+def _none_or(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``kind``, with ``null``/``none`` standing for ``None`` (an optional field's unset)."""
+
+    def convert(text: str) -> Any:
+        return None if text.lower() in ("null", "none") else kind(text)
+
+    convert.__name__ = getattr(kind, "__name__", "value")
+    return convert
+
+
+def _argparse_options(annotation: Any) -> dict[str, Any]:
+    """``type``/``nargs``/``choices``/``action`` for a field's annotation."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Annotated:
+        return _argparse_options(args[0])
+    if origin in (typing.Union, types.UnionType):
+        present = [a for a in args if a is not type(None)]
+        if len(present) == 1:
+            options = _argparse_options(present[0])
+            if "type" in options and len(present) < len(args):
+                options["type"] = _none_or(options["type"])
+            return options
+        return {"nargs": "+"}  # e.g. one number, or one per centre: the model decides
+    if origin is list:
+        return {**_argparse_options(args[0]), "nargs": "+"}
+    if origin is Literal:  # the model checks the value (and may accept other spellings)
+        return {"metavar": "{" + ",".join(str(a) for a in args) + "}"}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float):
+        return {"type": annotation}
+    return {}  # str, Path, ...: the model converts
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value))
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return "null" if value is None else str(value)
+
+
+def add_model_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type[BaseModel],
+    at: KeyPath = (),
+    *,
+    exclude: Iterable[str] = (),
+    current: Mapping[str, Any] | None = None,
+    source: str = "params.yaml",
+) -> list[Flag]:
+    """One ``--flag`` per field of ``model`` (``patch_size`` -> ``--patch-size``), setting
+    key ``at + (name,)``; see :func:`add_field_flag` for the help text."""
+    excluded = set(exclude)
+    return [
+        add_field_flag(parser, "--" + name.replace("_", "-"), (*at, name), info,
+                       current=current, source=source)
+        for name, info in model.model_fields.items()
+        if name not in excluded
+    ]
+
+
+def add_field_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    option: str,
+    key: KeyPath,
+    info: FieldInfo,
+    *,
+    current: Mapping[str, Any] | None = None,
+    source: str = "params.yaml",
+) -> Flag:
+    """A flag setting ``key``, typed and explained by the model field ``info``. The help is
+    the field's description and its value: from ``current`` (the key's section as the
+    parameters file has it, shown as ``source``) else the field's default. A field marked
+    ``json_schema_extra={"hidden": True}`` gets no help line."""
+    name = key[-1]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if extra.get("hidden"):
+        text = argparse.SUPPRESS
+    else:
+        if current is not None and name in current:
+            shown = f"{source}: {_shown(current[name])}"
+        elif info.default is not PydanticUndefined:
+            shown = f"default: {_shown(info.default)}"
+        elif info.default_factory is not None:
+            shown = f"default: {_shown(info.default_factory())}"  # type: ignore[call-arg]
+        else:
+            shown = "required"
+        text = f"{info.description or name.replace('_', ' ')} ({shown})"
+    dest = "__".join(key)
+    options = _argparse_options(info.annotation)
+    if "metavar" not in options and "action" not in options:
+        options["metavar"] = name.upper()
+    parser.add_argument(option, dest=dest, default=None, help=text, **options)
+    return Flag(option, dest, key)
+
+
+def given(args: argparse.Namespace, flags: Sequence[Flag]) -> dict[Flag, Any]:
+    """The flags given on the command line, with their values."""
+    return {flag: getattr(args, flag.dest) for flag in flags
+            if getattr(args, flag.dest, None) is not None}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# Parameters files
+# --------------------------------------------------------------------------------------
+
+
+def read_yaml(path: Path, *, required: bool = True) -> dict[str, Any]:
+    """The mapping ``path`` holds; ``{}`` for a missing file that is not ``required``."""
+    path = Path(path)
+    if not path.is_file():
+        if required:
+            raise ConfigError(path, "no such parameters file")
+        return {}
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(path, f"not valid YAML ({where}{problem})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(path, f"cannot read it ({error})") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(path, f"must hold a mapping of sections, not {type(document).__name__}")
+    return document
+
+
+def layered(document: Mapping[str, Any], values: Mapping[Flag, Any]) -> dict[str, Any]:
+    """``document`` with each flag's value set at its key path (a deep copy where changed)."""
+    merged: dict[str, Any] = dict(document)
+    for flag, value in values.items():
+        level = merged
+        for part in flag.key[:-1]:
+            inner = level.get(part)
+            level[part] = dict(inner) if isinstance(inner, Mapping) else {}
+            level = level[part]
+        level[flag.key[-1]] = value
+    return merged
+
+
+def _known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str] | None:
+    """The keys the model accepts at ``path`` (None where that is not a model)."""
+    current: Any = model
+    for part in path:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        info = current.model_fields.get(str(part))
+        if info is None:
+            return None
+        current = info.annotation
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def validate(
+    model: type[Model],
+    data: Mapping[str, Any],
+    source: Path | str,
+    flags: Mapping[Flag, Any] | Iterable[Flag] = (),
+) -> Model:
+    """``model`` validated from ``data``; a :class:`ConfigError` naming ``source`` (or the
+    flag whose value is wrong), every key path and its reason."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise config_error(model, error, source, flags) from None
+
+
+def config_error(
+    model: type[BaseModel],
+    error: ValidationError,
+    source: Path | str,
+    flags: Mapping[Flag, Any] | Iterable[Flag] = (),
+) -> ConfigError:
+    """One :class:`ConfigError` for all of ``error``'s problems."""
+    by_key = {flag.key: flag.option for flag in flags}
+    reasons: dict[str, str] = {}  # key path -> reason; a union's other branches add nothing
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"] if not _is_union_branch(part)]
+        key = ".".join(loc) or "(top level)"
+        if key in reasons:
+            continue
+        if item["type"] == "extra_forbidden":
+            known = _known_keys(model, loc[:-1])
+            reason = "unknown key" + (f" (known: {', '.join(known)})" if known else "")
+        else:
+            reason = str(item["msg"]).removeprefix("Value error, ")
+            if isinstance(item.get("input"), str | int | float | bool):
+                reason += f", got {item['input']!r}"
+        option = by_key.get(tuple(loc))
+        reasons[key] = f"{key} ({option}): {reason}" if option else f"{key}: {reason}"
+    return ConfigError(source, "; ".join(reasons.values()))
+
+
+def _is_union_branch(part: int | str) -> bool:
+    """Pydantic names the branch of a union in an error's location ('int',
+    'constrained-int', 'dict[int,constrained-int]'); keys of the file never look so."""
+    return isinstance(part, str) and (
+        "[" in part or "-" in part or part in ("int", "float", "str", "bool", "list", "dict")
+    )
+
+
+def exit_on_bad_parameters(main: Callable[..., int]) -> Callable[..., int]:
+    """Decorate a command's ``main``: a :class:`ConfigError` prints ``error: ...`` and
+    returns :data:`EXIT_BAD_PARAMETERS`."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as error:
+            print(f"error: invalid parameters: {error}", file=sys.stderr)
+            return EXIT_BAD_PARAMETERS
+
+    wrapper.__name__ = main.__name__
+    wrapper.__doc__ = main.__doc__
+    return wrapper
