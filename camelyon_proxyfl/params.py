@@ -32,10 +32,8 @@ from plumbing.cli import (
     validate,
 )
 from proxyfl.config import Algorithm, TrainConfig, TrainOptions
-from proxyfl.launch import TrainingJob
 from proxyfl.names import ALGORITHMS
-from wsi.center import SamplingParams, SamplingRules
-from wsi.patches import PatchParams
+from wsi.params import PatchParams, SamplingParams, SamplingRules
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -170,9 +168,9 @@ class TrainSection(Section):
             out=self.run_dir(algorithm, seed), centers=list(self.centers),
         )  # fmt: skip
 
-    def jobs(self) -> list[TrainingJob]:
+    def job_configs(self) -> list[TrainConfig]:
         """One job per (algorithm, seed), in the paper's order of methods."""
-        return [TrainingJob(self.job_config(algorithm, seed))
+        return [self.job_config(algorithm, seed)
                 for algorithm in self.algorithms for seed in self.seeds]  # fmt: skip
 
 

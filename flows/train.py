@@ -22,14 +22,14 @@ from prefect import flow
 from camelyon_proxyfl.params import ParamsCommand, TrainSection
 from plumbing.cli import exit_on_bad_parameters
 from proxyfl.config import TrainOptions
-from proxyfl.launch import TrainingJobFailed
+from proxyfl.launch import TrainingJob, TrainingJobFailed
 from tasks.train import training_run
 
 
 @flow(name="train")
 def train(config: TrainSection) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order."""
-    return [training_run(job) for job in config.jobs()]
+    return [training_run(TrainingJob(job)) for job in config.job_configs()]
 
 
 def parse_config(argv: list[str] | None) -> TrainSection:

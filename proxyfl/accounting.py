@@ -65,14 +65,3 @@ def planned_epsilon(
 ) -> float:
     """ε after ``epochs`` epochs (rounds × local epochs) on ``n_train`` examples."""
     return epsilon_from_history(planned_history(n_train, batch_size, sigma, epochs), delta)
-
-
-def merge_history(history: Sequence[HistoryEntry]) -> list[HistoryEntry]:
-    """Adjacent segments with the same (σ, q) joined, as RDPAccountant keeps them."""
-    merged: list[HistoryEntry] = []
-    for sigma, q, count in history:
-        if merged and merged[-1][0] == sigma and merged[-1][1] == q:
-            merged[-1] = (sigma, q, merged[-1][2] + count)
-        else:
-            merged.append((sigma, q, count))
-    return merged

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 MODEL_TAG = 101
 WEIGHT_TAG = 102
@@ -40,24 +41,30 @@ SERVER_RANK = 0
 
 
 def flatten_parameters(model: nn.Module) -> np.ndarray:
-    """All parameters of ``model`` as one contiguous float32 numpy vector (a copy, on CPU)."""
+    """All parameters of ``model`` as one contiguous float32 numpy vector (a copy, on CPU),
+    in ``model.parameters()`` order: the MPI buffer of a model."""
     with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+        flat = parameters_to_vector(model.parameters()).float().cpu()
+    # parameters_to_vector concatenates into a new tensor, so the array shares nothing
+    # with the model even when .float() and .cpu() are no-ops.
     return np.ascontiguousarray(flat.numpy(), dtype=np.float32)
 
 
 def assign_flat_parameters(model: nn.Module, flat: np.ndarray) -> None:
-    """Copy ``flat`` (as produced by :func:`flatten_parameters`) into ``model``'s parameters."""
-    source = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    """Set ``model``'s parameters to ``flat`` (as produced by :func:`flatten_parameters`),
+    converted to the parameters' dtype and device; ``flat`` is not kept."""
+    values = np.asarray(flat)
     expected = sum(p.numel() for p in model.parameters())
-    if source.numel() != expected:
-        raise ValueError(f"buffer has {source.numel()} values, model has {expected}")
-    offset = 0
+    if values.size != expected:
+        raise ValueError(f"buffer has {values.size} values, model has {expected}")
+    first = next(model.parameters(), None)
+    if first is None:
+        return
+    # vector_to_parameters makes each parameter a view of the vector it is given: hand it a
+    # fresh copy (torch.tensor copies), never memory the caller's array or MPI still holds.
+    vector = torch.tensor(values.reshape(-1), dtype=first.dtype, device=first.device)
     with torch.no_grad():
-        for parameter in model.parameters():
-            count = parameter.numel()
-            parameter.copy_(source[offset : offset + count].view_as(parameter))
-            offset += count
+        vector_to_parameters(vector, model.parameters())
 
 
 def digest(buffer: np.ndarray) -> str:

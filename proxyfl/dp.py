@@ -124,6 +124,23 @@ def make_private(
     )
 
 
+def accountant_after(
+    accountant: RDPAccountant, *, sigma: float, sample_rate: float, steps: int
+) -> RDPAccountant:
+    """A copy of ``accountant`` that has also counted ``steps`` DP-SGD steps of (σ, q): the
+    history it will hold after them, for checking a budget before spending it.
+
+    The copy steps exactly as the optimizer's hook makes the real one step, so its history
+    (adjacent equal (σ, q) merged into one segment) is the one the next round will leave.
+    ``accountant`` itself is left as it is.
+    """
+    planned = RDPAccountant()
+    planned.load_state_dict(accountant.state_dict())  # state_dict deep-copies the history
+    for _ in range(steps):
+        planned.step(noise_multiplier=sigma, sample_rate=sample_rate)
+    return planned
+
+
 def noise_only_step(training: PrivateTraining) -> None:
     """The DP step of an empty Poisson batch: no gradient, noise N(0, σ²C²I) / E|B|, counted.
 

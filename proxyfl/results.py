@@ -1,20 +1,17 @@
-"""Run outputs: ``metrics.jsonl`` (one object per client, round and evaluated model) and
-``run.json`` (configuration, world, devices, versions, timings), written atomically.
+"""Run outputs: ``metrics.jsonl`` (one :class:`MetricRow` per client, round and evaluated
+model) and ``run.json`` (configuration, world, devices, versions, timings), written
+atomically through :mod:`plumbing.atomic`.
 
-Each metrics object carries the fields of DESIGN.md §3.4 — ``algorithm, seed, client,
-round, accuracy, macro_accuracy, epsilon, delta, train_loss, comm_seconds,
-evaluated_model`` — plus ``center`` (the client's centre; -1 for Joint's pooled data),
-``primary`` (true for the model the paper reports for this algorithm: the private model
-of ProxyFL and FML, the central model of FedAvg, the local model otherwise), ``active``
-(false once a client has stopped at its privacy budget) and ``n_train``. Rounds count
-from 1; ``comm_seconds`` is the time this client spent in MPI exchange calls that round.
+:class:`MetricRow` is the one schema of a metrics line (docs/design.md §3.4): the trainer
+builds rows with it, :func:`write_metrics` serialises them, and the report
+(:mod:`proxyfl.report.load`) validates every line it reads with it. Rounds count from 1;
+``comm_seconds`` is the time this client spent in MPI exchange calls that round.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import sys
 from collections.abc import Iterable
@@ -22,21 +19,60 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from plumbing import atomic
+
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
-METRIC_FIELDS: tuple[str, ...] = (
-    "algorithm",
-    "seed",
-    "client",
-    "round",
-    "accuracy",
-    "macro_accuracy",
-    "epsilon",
-    "delta",
-    "train_loss",
-    "comm_seconds",
-    "evaluated_model",
-)
+
+
+class MetricRow(BaseModel):
+    """One line of ``metrics.jsonl``: one evaluated model of one client after one round.
+
+    The JSON keys are the field names, in this order. Types are strict (no ``"1"`` for 1,
+    no ``true`` for 1, no ``1.5`` for an integer): a row is either what the trainer wrote
+    or malformed. A non-finite float is written as ``null`` (:func:`json_safe`), hence the
+    optional metrics. Keys beyond these fields are kept (``extra="allow"``), so a file
+    with more keys than this version knows stays readable and is rewritten unchanged.
+    """
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="allow")
+
+    algorithm: str = Field(description="the method that trained the run (ProxyFL, FedAvg, ...)")
+    seed: int = Field(description="the run's --seed")
+    client: int = Field(description="the client (MPI rank) whose model was evaluated")
+    round: int = Field(ge=1, description="the round just finished, counted from 1")
+    accuracy: float | None = Field(
+        description="Σ_c M[c,c] / Σ M on the merged test splits; null for no test examples"
+    )
+    macro_accuracy: float | None = Field(
+        description="mean recall over the classes present in the test splits; null for none"
+    )
+    epsilon: float | None = Field(
+        description="ε spent by the client's DP-SGD steps so far at δ; null when infinite (σ=0)"
+    )
+    delta: float = Field(description="δ of the (ε, δ)-DP guarantee")
+    train_loss: float | None = Field(
+        description="mean training loss of the evaluated model this round; null: no step taken"
+    )
+    comm_seconds: float = Field(description="seconds this client spent in MPI exchange calls")
+    evaluated_model: str = Field(description="which model: private, proxy, central, local")
+    center: int = Field(description="the client's centre; -1 for Joint's pooled data")
+    primary: bool = Field(
+        description="the model the paper reports: ProxyFL's and FML's private model, "
+        "FedAvg's central model, the local model otherwise"
+    )
+    active: bool = Field(description="false once the client has stopped at its privacy budget")
+    n_train: int = Field(description="the client's number of training examples")
+
+    def as_json(self) -> str:
+        """The row as one line of strict JSON (non-finite floats as null), no newline."""
+        return json.dumps(json_safe(self.model_dump()))
+
+
+# The declared keys of a metrics line, in file order (extra keys may follow).
+METRIC_FIELDS: tuple[str, ...] = tuple(MetricRow.model_fields)
 
 
 def json_safe(value: Any) -> Any:
@@ -50,39 +86,28 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def atomic_write_json(path: Path, payload: Any) -> None:
-    atomic_write_text(path, json.dumps(json_safe(payload), indent=2, sort_keys=False) + "\n")
+    """:func:`plumbing.atomic.write_json` of ``payload`` made strict JSON by :func:`json_safe`."""
+    atomic.write_json(path, json_safe(payload))
 
 
-def write_metrics(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Rewrite ``metrics.jsonl`` with ``rows`` (sorted by round, client, model)."""
-    ordered = sorted(rows, key=lambda r: (r["round"], r["client"], r["evaluated_model"]))
-    atomic_write_text(path, "".join(json.dumps(json_safe(row)) + "\n" for row in ordered))
+def write_metrics(path: Path, rows: Iterable[MetricRow]) -> None:
+    """Rewrite ``metrics.jsonl`` with ``rows`` (sorted by round, client, model), atomically."""
+    ordered = sorted(rows, key=lambda r: (r.round, r.client, r.evaluated_model))
+    atomic.write_text(path, "".join(row.as_json() + "\n" for row in ordered))
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` (empty if it does not exist)."""
+def read_metrics(path: Path) -> list[MetricRow]:
+    """The rows of a ``metrics.jsonl`` (empty if it does not exist); raises pydantic's
+    ``ValidationError`` for a malformed row (the report reads with line-level messages)."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        MetricRow.model_validate(json.loads(line))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def library_versions() -> dict[str, str]:

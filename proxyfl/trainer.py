@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from proxyfl import checkpoint as ckpt
-from proxyfl.accounting import epsilon_from_history, merge_history
+from proxyfl.accounting import epsilon_from_history
 from proxyfl.algorithms import Strategy
 from proxyfl.comm import Communicator, assign_flat_parameters, flatten_parameters
 from proxyfl.config import TrainConfig
@@ -42,6 +42,7 @@ from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
 from proxyfl.dml import dml_losses
 from proxyfl.dp import (
     PrivateTraining,
+    accountant_after,
     check_dp_compatible,
     make_private,
     noise_only_step,
@@ -52,6 +53,7 @@ from proxyfl.graphs import Schedule
 from proxyfl.models import build_model, count_parameters
 from proxyfl.results import (
     METRICS_FILE,
+    MetricRow,
     atomic_write_json,
     read_metrics,
     write_metrics,
@@ -164,11 +166,14 @@ class ClientTrainer:
         """Would ε after one more round stay within ``--epsilon-budget``?"""
         if self.config.epsilon_budget is None:
             return True
-        planned = merge_history(
-            [*self.dp.accountant.history, (self.config.sigma, self.dp.sample_rate,
-                                           self.steps_per_round)]
-        )  # fmt: skip
-        return epsilon_from_history(planned, self.config.delta) <= self.config.epsilon_budget
+        planned = accountant_after(
+            self.dp.accountant,
+            sigma=self.config.sigma,
+            sample_rate=self.dp.sample_rate,
+            steps=self.steps_per_round,
+        )
+        epsilon = epsilon_from_history(planned.history, self.config.delta)
+        return epsilon <= self.config.epsilon_budget
 
     # -- one round -----------------------------------------------------------------------
     def train_round(self) -> RoundLosses:
@@ -235,31 +240,29 @@ class ClientTrainer:
 
     def metric_rows(
         self, round_number: int, scores: dict[str, Scores], losses: RoundLosses, comm_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> list[MetricRow]:
+        """One row per evaluated model of this client after ``round_number``."""
         epsilon = self.epsilon()
-        rows = []
-        for label in self.strategy.evaluated_labels:
-            loss = losses.private if label == "private" else losses.shared
-            rows.append(
-                {
-                    "algorithm": self.strategy.name,
-                    "seed": self.config.seed,
-                    "client": self.data.client,
-                    "round": round_number,
-                    "accuracy": scores[label].accuracy,
-                    "macro_accuracy": scores[label].macro_accuracy,
-                    "epsilon": epsilon if math.isfinite(epsilon) else None,
-                    "delta": self.config.delta,
-                    "train_loss": loss,
-                    "comm_seconds": comm_s,
-                    "evaluated_model": label,
-                    "center": self.data.center,
-                    "primary": label == self.strategy.primary_label,
-                    "active": self.active,
-                    "n_train": len(self.data.train),
-                }
+        return [
+            MetricRow(
+                algorithm=self.strategy.name,
+                seed=self.config.seed,
+                client=self.data.client,
+                round=round_number,
+                accuracy=scores[label].accuracy,
+                macro_accuracy=scores[label].macro_accuracy,
+                epsilon=epsilon if math.isfinite(epsilon) else None,
+                delta=self.config.delta,
+                train_loss=losses.private if label == "private" else losses.shared,
+                comm_seconds=comm_s,
+                evaluated_model=label,
+                center=self.data.center,
+                primary=label == self.strategy.primary_label,
+                active=self.active,
+                n_train=len(self.data.train),
             )
-        return rows
+            for label in self.strategy.evaluated_labels
+        ]
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, round_number: int) -> dict[str, Any]:
@@ -335,9 +338,9 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
     cfg, runtime = trainer.config, trainer.runtime
     comm = runtime.comm
     metrics_path = trainer.run_dir / METRICS_FILE
-    rows: list[dict[str, Any]] = []
+    rows: list[MetricRow] = []
     if runtime.is_root:
-        rows = [r for r in read_metrics(metrics_path) if r["round"] <= start_round]
+        rows = [r for r in read_metrics(metrics_path) if r.round <= start_round]
     for round_number in range(start_round + 1, cfg.rounds + 1):
         if trainer.active and not trainer.within_budget_after_next_round():
             logger.warning(

@@ -19,14 +19,13 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing.errors import PipelineError
 from wsi.catalogue import SlideRecord
-from wsi.patches import LABEL_NAMES, PatchParams, labels_offered
+from wsi.params import PatchParams, SamplingParams
+from wsi.patches import LABEL_NAMES, labels_offered
 from wsi.sampling import (
     PatchSelection,
     SlidePatches,
@@ -43,35 +42,6 @@ PatchReader = Callable[[Path, int, np.ndarray, int], np.ndarray]
 """(slide path, level, level-0 coords (N, 2), patch size) -> (N, size, size, 3) uint8."""
 
 
-Shortfall = Literal["fail", "take_available"]
-
-
-class SamplingRules(BaseModel):
-    """How a centre's patches are drawn and split, whatever their number.
-
-    ``shortfall`` says what a centre that cannot supply ``patches_per_class`` of every
-    label does: ``"fail"`` (:class:`InsufficientPatchesError`), or ``"take_available"``:
-    as many of each label as its scarcest label has, so the store stays balanced.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    shortfall: Shortfall = Field(
-        "fail",
-        description="a centre short of patches_per_class: fail, or take_available "
-        "(as many as it has, still balanced)",
-    )
-    max_per_slide: int | None = Field(None, ge=1, description="cap per slide and label")
-    test_fraction: float = Field(
-        0.2, gt=0, lt=1, description="share of each centre's patients in the test split"
-    )
-    seed: int = Field(0, description="seed of the patient split and the patch draw")
-
-
-class SamplingParams(SamplingRules):
-    """:class:`SamplingRules` and the number of patches of each label one centre keeps."""
-
-    patches_per_class: int = Field(1000, ge=1, description="patches of each label")
 
 
 class InsufficientPatchesError(PipelineError):

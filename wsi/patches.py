@@ -30,19 +30,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing.errors import PipelineError
 from wsi.annotations import SlideAnnotations
 from wsi.masks import box_fractions, tissue_mask_from_blocks, tumor_mask
+from wsi.params import HealthySource, PatchParams
 from wsi.slide import REGION_PIXELS, Slide
 
 HEALTHY, TUMOR, UNUSABLE = 0, 1, -1
 LABEL_NAMES: dict[int, str] = {HEALTHY: "healthy", TUMOR: "tumor"}
-HealthySource = Literal["negative_slides", "outside_annotations"]
 
 log = logging.getLogger(__name__)
 
@@ -61,34 +59,6 @@ class NoTissueError(PatchError):
 
 class NoLesionPatchError(PatchError):
     """An annotated slide's lesions cover no candidate enough to make a tumour patch."""
-
-
-class PatchParams(BaseModel):
-    """Everything that decides which patches a slide offers and how they are labelled.
-
-    The defaults are the paper's protocol (512 px patches at level 0, 0.25 µm/px); these
-    fields are also keys of ``params.yaml``'s ``preprocess:`` section.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    patch_size: int = Field(512, ge=8, description="stored patch side, pixels at `level`")
-    level: int = Field(0, ge=0, description="pyramid level the patches are read at")
-    mask_mpp: float = Field(8.0, gt=0, description="tissue and tumour mask resolution, µm/px")
-    tissue_fraction_min: float = Field(
-        0.5, gt=0, le=1, description="least tissue fraction of a patch's area"
-    )
-    tumor_fraction_min: float = Field(
-        0.5, gt=0, le=1, description="least lesion fraction of a tumour patch's area"
-    )
-    healthy_source: HealthySource = Field(
-        "negative_slides",
-        description="where healthy patches come from: negative_slides (pN0 slides), or "
-        "outside_annotations (tissue outside the lesions of annotated slides too)",
-    )
-    min_saturation: float = Field(
-        0.07, ge=0, le=1, description="floor of the Otsu saturation threshold for tissue"
-    )
 
 
 @dataclass(frozen=True)

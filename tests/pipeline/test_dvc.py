@@ -12,7 +12,7 @@ import pytest
 
 from tests.pipeline.conftest import REPO, tiny_params, write_params
 
-CODE = ("wsi", "proxyfl", "tasks", "flows")
+CODE = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
 
 
 def _sha(path: Path) -> str:

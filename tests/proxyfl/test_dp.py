@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from proxyfl.accounting import epsilon_from_history, planned_epsilon, poisson_schedule
-from proxyfl.dp import make_private, noise_only_step
+from proxyfl.dp import accountant_after, make_private, noise_only_step
 from proxyfl.models import build_model
 from proxyfl.privacy import privacy_report
 
@@ -130,6 +130,25 @@ def test_epsilon_function_is_the_accountants() -> None:
     assert epsilon_from_history([(1.0, q, 2 * steps)], 1e-5) == planned_epsilon(24, 8, 1.0, 2, 1e-5)
     assert epsilon_from_history([], 1e-5) == 0.0
     assert math.isinf(epsilon_from_history([(0.0, q, 3)], 1e-5))
+
+
+def test_planned_accountant_is_the_accountant_after_the_steps() -> None:
+    """The budget check's plan: Opacus' own accountant, stepped ahead on a copy."""
+    model = build_model("mlp", n_classes=2, input_size=4)
+    training = _private(model, _dataset(n=24, size=4), batch_size=8)
+    q, steps = training.sample_rate, training.steps_per_epoch
+    planned = accountant_after(training.accountant, sigma=1.0, sample_rate=q, steps=steps)
+    assert training.accountant.history == []  # the real accountant is left as it was
+    assert planned.history == [(1.0, q, steps)]
+    for _ in range(steps):
+        noise_only_step(training)
+    assert training.accountant.history == planned.history  # one merged segment, as Opacus
+    again = accountant_after(training.accountant, sigma=1.0, sample_rate=q, steps=2 * steps)
+    assert again.history == [(1.0, q, 3 * steps)]
+    assert training.accountant.history == [(1.0, q, steps)]
+    assert epsilon_from_history(again.history, 1e-5) == planned_epsilon(24, 8, 1.0, 3, 1e-5)
+    other = accountant_after(training.accountant, sigma=2.0, sample_rate=q, steps=1)
+    assert other.history == [(1.0, q, steps), (2.0, q, 1)]
 
 
 def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: Any) -> None:

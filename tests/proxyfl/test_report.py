@@ -32,6 +32,7 @@ from proxyfl.report import (
     sample_title,
     write_report,
 )
+from proxyfl.results import MetricRow
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MODEL = {"ProxyFL": "private", "FML": "private", "FedAvg": "central"}
@@ -254,6 +255,19 @@ def test_format_table_markdown() -> None:
             lambda d: (d / "metrics.jsonl").write_text('{"algorithm": "FedAvg", "seed": 0}\n'),
             r"line 1: missing field\(s\) client, round",
         ),
+        (
+            lambda d: _edit_row(d, 3, round=1.5),
+            r"metrics\.jsonl: line 3: field 'round': Input should be a valid integer.*got 1\.5",
+        ),
+        (lambda d: _edit_row(d, 2, round=0), r"line 2: field 'round': .*greater than or equal"),
+        (lambda d: _edit_row(d, 1, primary=1), r"line 1: field 'primary': .*boolean, got 1"),
+        (lambda d: _edit_row(d, 4, accuracy="0.9"), r"line 4: field 'accuracy': .*got '0\.9'"),
+        (lambda d: _edit_row(d, 5, seed=True), r"line 5: field 'seed': .*integer, got True"),
+        (lambda d: _edit_row(d, 6, seed=3), r"line 6: row of 'FedAvg' seed 3 in the run"),
+        (
+            lambda d: (d / "metrics.jsonl").write_text("[1, 2]\n"),
+            r"metrics\.jsonl: line 1: expected a JSON object",
+        ),
     ],
 )
 def test_malformed_runs_name_the_file(runs_dir: Path, damage: Any, message: str) -> None:
@@ -261,6 +275,22 @@ def test_malformed_runs_name_the_file(runs_dir: Path, damage: Any, message: str)
     with pytest.raises(ReportError, match=message) as info:
         load_runs(runs_dir)
     assert str(runs_dir / "FedAvg" / "seed_0") in str(info.value)
+
+
+def _edit_row(run_dir: Path, number: int, **changes: Any) -> None:
+    """Change fields of line ``number`` (from 1) of a run's metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[number - 1] = json.dumps({**json.loads(lines[number - 1]), **changes})
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def test_rows_are_metric_rows_and_unknown_keys_are_kept(runs_dir: Path) -> None:
+    _edit_row(runs_dir / "FedAvg" / "seed_0", 1, note="rerun on node 3")
+    (run,) = load_runs(runs_dir, algorithms=["FedAvg"], seeds=[0])
+    assert all(isinstance(r, MetricRow) for r in run.rows)
+    assert run.rows[0].model_extra == {"note": "rerun on node 3"}
+    assert [r.accuracy for r in run.primary_rows(2)] == [0.6, 0.7]
 
 
 def test_unfinished_run_says_how_to_resume(tmp_path: Path) -> None:

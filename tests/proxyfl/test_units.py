@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 from opacus.validators import ModuleValidator
+from pydantic import ValidationError
 from torch import nn
 
 from proxyfl.comm import assign_flat_parameters, flatten_parameters
-from proxyfl.config import ConfigError, TrainConfig, build_config, load_config_section
+from proxyfl.config import TrainConfig
 from proxyfl.dml import dml_losses
 from proxyfl.evaluate import confusion_matrix, scores_from_confusion
 from proxyfl.graphs import check_column_stochastic, exponential_offset, parse_schedule_spec
@@ -121,26 +122,6 @@ def test_config_defaults_are_the_papers_histopathology_setting() -> None:
     assert config.graph == "exponential" and config.input_size is None
 
 
-def test_config_from_params_yaml_with_cli_overrides(tmp_path: Path) -> None:
-    params = tmp_path / "params.yaml"
-    params.write_text(
-        "preprocess:\n  patch_size: 512\n"
-        "train:\n  rounds: 5\n  batch-size: 16\n  private_model: [cnn1, mlp]\n"
-        "  centers: [0, 1]\n  seeds: [0, 1, 2]\n  algorithms: [ProxyFL]\n"
-    )
-    values = load_config_section(params)
-    assert "seeds" not in values and values["batch_size"] == 16
-    config = build_config(values, {"rounds": 7, "algorithm": "fedavg"})
-    assert config.rounds == 7 and config.batch_size == 16 and config.algorithm == "FedAvg"
-    assert config.private_model_for(1) == "mlp"
-    with pytest.raises(ConfigError, match="listed more than once"):
-        build_config({}, {"centers": [1, 2, 1]})
-    with pytest.raises(ConfigError, match="unknown algorithm"):
-        build_config({}, {"algorithm": "SCAFFOLD"})
-    with pytest.raises(ConfigError, match="unknown model"):
-        build_config({}, {"private_model": ["cnn1", "vit"]})
-
-
 def test_devices_and_seeds() -> None:
     assert choose_device("cpu", 3) == torch.device("cpu")
     if not torch.cuda.is_available():
@@ -172,8 +153,28 @@ def test_flat_buffer_round_trip() -> None:
         assign_flat_parameters(other, flat[:-1])
 
 
+def test_flat_buffers_share_no_memory_with_the_model() -> None:
+    """The MPI buffers are copies both ways: changing one never changes the other."""
+    model = build_model("cnn1", n_classes=2, input_size=16)
+    flat = flatten_parameters(model)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert not np.array_equal(flatten_parameters(model), flat)
+
+    received = flat.astype(np.float64) * 2  # any float array: set as the parameters' float32
+    assign_flat_parameters(model, received)
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in model.parameters())
+    np.testing.assert_array_equal(flatten_parameters(model), received.astype(np.float32))
+    received[:] = 0.0  # the caller reuses its buffer
+    np.testing.assert_array_equal(flatten_parameters(model), flat * 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)  # still trainable parameters
+    model(torch.zeros(2, 3, 16, 16)).sum().backward()
+    optimizer.step()
+    assert not np.array_equal(flatten_parameters(model), flat * 2)
+
+
 def test_private_learning_rate_defaults_to_the_papers_single_rate() -> None:
     assert TrainConfig(lr=0.01).private_learning_rate == 0.01
     assert TrainConfig(lr=0.01, private_lr=0.001).private_learning_rate == 0.001
-    with pytest.raises(ConfigError, match="--private-lr"):
-        build_config({}, {"private_lr": 0})
+    with pytest.raises(ValidationError, match="private_lr"):
+        TrainConfig(private_lr=0)

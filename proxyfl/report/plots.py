@@ -1,0 +1,241 @@
+"""Figure 8 of the ProxyFL paper with matplotlib: accuracy and macro-accuracy per round,
+one mean line and mean ± std band per method, as PNG files.
+
+Every method has one fixed style in every figure (:func:`method_style`): an Okabe–Ito
+colour, a dash pattern and a marker, each unique, so the lines stay apart with any common
+colour vision deficiency and in greyscale; ProxyFL is drawn thick, opaque and on top. The
+PNGs carry no software or date metadata, so the same curves give the same bytes.
+matplotlib is imported where a figure is drawn: the tables need none of it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from plumbing import atomic
+from proxyfl.report.load import JOINT, order_key
+from proxyfl.report.stats import CurvePoint, SampleSize
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """How one method is drawn in every figure: Okabe–Ito colour, dash pattern, marker."""
+
+    color: str
+    linestyle: str | tuple[float, tuple[float, ...]]
+    marker: str
+    linewidth: float
+    alpha: float
+    zorder: float
+
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour
+# vision deficiency. Grey is the ninth colour of R's ``palette.colors("Okabe-Ito")``; yellow
+# is kept for unknown methods only, as it fades on white paper.
+OKABE_ITO: dict[str, str] = {
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky blue": "#56B4E9",
+    "bluish green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "reddish purple": "#CC79A7",
+    "grey": "#999999",
+}
+EMPHASISED = "ProxyFL"
+# Colour, dash pattern (offset, on-off lengths in line widths) and marker per method: each
+# pair of dash pattern and marker is unique too, so the lines stay apart in greyscale.
+_STYLES: dict[str, tuple[str, str | tuple[float, tuple[float, ...]], str]] = {
+    "Regular": (OKABE_ITO["grey"], (0, (1, 1.5)), "v"),
+    "AvgPush": (OKABE_ITO["sky blue"], (0, (5, 1.5, 1, 1.5)), "^"),
+    "CWT": (OKABE_ITO["reddish purple"], (0, (5, 1.5, 1, 1.5, 1, 1.5)), "s"),
+    "FedAvg": (OKABE_ITO["bluish green"], (0, (3, 1.5)), "D"),
+    "FML": (OKABE_ITO["blue"], (0, (8, 2)), "P"),
+    "ProxyFL": (OKABE_ITO["vermillion"], "solid", "o"),
+    "Joint": (OKABE_ITO["black"], (0, (8, 2, 1, 2)), "X"),
+}
+_OTHER_COLORS = (OKABE_ITO["orange"], OKABE_ITO["yellow"])
+_OTHER_LINESTYLES: tuple[tuple[float, tuple[float, ...]], ...] = (
+    (0, (2, 1)),
+    (0, (8, 2, 1, 2, 1, 2)),
+    (0, (12, 3)),
+)
+_OTHER_MARKERS = ("<", ">", "h", "p", "*")
+_PANELS: tuple[tuple[str, str], ...] = (
+    ("accuracy", "Accuracy"),
+    ("macro_accuracy", "Macro-accuracy"),
+)
+_MAX_MARKERS = 12  # per line; more rounds than this get a marker every few rounds
+_BAND_ALPHA = 0.12
+
+
+def method_style(algorithm: str) -> MethodStyle:
+    """The fixed style of a method, the same in every figure: ProxyFL thick, opaque and on
+    top; the others thinner and slightly transparent so that overlapping lines show."""
+    if algorithm in _STYLES:
+        color, linestyle, marker = _STYLES[algorithm]
+    else:  # a deterministic function of the name (``hash`` of a str differs per process)
+        code = sum(map(ord, algorithm))
+        color = _OTHER_COLORS[code % len(_OTHER_COLORS)]
+        linestyle = _OTHER_LINESTYLES[code % len(_OTHER_LINESTYLES)]
+        marker = _OTHER_MARKERS[code % len(_OTHER_MARKERS)]
+    if algorithm == EMPHASISED:
+        return MethodStyle(color, linestyle, marker, linewidth=2.6, alpha=1.0, zorder=4.0)
+    return MethodStyle(color, linestyle, marker, linewidth=1.4, alpha=0.85, zorder=3.0)
+
+
+def sample_title(sizes: Mapping[str, SampleSize]) -> str:
+    """What the mean ± std of a figure pools, e.g. "Mean ± std over 4 clients × 3 seeds
+    (Joint: 1 pooled model × 3 seeds)"; counts that differ between methods read as a range
+    ("2–4 clients"). Joint is stated apart: it is one model on pooled data, not a client."""
+    federated = [size for name, size in sizes.items() if name != JOINT]
+    parts = []
+    if federated:
+        clients = _count([size.clients for size in federated], "client")
+        parts.append(f"{clients} × {_count([size.seeds for size in federated], 'seed')}")
+    if JOINT in sizes:
+        joint = sizes[JOINT]
+        pooled = f"{_count([joint.clients], 'pooled model')} × {_count([joint.seeds], 'seed')}"
+        parts.append(f"(Joint: {pooled})" if federated else pooled)
+    return "Mean ± std over " + " ".join(parts) if parts else "Mean ± std"
+
+
+def _count(values: Sequence[int], noun: str) -> str:
+    low, high = min(values), max(values)
+    number = str(low) if low == high else f"{low}–{high}"
+    return f"{number} {noun}{'' if high == 1 else 's'}"
+
+
+def plot_curves(
+    per_round: Mapping[str, Sequence[CurvePoint]],
+    metric: str,
+    label: str,
+    path: Path,
+    *,
+    title: str | None = None,
+) -> Figure:
+    """Write one panel of Figure 8 as a PNG and return its figure: one line per method
+    (legend in paper order) with a mean ± std band; x = round. ``metric``: accuracy |
+    macro_accuracy."""
+    figure = _figure(figsize=(7.6, 4.4))
+    axes = figure.add_subplot()
+    lines = _draw_panel(axes, per_round, metric, label)
+    _legend(figure, lines, loc="outside right upper", ncols=1)
+    if title:  # over the panel, not the figure: the legend takes the top right corner
+        axes.set_title(title, fontsize="medium")
+    _save_png(figure, path)
+    return figure
+
+
+def plot_figure(per_round: Mapping[str, Sequence[CurvePoint]], path: Path, *, title: str) -> Figure:
+    """Write Figure 8 of the ProxyFL paper as a PNG and return it: accuracy (left) and
+    macro-accuracy (right) per round, one mean line and mean ± std band per method, one
+    legend in paper order below both panels and ``title`` (see :func:`sample_title`) above."""
+    figure = _figure(figsize=(11.0, 4.6))
+    panels = figure.subplots(1, len(_PANELS))
+    lines: list[Line2D] = []
+    for axes, (metric, label) in zip(panels, _PANELS, strict=True):
+        lines = _draw_panel(axes, per_round, metric, label)
+        axes.set_title(label)
+    _legend(figure, lines, loc="outside lower center", ncols=min(len(lines), 7))
+    figure.suptitle(title)
+    _save_png(figure, path)
+    return figure
+
+
+def _figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # Constrained layout leaves room for a legend placed "outside" the panels.
+    figure = Figure(figsize=figsize, dpi=120, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _legend(figure: Figure, lines: Sequence[Line2D], *, loc: str, ncols: int) -> None:
+    """One legend for the figure, outside the panels so that it hides no data; long handles
+    so that the dash patterns can be told apart."""
+    if lines:
+        figure.legend(handles=lines, loc=loc, ncols=max(ncols, 1), handlelength=3.5)
+
+
+def _draw_panel(
+    axes: Axes, per_round: Mapping[str, Sequence[CurvePoint]], metric: str, label: str
+) -> list[Line2D]:
+    """Draw every method's mean line and mean ± std band of ``metric`` on ``axes``; return
+    the lines in paper order (the legend's handles)."""
+    from matplotlib.ticker import MaxNLocator
+
+    methods = sorted(per_round, key=order_key)
+    longest = max((len(per_round[name]) for name in methods), default=0)
+    step = max(1, math.ceil(longest / _MAX_MARKERS))
+    lines: list[Line2D] = []
+    band_edges: list[np.ndarray] = []
+    for index, algorithm in enumerate(methods):
+        points = per_round[algorithm]
+        x = np.array([p.round for p in points], dtype=float)
+        mean = np.array([getattr(p, f"{metric}_mean") for p in points], dtype=float)
+        std = np.array([getattr(p, f"{metric}_std") for p in points], dtype=float)
+        style = method_style(algorithm)
+        # Bands under every line; each method's markers start at a different round so that
+        # markers of methods with equal values do not hide one another.
+        band = {"color": style.color, "alpha": _BAND_ALPHA, "linewidth": 0, "zorder": 1.0}
+        axes.fill_between(x, mean - std, mean + std, **band)
+        (line,) = axes.plot(
+            x,
+            mean,
+            label=algorithm,
+            color=style.color,
+            linestyle=style.linestyle,
+            linewidth=style.linewidth,
+            alpha=style.alpha,
+            zorder=style.zorder,
+            marker=style.marker,
+            markersize=4.5 + 0.75 * style.linewidth,
+            markeredgecolor="white",
+            markeredgewidth=0.6,
+            markevery=(index % step, step),
+        )
+        lines.append(line)
+        band_edges += [mean - std, mean + std]
+    axes.set_xlabel("Round")
+    axes.set_ylabel(label)
+    axes.set_ylim(*_y_limits(band_edges))
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)
+    return lines
+
+
+def _y_limits(values: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The y range: the smallest holding every mean and band edge (at least 0.1 wide), plus
+    a margin so that a line at the edge stays visible; [0, 1] when there is no data."""
+    finite = np.concatenate([*values, np.array([])])
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    if high - low < 0.1:
+        centre = (low + high) / 2
+        low, high = centre - 0.05, centre + 0.05
+    margin = 0.04 * (high - low)
+    return low - margin, high + margin
+
+
+def _save_png(figure: Figure, path: Path) -> None:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    atomic.write_bytes(path, buffer.getvalue())

@@ -1,0 +1,198 @@
+"""How the report's numbers read: markdown and CSV tables, DVC's metrics.json, curve CSVs.
+
+Every function here returns text or a JSON-able object and writes nothing; the writer
+(:mod:`proxyfl.report.write`) puts them in files. Accuracy cells read "0.812 ± 0.034"
+(3 decimals), ε has 2 decimals, σ and δ their shortest form (``%g``); a missing value is
+"—" in markdown and empty in CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from proxyfl.report.load import JOINT
+from proxyfl.report.stats import AccuracyRow, CurvePoint, PrivacyRow, TableRow
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+CURVE_FIELDS: tuple[str, ...] = (
+    "round",
+    "accuracy",
+    "accuracy_std",
+    "macro_accuracy",
+    "macro_accuracy_std",
+)
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """The columns of one kind of table: markdown header, alignment and cells of a row;
+    CSV field names and record of a row (mean and std in separate CSV columns)."""
+
+    markdown_header: tuple[str, ...]
+    markdown_align: tuple[str, ...]
+    markdown_cells: Callable[[Any], tuple[str, ...]]
+    csv_fields: tuple[str, ...]
+    csv_record: Callable[[Any], dict[str, Any]]
+
+
+def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
+    return (
+        row.algorithm,
+        _pm(row.accuracy_mean, row.accuracy_std),
+        _pm(row.macro_accuracy_mean, row.macro_accuracy_std),
+        str(row.n),
+    )
+
+
+def _accuracy_record(row: AccuracyRow) -> dict[str, Any]:
+    record = asdict(row)
+    record["method"] = record.pop("algorithm")
+    return record
+
+
+def _privacy_cells(row: PrivacyRow) -> tuple[str, ...]:
+    return (
+        row.client,
+        row.center,
+        "—" if row.n_train is None else str(row.n_train),
+        _general(row.sigma),
+        _general(row.delta),
+        f"{row.epsilon:.2f}",
+        row.source,
+    )
+
+
+LAYOUTS: dict[type, TableLayout] = {
+    AccuracyRow: TableLayout(
+        markdown_header=("Method", "Accuracy", "Macro-accuracy", "n"),
+        markdown_align=(":--", "--:", "--:", "--:"),
+        markdown_cells=_accuracy_cells,
+        csv_fields=(
+            "method",
+            "accuracy_mean",
+            "accuracy_std",
+            "macro_accuracy_mean",
+            "macro_accuracy_std",
+            "n",
+            "n_seeds",
+            "final_round",
+        ),
+        csv_record=_accuracy_record,
+    ),
+    PrivacyRow: TableLayout(
+        markdown_header=("Client", "Centre", "n_train", "σ", "δ", "ε", "ε from"),
+        markdown_align=(":--", ":--", "--:", "--:", "--:", "--:", ":--"),
+        markdown_cells=_privacy_cells,
+        csv_fields=(
+            "client",
+            "center",
+            "n_train",
+            "sigma",
+            "delta",
+            "epsilon",
+            "source",
+            "n_seeds",
+        ),
+        csv_record=asdict,
+    ),
+}
+
+
+def _layout(rows: Sequence[TableRow]) -> TableLayout:
+    kind = type(rows[0])
+    if any(type(row) is not kind for row in rows):
+        raise TypeError("format_table: rows of one kind only (AccuracyRow or PrivacyRow)")
+    return LAYOUTS[kind]
+
+
+def format_table(rows: Sequence[TableRow]) -> str:
+    """The markdown table of accuracy or privacy rows ("" for no rows), newline-terminated.
+
+    Accuracy cells read "0.812 ± 0.034" (3 decimals), ε has 2 decimals.
+    """
+    if not rows:
+        return ""
+    layout = _layout(rows)
+    lines = [_markdown_line(layout.markdown_header), _markdown_line(layout.markdown_align)]
+    lines += [_markdown_line(layout.markdown_cells(row)) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def format_csv(rows: Sequence[TableRow]) -> str:
+    """CSV of accuracy or privacy rows, mean and std in separate columns ("" for no rows)."""
+    if not rows:
+        return ""
+    layout = _layout(rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=layout.csv_fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: _csv_value(value) for key, value in layout.csv_record(row).items()})
+    return buffer.getvalue()
+
+
+def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
+    """The line under the accuracy table saying which round and which statistics."""
+    finals = sorted({row.final_round for row in rows})
+    return (
+        f"\nFinal round {', '.join(map(str, finals))}; mean ± population std (ddof=0) "
+        "over clients × seeds of the reported model.\n"
+    )
+
+
+def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) -> dict[str, Any]:
+    """``{method: {accuracy_mean, accuracy_std, macro_accuracy_mean, macro_accuracy_std},
+    "epsilon": {client_k | Joint: ε}}`` with keys free of dots and spaces."""
+    metrics: dict[str, Any] = {
+        safe_name(row.algorithm): {
+            "accuracy_mean": row.accuracy_mean,
+            "accuracy_std": row.accuracy_std,
+            "macro_accuracy_mean": row.macro_accuracy_mean,
+            "macro_accuracy_std": row.macro_accuracy_std,
+        }
+        for row in accuracy
+    }
+    metrics["epsilon"] = {
+        (JOINT if row.client == JOINT else f"client_{safe_name(row.client)}"): row.epsilon
+        for row in privacy
+    }
+    return metrics
+
+
+def curve_csv(points: Iterable[CurvePoint]) -> str:
+    """One method's per-round curve as CSV: :data:`CURVE_FIELDS`, one line per round."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CURVE_FIELDS)
+    for p in points:
+        cells = (p.accuracy_mean, p.accuracy_std, p.macro_accuracy_mean, p.macro_accuracy_std)
+        writer.writerow([p.round, *(_csv_value(c) for c in cells)])
+    return buffer.getvalue()
+
+
+def safe_name(name: str) -> str:
+    """``name`` with every character outside [A-Za-z0-9_-] replaced by "_" (DVC keys, files)."""
+    return _UNSAFE.sub("_", name)
+
+
+def _markdown_line(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _pm(mean: float, std: float) -> str:
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def _general(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}"
+
+
+def _csv_value(value: Any) -> Any:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -1,0 +1,104 @@
+"""The report's files: every table, metrics.json, curve and figure of some runs, written
+atomically through :mod:`plumbing.atomic` under one output directory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from plumbing import atomic
+from proxyfl.report.load import ReportError, RunResult
+from proxyfl.report.plots import plot_curves, plot_figure, sample_title
+from proxyfl.report.render import (
+    accuracy_note,
+    curve_csv,
+    dvc_metrics,
+    format_csv,
+    format_table,
+    safe_name,
+)
+from proxyfl.report.stats import (
+    CurvePoint,
+    accuracy_table,
+    curves,
+    privacy_table,
+    sample_sizes,
+)
+from proxyfl.results import json_safe
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """The files :func:`write_report` wrote."""
+
+    accuracy_md: Path
+    accuracy_csv: Path
+    privacy_md: Path
+    privacy_csv: Path
+    metrics_json: Path
+    curves: Mapping[str, Path]
+    accuracy_png: Path
+    macro_accuracy_png: Path
+    curves_png: Path
+
+    def all(self) -> list[Path]:
+        fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv]
+        return [*fixed, self.metrics_json, *self.curves.values(), *self.plots()]
+
+    def plots(self) -> list[Path]:
+        return [self.accuracy_png, self.macro_accuracy_png, self.curves_png]
+
+
+def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
+    """Write tables, metrics.json, per-method curves and the figures under ``out_dir``.
+
+    Every file is replaced atomically; curve CSVs of methods no longer present are removed.
+    """
+    if not runs:
+        raise ReportError("no runs to report")
+    out_dir = Path(out_dir)
+    accuracy = accuracy_table(runs)
+    privacy = privacy_table(runs)
+    per_round = curves(runs)
+    tables = out_dir / "tables"
+    paths = ReportPaths(
+        accuracy_md=tables / "accuracy.md",
+        accuracy_csv=tables / "accuracy.csv",
+        privacy_md=tables / "privacy.md",
+        privacy_csv=tables / "privacy.csv",
+        metrics_json=out_dir / "metrics.json",
+        curves={name: out_dir / "curves" / f"{safe_name(name)}.csv" for name in per_round},
+        accuracy_png=out_dir / "plots" / "accuracy.png",
+        macro_accuracy_png=out_dir / "plots" / "macro_accuracy.png",
+        curves_png=out_dir / "plots" / "curves.png",
+    )
+    atomic.write_text(paths.accuracy_md, format_table(accuracy) + accuracy_note(accuracy))
+    atomic.write_text(paths.accuracy_csv, format_csv(accuracy))
+    atomic.write_text(paths.privacy_md, format_table(privacy))
+    atomic.write_text(paths.privacy_csv, format_csv(privacy))
+    # NaN (a method without test examples) would make metrics.json invalid JSON: null.
+    atomic.write_json(paths.metrics_json, json_safe(dvc_metrics(accuracy, privacy)))
+    _write_curves(per_round, paths.curves)
+    title = sample_title(sample_sizes(runs))
+    plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png, title=title)
+    plot_curves(
+        per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png, title=title
+    )
+    plot_figure(per_round, paths.curves_png, title=title)
+    logger.info("report of %d run(s) written to %s", len(runs), out_dir)
+    return paths
+
+
+def _write_curves(per_round: Mapping[str, list[CurvePoint]], paths: Mapping[str, Path]) -> None:
+    """One CSV per method, then remove the curve CSVs of methods no longer reported (DVC
+    plots every file of the folder)."""
+    for algorithm, points in per_round.items():
+        atomic.write_text(paths[algorithm], curve_csv(points))
+    for directory in {path.parent for path in paths.values()}:
+        for stale in sorted(set(directory.glob("*.csv")) - set(paths.values())):
+            logger.info("removing stale curve %s", stale)
+            stale.unlink()

@@ -1,0 +1,203 @@
+"""Each DVC stage depends on exactly the code it runs and the parameter keys it reads.
+
+The code a stage runs is the closure of the project modules its command imports, found
+from the source (every ``import`` statement, also those inside functions, which run later;
+not those under ``if TYPE_CHECKING:``). The training stage also runs the MPI job's entry
+point, ``proxyfl.run``. A second test edits files of a recorded project and asks
+``dvc status`` which stages became stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipeline.conftest import REPO, tiny_params, write_params
+
+PACKAGES = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
+ENTRY_POINTS = {  # stage -> the modules its command runs
+    "synth": ("wsi.synth.__main__",),
+    "preprocess": ("flows.preprocess",),
+    "train": ("flows.train", "proxyfl.run"),
+    "report": ("flows.report",),
+}
+
+
+def _module_file(name: str) -> Path | None:
+    base = REPO.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _with_parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (never run)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                skipped |= {id(n) for n in ast.walk(inner)}
+    return skipped
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}  # submodules
+    return found
+
+
+def code_closure(roots: tuple[str, ...]) -> set[str]:
+    """Repository paths of the project modules ``roots`` import, directly or not."""
+    seen: set[str] = set()
+    todo = [part for root in roots for part in _with_parents(root)]
+    while todo:
+        name = todo.pop()
+        if name in seen or name.split(".")[0] not in PACKAGES:
+            continue
+        path = _module_file(name)
+        if path is None:  # a name imported from a module, not a module
+            continue
+        seen.add(name)
+        for imported in _imports(name, path):
+            todo += _with_parents(imported)
+    return {
+        str(path.relative_to(REPO))
+        for name in seen
+        if (path := _module_file(name)) is not None
+    }
+
+
+def _stages() -> dict[str, dict]:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+def _code_deps(stage: dict) -> set[str]:
+    body = stage.get("do", stage)
+    return {dep for dep in body["deps"] if dep.split("/")[0] in PACKAGES}
+
+
+@pytest.mark.parametrize("stage", sorted(ENTRY_POINTS))
+def test_each_stage_depends_on_exactly_the_code_it_runs(stage: str) -> None:
+    declared = _code_deps(_stages()[stage])
+    runs = code_closure(ENTRY_POINTS[stage])
+    assert declared == runs, (
+        f"dvc.yaml stage {stage}: missing {sorted(runs - declared)}, "
+        f"not run {sorted(declared - runs)}"
+    )
+
+
+def test_the_closure_follows_imports_inside_functions() -> None:
+    train = code_closure(ENTRY_POINTS["train"])
+    # proxyfl.run imports the trainer inside main(), and the trainer imports the rest
+    assert {"proxyfl/trainer.py", "proxyfl/algorithms.py", "wsi/store.py"} <= train
+    report = code_closure(ENTRY_POINTS["report"])
+    assert "proxyfl/results.py" in report
+    assert not {path for path in train if path.startswith("proxyfl/report")}
+    assert not {path for path in report if path.startswith("wsi/") and path != "wsi/__init__.py"
+                and path != "wsi/params.py"}  # fmt: skip
+
+
+def test_per_centre_parameters_are_per_centre_in_both_parameter_files() -> None:
+    """preprocess@c reads preprocess.patches_per_class.c, so both files give one per centre."""
+    params = _stages()["preprocess"]["do"]["params"]
+    assert "preprocess.patches_per_class.${item}" in params
+    for name in ("params.yaml", "params-paper.yaml"):
+        preprocess = yaml.safe_load((REPO / name).read_text())["preprocess"]
+        assert set(preprocess["patches_per_class"]) == set(preprocess["centers"]), name
+
+
+@pytest.fixture()
+def recorded(tmp_path: Path, tool_env: dict[str, str]) -> Path:
+    """A git + DVC project of this repository's code whose stages are recorded as done
+    (``dvc commit`` over placeholder outputs: staleness needs no real run)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in PACKAGES:
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    params = tiny_params()
+    write_params(root / "params.yaml", params)
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=root, env=tool_env, check=True)
+    data = root / params["data"]["root"]
+    for center in params["preprocess"]["centers"]:
+        (data / f"center_{center}").mkdir(parents=True)
+        (data / f"center_{center}" / "slide.tif").write_text("placeholder")
+        for suffix in ("h5", "json"):
+            path = root / params["preprocess"]["out"] / f"center_{center}.{suffix}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("placeholder")
+    (data / "lesion_annotations").mkdir()
+    (data / "stage_labels.csv").write_text("patient,stage\n")
+    for algorithm in params["train"]["algorithms"]:
+        for seed in params["train"]["seeds"]:
+            run = root / params["train"]["runs"] / algorithm / f"seed_{seed}"
+            run.mkdir(parents=True)
+            (run / "run.json").write_text("{}")
+    results = root / params["report"]["out"]
+    for name in ("tables", "plots", "curves"):
+        (results / name).mkdir(parents=True)
+        (results / name / "placeholder").write_text("")
+    (results / "metrics.json").write_text("{}")
+    subprocess.run(["dvc", "commit", "--force", "-q"], cwd=root, env=tool_env, check=True,
+                   capture_output=True)  # fmt: skip
+    return root
+
+
+def _stale(project: Path, env: dict[str, str]) -> set[str]:
+    result = subprocess.run(["dvc", "status", "--json"], cwd=project, env=env,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return set(yaml.safe_load(result.stdout) or {})
+
+
+def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
+    recorded: Path, tool_env: dict[str, str]
+) -> None:
+    assert _stale(recorded, tool_env) == set()
+
+    def edit(relative: str) -> set[str]:
+        path = recorded / relative
+        original = path.read_text()
+        path.write_text(original + "\n# an edit\n")
+        try:
+            return _stale(recorded, tool_env)
+        finally:
+            path.write_text(original)
+
+    trains = {"train@ProxyFL-0", "train@Joint-0"}
+    preprocess = {"preprocess@0", "preprocess@1"}
+    # the report's formatting: the report alone, no training run
+    assert edit("proxyfl/report/render.py") == {"report"}
+    # the store reader: every training run (and the stores' writers)
+    assert edit("wsi/store.py") == trains | preprocess
+    # the trainer: training only
+    assert edit("proxyfl/trainer.py") == trains
+    # the masks: the stores only
+    assert edit("wsi/masks.py") == preprocess
+    assert _stale(recorded, tool_env) == set()
