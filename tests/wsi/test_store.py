@@ -17,8 +17,8 @@ import h5py
 import numpy as np
 import pytest
 
-from wsi import store
 from plumbing.atomic import temporary_path
+from wsi import store
 from wsi.store import (
     PIXEL_AND_FILE_LIBRARIES,
     SCHEMA_VERSION,
