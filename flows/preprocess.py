@@ -2,7 +2,7 @@
 
     slide catalogue [-> dropped candidates of --redo-slides]
                     -> slide candidates (one task per slide, in parallel)
-                    -> centre store (one task per centre) -> patch summary
+                    -> center store (one task per centre) -> patch summary
 
     python -m flows.preprocess --data-root ROOT --out OUT --centers 0 1 2 3
     python -m flows.preprocess --patch-size 256 --patches-per-class 12 --seed 3 --workers 2
@@ -38,7 +38,7 @@ from flows.server import ServerStartError, address_towards, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters
 from tasks.preprocess import (
-    centre_store,
+    center_store,
     dropped_candidates,
     patch_summary,
     slide_candidates,
@@ -139,7 +139,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
 
     to_build = [center for center in config.centers if center not in short]
     store_futures = [
-        centre_store.submit(
+        center_store.submit(
             center,
             by_center[center],
             config.patch,

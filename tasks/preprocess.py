@@ -12,6 +12,7 @@ from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
 from prefect.states import Failed
 
+import wsi.preprocess
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, SamplingParams
@@ -21,7 +22,6 @@ from wsi.preprocess import (
     SlideFailure,
     SlideStepError,
     catalogue_failures,
-    center_store,
     record_failed_center,
     slide_patches,
     write_summary,
@@ -90,8 +90,8 @@ def slide_candidates(
     return patches
 
 
-@task(name="centre store", task_run_name="center_{center}.h5")
-def centre_store(
+@task(name="center store", task_run_name="center_{center}.h5")
+def center_store(
     center: int,
     slides: Sequence[SlidePatches],
     patch: PatchParams,
@@ -108,7 +108,7 @@ def centre_store(
     """
     logger = get_run_logger()
     try:
-        report = center_store(
+        report = wsi.preprocess.center_store(
             center, slides, patch, sampling, out, backend, slide_failures, records
         )
     except (InsufficientPatchesError, StoreError) as error:

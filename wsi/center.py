@@ -3,7 +3,7 @@
 The plan (:func:`plan_center`) samples ``patches_per_class`` patches of each label over
 the centre's slides and puts the test patients' patches in the test split, the patients
 being chosen from the catalogue before any pixel is read (:func:`catalogue_test_patients`);
-:func:`build_center_store` reads the planned pixels and writes ``center_{c}.h5``
+:func:`write_center_store` reads the planned pixels and writes ``center_{c}.h5``
 atomically. A slide whose pixels turn out to be unreadable at this stage is dropped and
 the centre re-planned without it: the stable sample replaces its patches with the next
 ones of the other slides, and no patient changes split, so one bad slide costs its own
@@ -203,7 +203,7 @@ def write_plan(
                     start += len(rows)
 
 
-def build_center_store(
+def write_center_store(
     center: int,
     slides: Sequence[SlidePatches],
     patch: PatchParams,

@@ -26,8 +26,8 @@ from wsi.center import (
     CenterResult,
     InsufficientPatchesError,
     SamplingParams,
-    build_center_store,
     catalogue_test_patients,
+    write_center_store,
 )
 from wsi.patches import (
     LABEL_NAMES,
@@ -253,7 +253,7 @@ def center_store(
     test_patients = (
         catalogue_test_patients(records, patch, sampling) if records is not None else None
     )
-    result: CenterResult = build_center_store(
+    result: CenterResult = write_center_store(
         center, slides, patch, sampling, path, reader,
         mpp=_level_mpp(slides, patch.level, backend), test_patients=test_patients,
     )  # fmt: skip

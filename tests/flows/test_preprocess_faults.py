@@ -46,7 +46,7 @@ def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
     assert _run(root, out, "--patches-per-class", "0=6", "1=100000") == 1
 
     error = capsys.readouterr().err
-    assert "centre 1 can supply only" in error and "100000 of each requested" in error
+    assert "centre 1: can supply only" in error and "100000 of each requested" in error
     recorded = json.loads((out / "failures.json").read_text())
     failures = {(f["stage"], f["slide"]): f for f in recorded}
     catalogue = failures[("catalogue", f"{root / 'stage_labels.csv'}:{line}")]

@@ -119,7 +119,7 @@ def test_short_centre_fails_naming_it(
 ) -> None:
     assert _run(synthetic_dataset.root, tmp_path / "p", "--patches-per-class", "5000") == 1
     error = capsys.readouterr().err
-    assert "centre 0 can supply only" in error and "5000 of each requested" in error
+    assert "centre 0: can supply only" in error and "5000 of each requested" in error
     assert not store_path(tmp_path / "p", 0).exists()
 
 
