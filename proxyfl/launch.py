@@ -7,7 +7,9 @@ an exception in any rank abort the whole job instead of leaving the others waiti
 
 Every line the job prints is handed to a callback as it arrives (a Prefect task forwards
 them to the run's log) and appended to ``RUN_DIR/job.log``. When the job fails,
-:class:`TrainingJobFailed` carries the exit code, the rank that failed and its last lines.
+:class:`TrainingJobFailed` carries the exit code, the rank that failed first and why (from
+the record it left in ``RUN_DIR/failures/``, :class:`proxyfl.validation.RankFailure`), and
+its last lines.
 """
 
 from __future__ import annotations
@@ -26,16 +28,13 @@ from pathlib import Path
 
 from plumbing.atomic import write_text
 from proxyfl.config import TrainConfig
+from proxyfl.validation import RankFailure, clear_failures, read_failures
 
 logger = logging.getLogger(__name__)
 
 JOB_LOG = "job.log"
+# every log line of a rank starts so (proxyfl.run's logging format): tails are kept per rank
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
-# MPICH's report of a rank that called MPI_Abort (what `-m mpi4py` does on an exception)
-_ABORTED_PROCESS = re.compile(r"MPI_Abort\(.*\)\D*process (\d+)")
-_ERROR_LEVELS = (" ERROR ", " CRITICAL ")
-# proxyfl.run's own report of a rank's setup error, printed by rank 0 for every rank
-_REPORTED_RANK = re.compile(r"error: ranks? (\d+)\b")  # "rank 1 (...)", "ranks 0 (...), 1 ..."
 
 
 def mpiexec_path() -> Path:
@@ -108,61 +107,41 @@ class TrainingJob:
 
 
 class TrainingJobFailed(RuntimeError):
-    """The MPI job exited non-zero; the message names the run, the exit code and the rank."""
+    """The MPI job exited non-zero; the message names the run, the exit code, the rank that
+    failed first and why, and that rank's last lines."""
 
-    def __init__(self, job: TrainingJob, exit_code: int, rank: int | None, lines: list[str]):
-        self.job, self.exit_code, self.rank, self.lines = job, exit_code, rank, lines
-        who = f"rank {rank}" if rank is not None else "the job"
+    def __init__(
+        self, job: TrainingJob, exit_code: int, failure: RankFailure | None, lines: list[str]
+    ):
+        self.job, self.exit_code, self.failure, self.lines = job, exit_code, failure, lines
+        self.rank = failure.rank if failure is not None else None
+        who = failure.client if failure is not None else "the job"
+        why = f" at {failure.phase}: {failure.error}" if failure is not None else ""
         tail = "\n".join(f"  {line}" for line in lines)
         super().__init__(
-            f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; "
-            f"last lines of {who} (full log: {job.out / JOB_LOG}):\n{tail}"
+            f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; {who} failed"
+            f"{why}; its last lines (full log: {job.out / JOB_LOG}):\n{tail}"
         )
 
 
 class _RankTails:
-    """The last lines of each rank, and which rank failed first.
-
-    The failing rank is, in order of trust: the rank ``proxyfl.run`` reports an error for
-    (its setup checks), the rank MPICH says called ``MPI_Abort`` (an uncaught exception
-    under ``-m mpi4py``), the first rank that logged an error.
-    """
+    """The last lines of each rank (a line without a rank prefix, such as a traceback,
+    belongs to the rank that spoke last)."""
 
     def __init__(self, keep: int) -> None:
         self.by_rank: dict[int | None, deque[str]] = defaultdict(lambda: deque(maxlen=keep))
-        self.reported: dict[int, list[str]] = defaultdict(list)
-        self.aborted: int | None = None
-        self.first_error: int | None = None
         self._current: int | None = None
 
     def add(self, line: str) -> None:
-        reported = _REPORTED_RANK.search(line)
-        if reported:
-            self.reported[int(reported.group(1))].append(line)
         prefix = _RANK_PREFIX.search(line)
         if prefix:
             self._current = int(prefix.group(1))
-            if self.first_error is None and any(level in line for level in _ERROR_LEVELS):
-                self.first_error = self._current
-        else:
-            # an unprefixed line (a traceback) continues the rank that spoke last
-            abort = _ABORTED_PROCESS.search(line)
-            if abort and self.aborted is None:
-                self.aborted = int(abort.group(1))
         self.by_rank[self._current].append(line)
 
-    def failing_rank(self) -> int | None:
-        if self.reported:
-            return min(self.reported)
-        return self.aborted if self.aborted is not None else self.first_error
-
     def lines_of(self, rank: int | None) -> list[str]:
-        """The rank's own last lines, then what was reported about it."""
-        if rank is None:
+        if rank is None or not self.by_rank.get(rank):
             return [line for lines in self.by_rank.values() for line in lines]
-        own = list(self.by_rank.get(rank, ()))
-        lines = own + [line for line in self.reported.get(rank, ()) if line not in own]
-        return lines or self.lines_of(None)
+        return list(self.by_rank[rank])
 
 
 def run_job(
@@ -178,6 +157,7 @@ def run_job(
     terminated, so no rank is left running.
     """
     job.write_config()
+    clear_failures(job.out)
     command = job.command()
     logger.info("launching %s", " ".join(command))
     tails = _RankTails(tail_lines)
@@ -206,8 +186,10 @@ def run_job(
             _terminate(process)
             raise
     if exit_code != 0:
-        rank = tails.failing_rank()
-        raise TrainingJobFailed(job, exit_code, rank, tails.lines_of(rank))
+        failures = read_failures(job.out)
+        first = failures[0] if failures else None
+        lines = tails.lines_of(first.rank if first else None)
+        raise TrainingJobFailed(job, exit_code, first, lines)
 
 
 def _terminate(process: subprocess.Popen[str], grace_seconds: float = 10.0) -> None:

@@ -27,7 +27,15 @@ from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from proxyfl.config import TrainConfig
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
-from proxyfl.validation import SetupError, agree, check_or_exit, exit_together, run_phase
+from proxyfl.validation import (
+    RankFailure,
+    SetupError,
+    agree,
+    check_or_exit,
+    exit_together,
+    record_failure,
+    run_phase,
+)
 from wsi.store import StoreError, read_store_info, store_path
 
 if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
@@ -243,13 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_or_exit(comm, error)
     assert config is not None
     label = _client_label(config, size)
+    _, run_dir = config.require_paths()
 
     _, error = run_phase(lambda: check_world(config, size))
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     plan, error = run_phase(lambda: check_stores(config, rank, size))
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     assert plan is not None
-    _, run_dir = config.require_paths()
 
     from proxyfl import checkpoint as ckpt
     from proxyfl.algorithms import strategy_for
@@ -258,10 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.trainer import ClientTrainer, StopAfterRound, latest_common_round, run_training
 
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     assert runtime is not None
     data, error = run_phase(lambda: open_client_data(config, plan))
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     assert data is not None
 
     def build() -> ClientTrainer:
@@ -277,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     trainer, error = run_phase(build)
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     assert trainer is not None
 
     def resume() -> int:
@@ -292,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return common
 
     start_round, error = run_phase(resume)
-    _fail_if_any(comm, error, label)
+    _fail_if_any(comm, error, label, run_dir)
     assert start_round is not None
 
     if not config.resume or start_round == 0:
@@ -309,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StopAfterRound:
         logger.warning("stopping after round %s (test hook)", config.stop_after_round)
         raise
+    except Exception as failure:  # named for the launcher, then -m mpi4py aborts the job
+        record_failure(run_dir, RankFailure(rank=rank, client=label(rank), phase="training",
+                                            error=f"{type(failure).__name__}: {failure}"))
+        raise
 
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
@@ -320,7 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _fail_if_any(comm: Any, error: str | None, label: Any) -> None:
+def _fail_if_any(comm: Any, error: str | None, label: Any, run_dir: Path) -> None:
+    """Every rank exits (status 2) if any failed; each failed rank leaves its record."""
+    if error is not None:
+        rank = comm.Get_rank()
+        record_failure(run_dir, RankFailure(rank=rank, client=label(rank), phase="setup",
+                                            error=error))  # fmt: skip
     messages = agree(comm, error, label)
     if messages:
         exit_together(comm, messages)

@@ -9,10 +9,16 @@ message (prefixed with the failing rank) and all ranks exit with status 2.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TypeVar
 
+from pydantic import BaseModel, Field
+
+from plumbing.atomic import write_text
 from plumbing.errors import PipelineError
 
 logger = logging.getLogger(__name__)
@@ -25,6 +31,48 @@ class SetupError(PipelineError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(None, reason)
+
+
+FAILURES_DIR = "failures"
+
+
+class RankFailure(BaseModel):
+    """What a rank that fails leaves in ``RUN_DIR/failures/rank_{k}.json`` for the launcher
+    (:mod:`proxyfl.launch`) to name it: which rank, at which phase, and why."""
+
+    rank: int = Field(ge=0)
+    client: str = Field(description="the rank as the user knows it: 'rank 1 (centre 1)'")
+    phase: Literal["setup", "training"]
+    error: str
+    time: float = Field(default_factory=time.time, description="when it failed (epoch s)")
+
+
+def failure_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / FAILURES_DIR / f"rank_{rank}.json"
+
+
+def record_failure(run_dir: Path, failure: RankFailure) -> None:
+    """Leave ``failure`` for the launcher; never raises (the rank is failing already)."""
+    try:
+        write_text(failure_path(run_dir, failure.rank), failure.model_dump_json(indent=2) + "\n")
+    except OSError as error:
+        logger.warning("could not record the failure in %s: %s", run_dir, error)
+
+
+def read_failures(run_dir: Path) -> list[RankFailure]:
+    """The failures a job's ranks recorded, the first to fail first."""
+    failures = []
+    for path in sorted((Path(run_dir) / FAILURES_DIR).glob("rank_*.json")):
+        try:
+            failures.append(RankFailure.model_validate_json(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as error:
+            logger.warning("unreadable failure record %s: %s", path, error)
+    return sorted(failures, key=lambda failure: (failure.time, failure.rank))
+
+
+def clear_failures(run_dir: Path) -> None:
+    """Forget the failures of an earlier attempt (the launcher, before a job starts)."""
+    shutil.rmtree(Path(run_dir) / FAILURES_DIR, ignore_errors=True)
 
 
 def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:

@@ -12,6 +12,7 @@ import pytest
 
 from proxyfl.config import TrainConfig
 from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
+from proxyfl.validation import read_failures
 from wsi.store import store_path
 
 OPTIONS = {
@@ -68,7 +69,9 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
         run_job(job, on_line=lambda _: None)
     error = failure.value
     assert error.exit_code != 0
-    assert error.rank == 1
+    # named from the record the rank left, not from what the log says
+    assert error.rank == 1 and error.failure is not None and error.failure.phase == "training"
+    assert [f.rank for f in read_failures(job.out)] == [1]
     message = str(error)
     assert "ProxyFL seed 0 failed with exit code" in message and "rank 1" in message
     assert "rank 1 (centre 1)" in message and "read data" in message  # HDF5's own reason
