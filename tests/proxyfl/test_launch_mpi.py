@@ -69,8 +69,8 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
         run_job(job, on_line=lambda _: None)
     error = failure.value
     assert error.exit_code != 0
-    # named from the record the rank left, not from what the log says
-    assert error.rank == 1 and error.failure is not None and error.failure.phase == "training"
+    # named from the record the rank left, not from what the log says (patches load at setup)
+    assert error.rank == 1 and error.failure is not None and error.failure.phase == "setup"
     assert [f.rank for f in read_failures(job.out)] == [1]
     message = str(error)
     assert "ProxyFL seed 0 failed with exit code" in message and "rank 1" in message
