@@ -31,8 +31,8 @@ from plumbing.cli import (
     read_yaml,
     validate,
 )
-from proxyfl.config import Algorithm, TrainConfig, TrainOptions
-from proxyfl.names import ALGORITHMS
+from proxyfl.config import TrainConfig, TrainOptions
+from proxyfl.names import ALGORITHMS, Algorithm
 from wsi.params import PatchParams, SamplingParams, SamplingRules
 
 DEFAULT_PARAMS = Path("params.yaml")

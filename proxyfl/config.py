@@ -18,11 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from plumbing.cli import ConfigError
 from proxyfl.graphs import parse_schedule_spec
-from proxyfl.names import ALGORITHMS, MODEL_NAMES
+from proxyfl.names import ALGORITHMS, MODEL_NAMES, Algorithm
 
 logger = logging.getLogger(__name__)
 
-Algorithm = Literal["ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Joint"]
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 

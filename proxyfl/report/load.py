@@ -18,11 +18,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxyfl.names import ALGORITHMS
 from proxyfl.results import METRICS_FILE, RUN_FILE, MetricRow
 
 logger = logging.getLogger(__name__)
 
-PAPER_ORDER: tuple[str, ...] = ("Regular", "AvgPush", "CWT", "FedAvg", "FML", "ProxyFL", "Joint")
+PAPER_ORDER: tuple[str, ...] = ALGORITHMS
 JOINT = "Joint"
 _SEED_DIR = re.compile(r"^seed_(\d+)$")
 
