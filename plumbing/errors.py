@@ -15,6 +15,12 @@ from typing import Any
 Subject = str | os.PathLike[str] | None
 
 
+def describe(error: BaseException) -> str:
+    """``"OSError: reason"``: an error from a library, as one line for a report."""
+    text = " ".join(str(error).split()) or "no message"
+    return f"{type(error).__name__}: {text}"
+
+
 class PipelineError(Exception):
     """``subject: reason``; ``subject`` may be ``None`` when the reason says it all."""
 

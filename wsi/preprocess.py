@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from plumbing.atomic import atomic_write
+from plumbing.atomic import write_json, write_text
 from plumbing.errors import PipelineError
 from wsi.annotations import AnnotationError, check_regions_on_slide, read_asap
 from wsi.cache import CandidateCache
@@ -206,7 +206,7 @@ def record_failed_center(
         status="failed",
         error=error,
     )
-    write_json_atomic(report_path(out_dir, center), report.to_json())
+    write_json(report_path(out_dir, center), report.to_json(), sort_keys=True)
     return report
 
 
@@ -275,17 +275,8 @@ def center_store(
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],
     )
-    write_json_atomic(report_path(out_dir, center), report.to_json())
+    write_json(report_path(out_dir, center), report.to_json(), sort_keys=True)
     return report
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    with atomic_write(path, "w") as handle:
-        handle.write(text)
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def summary_rows(reports: Sequence[CenterReport]) -> list[dict[str, object]]:
@@ -326,15 +317,16 @@ def write_summary(
     reports = read_center_reports(out_dir)
     failures = [f for report in reports for f in report.failures] + list(extra_failures)
     rows = summary_rows(reports)
-    write_json_atomic(
+    write_json(
         out_dir / "summary.json",
         {"centers": {str(r.center): r.to_json() for r in reports}, "table": rows},
+        sort_keys=True,
     )
     buffer = io.StringIO()
     if rows:
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    write_text_atomic(out_dir / "summary.csv", buffer.getvalue())
-    write_json_atomic(out_dir / "failures.json", [asdict(f) for f in failures])
+    write_text(out_dir / "summary.csv", buffer.getvalue())
+    write_json(out_dir / "failures.json", [asdict(f) for f in failures], sort_keys=True)
     return rows

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from plumbing.errors import PipelineError
+from plumbing.errors import PipelineError, describe
 
 Backend = Literal["openslide", "tiffslide", "auto"]
 BACKENDS: tuple[str, ...] = ("openslide", "tiffslide")
@@ -61,11 +61,6 @@ _OPENERS: dict[str, Callable[[Path], Any]] = {
     "openslide": _open_openslide,
     "tiffslide": _open_tiffslide,
 }
-
-
-def _describe(error: BaseException) -> str:
-    text = str(error).strip() or "no message"
-    return f"{type(error).__name__}: {text}"
 
 
 def composite_on_white(pixels: np.ndarray) -> np.ndarray:
@@ -146,7 +141,7 @@ class Slide:
         try:
             region = self._handle.read_region((int(x), int(y)), level, (width, height))
         except Exception as error:
-            raise SlideReadError(self.path, {self.backend: _describe(error)}) from error
+            raise SlideReadError(self.path, {self.backend: describe(error)}) from error
         pixels = composite_on_white(np.asarray(region))
         return self._whiten_outside(pixels, x, y, level)
 
@@ -453,7 +448,7 @@ def open_slide(
             handle = _OPENERS[name](path)
             _probe(handle)
         except Exception as error:
-            reasons[name] = _describe(error)
+            reasons[name] = describe(error)
             if handle is not None:
                 handle.close()
             continue

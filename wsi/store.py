@@ -14,8 +14,9 @@ One file per centre (``center_{c}.h5``)::
 Uncompressed one-patch chunks: lossless compression costs 10-40x write speed for 5-20 % of
 size on H&E patches, and single-patch chunks read at ~1000 patches/s cold.
 
-The writer fills a temporary file beside the target and ``os.replace``s it into place
-only when every split is complete, so a crash never leaves a store that looks whole.
+The writer fills a temporary file beside the target and commits it into place
+(:func:`plumbing.atomic.commit`) only when every split is complete, so a crash never
+leaves a store that looks whole.
 It checks the free space first (:func:`store_bytes_needed`), and a disk that fills up
 anyway ends in one :class:`StoreError` with the temporary removed (see
 :class:`PatchStoreWriter`). The same inputs give the same bytes: no timestamps are
@@ -42,7 +43,7 @@ from types import TracebackType
 import h5py
 import numpy as np
 
-from plumbing.atomic import remove_stale_temporaries, temporary_path
+from plumbing.atomic import commit, remove_stale_temporaries, temporary_path
 from plumbing.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -415,7 +416,7 @@ class PatchStoreWriter:
             self._file.flush()
             self._file.close()
             self._file = None
-            os.replace(self._tmp, self.path)
+            commit(self._tmp, self.path)  # fsync, rename, fsync the directory
         except BaseException as error:
             self._discard(error)
             self._raise_if_disk_full(error)

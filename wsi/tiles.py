@@ -42,6 +42,7 @@ import imagecodecs
 import numpy as np
 import tifffile
 
+from plumbing.errors import describe
 from wsi.slide import WHITE, Backend, SlideReadError, open_slide
 
 PatchBackend = Literal["auto", "tiles", "openslide", "tiffslide"]
@@ -122,11 +123,6 @@ def _check_page(path: Path, page: Any) -> None:
         raise TileReaderUnsupported(path, "no tile size")
 
 
-def _describe(error: BaseException) -> str:
-    text = str(error).strip() or "no message"
-    return f"{type(error).__name__}: {text}"
-
-
 class TileReader:
     """Reads patches of one pyramid level of a tiled TIFF by decoding its tiles directly.
 
@@ -147,7 +143,7 @@ class TileReader:
         try:
             self._tif = tifffile.TiffFile(self.path)
         except Exception as error:
-            raise TileReaderUnsupported(self.path, f"not a TIFF: {_describe(error)}") from error
+            raise TileReaderUnsupported(self.path, f"not a TIFF: {describe(error)}") from error
         self._fd = -1
         try:
             self._setup(level, cache_tiles)
@@ -160,7 +156,7 @@ class TileReader:
         try:
             pages = _pyramid_pages(self._tif)
         except Exception as error:
-            raise TileReaderUnsupported(self.path, _describe(error)) from error
+            raise TileReaderUnsupported(self.path, describe(error)) from error
         if not pages:
             raise TileReaderUnsupported(self.path, "no tiled images")
         if not 0 <= level < len(pages):
@@ -310,7 +306,7 @@ class TileReader:
                 tile = self._decode_tile(data, index)
             except Exception as error:
                 raise SlideReadError(
-                    self.path, {"tiles": f"tile {index}: {_describe(error)}"}
+                    self.path, {"tiles": f"tile {index}: {describe(error)}"}
                 ) from error
             self.tiles_decoded += 1
         cache[index] = tile
