@@ -1,7 +1,8 @@
 """Differentially private proxy-based federated learning (ProxyFL) and its baselines over MPI.
 
 One MPI rank is one client (one centre's HDF5 patch store). The entry point is
-``mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --out RUN_DIR``;
+``mpiexec -n K python -m mpi4py -m proxyfl.run --config RUN_DIR/config.json`` (or flags:
+``--algorithm ALG --data DIR --out RUN_DIR ...``);
 ``python -m proxyfl.privacy`` prints the (ε, δ) each client will spend.
 
 Modules, one idea each: :mod:`~proxyfl.config` (validated run configuration),
@@ -11,8 +12,9 @@ Modules, one idea each: :mod:`~proxyfl.config` (validated run configuration),
 schedules), :mod:`~proxyfl.comm` (model exchange over mpi4py buffers),
 :mod:`~proxyfl.algorithms` (the seven strategies), :mod:`~proxyfl.trainer` (the shared
 loop), :mod:`~proxyfl.evaluate` (accuracy, macro-accuracy), :mod:`~proxyfl.checkpoint`,
-:mod:`~proxyfl.results` (metrics.jsonl / run.json), :mod:`~proxyfl.runtime` (MPI, devices,
-seeds), :mod:`~proxyfl.validation` (agreeing on bad input across ranks).
+:mod:`~proxyfl.results` (metrics.jsonl / run.json), :mod:`~proxyfl.report` (tables,
+curves, figures), :mod:`~proxyfl.runtime` (MPI, devices, seeds), :mod:`~proxyfl.validation`
+(agreeing on bad input across ranks, failure records).
 """
 
 __all__: list[str] = []
