@@ -38,6 +38,7 @@ import numpy as np
 import tifffile
 from scipy import ndimage
 
+from plumbing.atomic import atomic_path
 from wsi.synth import auto_level_count, level_dimensions, write_asap_xml
 
 log = logging.getLogger(__name__)
@@ -286,37 +287,33 @@ def write_slide(spec: SlideSpec, path: Path, annotation: Path) -> WrittenSlide:
     glass = _glass(rng, spec.tile)
     glass_bytes = _encode(glass, spec.jpeg_quality)
     glass_float = glass.astype(np.float32)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with (
-            tifffile.TiffWriter(temporary, bigtiff=True) as writer,
-            ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool,
-        ):
-            for level, (w, h) in enumerate(dims):
-                encoded = [_encode(t, spec.jpeg_quality) for t in textures[level]]
-                pixels_per_cm = 1e4 / (spec.mpp * 2**level)
-                writer.write(
-                    _level_tiles(
-                        spec, alpha, level, (h, w), textures[level], encoded,
-                        glass_float, glass_bytes, pool,
-                    ),
-                    shape=(h, w, 3),
-                    dtype=np.uint8,
-                    photometric="rgb",
-                    tile=(spec.tile, spec.tile),
-                    compression="jpeg",
-                    compressionargs={"level": spec.jpeg_quality},
-                    resolution=(pixels_per_cm, pixels_per_cm),
-                    resolutionunit="CENTIMETER",
-                    subfiletype=1 if level else 0,
-                    description="Synthetic slide (bench.slidegen)" if level == 0 else None,
-                    metadata=None,
-                    software=False,
-                )  # fmt: skip
-                log.info("level %d (%dx%d) written", level, w, h)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with (
+        atomic_path(path) as temporary,
+        tifffile.TiffWriter(temporary, bigtiff=True) as writer,
+        ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool,
+    ):
+        for level, (w, h) in enumerate(dims):
+            encoded = [_encode(t, spec.jpeg_quality) for t in textures[level]]
+            pixels_per_cm = 1e4 / (spec.mpp * 2**level)
+            writer.write(
+                _level_tiles(
+                    spec, alpha, level, (h, w), textures[level], encoded,
+                    glass_float, glass_bytes, pool,
+                ),
+                shape=(h, w, 3),
+                dtype=np.uint8,
+                photometric="rgb",
+                tile=(spec.tile, spec.tile),
+                compression="jpeg",
+                compressionargs={"level": spec.jpeg_quality},
+                resolution=(pixels_per_cm, pixels_per_cm),
+                resolutionunit="CENTIMETER",
+                subfiletype=1 if level else 0,
+                description="Synthetic slide (bench.slidegen)" if level == 0 else None,
+                metadata=None,
+                software=False,
+            )  # fmt: skip
+            log.info("level %d (%dx%d) written", level, w, h)
     return WrittenSlide(
         path=path,
         annotation=annotation,

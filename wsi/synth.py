@@ -60,8 +60,8 @@ Rules the generated data follow
 * **Determinism.** Everything is drawn from ``numpy.random.default_rng`` streams keyed
   by ``(seed, patient, node, purpose)``, no timestamps are written, so the same
   configuration gives byte-identical files whatever the order or the number of
-  workers. Each file is written under a temporary name beside its target and
-  ``os.replace``d into place.
+  workers. Each file is written atomically (:mod:`plumbing.atomic`: a temporary beside
+  its target, renamed into place).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ from scipy.spatial.distance import pdist
 from skimage.draw import polygon as fill_polygon
 from skimage.measure import points_in_poly
 
+from plumbing.atomic import atomic_path, write_bytes
 from wsi.catalogue import ANNOTATIONS_DIR, LABELS_FILE, NODE_LABELS, PATIENTS_PER_CENTER
 
 log = logging.getLogger(__name__)
@@ -350,21 +351,7 @@ def write_asap_xml(
         lines.append("\t\t\t<Attributes />")
         lines.append("\t\t</Group>")
     lines += ["\t</AnnotationGroups>", "</ASAP_Annotations>"]
-    _write_atomically(Path(path), ("\n".join(lines) + "\n").encode("ascii"))
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = _temporary_path(path)
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _temporary_path(path: Path) -> Path:
-    # Not ending in .tif/.xml/.csv, so that a scan of a half-written dataset ignores it.
-    return path.with_name(f".{path.name}.{os.getpid()}.partial")
+    write_bytes(Path(path), ("\n".join(lines) + "\n").encode("ascii"))
 
 
 # --------------------------------------------------------------------------------------
@@ -505,21 +492,16 @@ def write_pyramidal_tiff(
             options["description"] = description
         return options
 
-    temporary = _temporary_path(path)
-    try:
-        with tifffile.TiffWriter(temporary, bigtiff=True) as writer:
-            writer.write(level0_tiles(), shape=(height, width, 3), **page_options(0))
-            current = level1
-            for level in range(1, levels):
-                assert current is not None
-                w, h = dims[level]
-                current = current[:h, :w]
-                writer.write(_tiles_of(current, tile_size), shape=(h, w, 3), **page_options(level))
-                if level + 1 < levels:
-                    current = _halve(current)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_path(path) as temporary, tifffile.TiffWriter(temporary, bigtiff=True) as writer:
+        writer.write(level0_tiles(), shape=(height, width, 3), **page_options(0))
+        current = level1
+        for level in range(1, levels):
+            assert current is not None
+            w, h = dims[level]
+            current = current[:h, :w]
+            writer.write(_tiles_of(current, tile_size), shape=(h, w, 3), **page_options(level))
+            if level + 1 < levels:
+                current = _halve(current)
     return dims
 
 
@@ -1254,7 +1236,7 @@ def generate_dataset(
             done(generate_slide(task))
 
     stage_labels_path = root / LABELS_FILE
-    _write_atomically(stage_labels_path, stage_labels_text(labels).encode("ascii"))
+    write_bytes(stage_labels_path, stage_labels_text(labels).encode("ascii"))
     slides.sort(key=lambda s: (s.patient, s.node))
     return SynthManifest(
         root=root,

@@ -139,7 +139,7 @@ def test_write_pyramidal_tiff_from_array_and_bands(tmp_path: Path) -> None:
         from_bands, bands, shape=(height, width), mpp=0.5, tile_size=128, levels=3
     )
     assert from_array.read_bytes() == from_bands.read_bytes()
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith((".partial", ".tmp"))] == []
     with tiffslide.TiffSlide(from_array) as slide:
         assert slide.level_dimensions == tuple(dims)
         assert float(slide.properties["tiffslide.mpp-x"]) == pytest.approx(0.5)
@@ -184,7 +184,7 @@ def test_layout_and_stage_labels_match_the_files(synthetic_dataset: SynthManifes
         patient = int(stem[8:11])
         center = patient // 20
         assert path == root / f"center_{center}" / f"patient_{patient:03d}" / f"{stem}.tif"
-    assert not list(root.rglob("*.partial"))
+    assert not list(root.rglob("*.partial")) and not list(root.rglob("*.tmp"))
 
     for patient, stage in patients.items():
         labels = [nodes[f"{patient}_node_{n}"] for n in range(5)]
