@@ -151,6 +151,11 @@ class TrainSection(Section):
     options: TrainOptions = Field(
         default_factory=TrainOptions, description="how every client trains"
     )
+    retries: int = Field(
+        1, ge=0,
+        description="times a failed job is launched again, resuming from its last round "
+        "that every rank completed (bad input, exit 2, is not retried)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _every_job_is_valid(self) -> TrainSection:
@@ -162,10 +167,12 @@ class TrainSection(Section):
         return self.runs / algorithm / f"seed_{seed}"
 
     def job_config(self, algorithm: str, seed: int) -> TrainConfig:
-        """The validated configuration one job will run with."""
+        """The validated configuration one job will run with. It always resumes: a run
+        directory left by a killed or failed attempt continues from its last round that
+        every rank completed (one without checkpoints starts from round 1)."""
         return TrainConfig(
             **self.options.model_dump(), algorithm=algorithm, seed=seed, data=self.data,
-            out=self.run_dir(algorithm, seed), centers=list(self.centers),
+            out=self.run_dir(algorithm, seed), centers=list(self.centers), resume=True,
         )  # fmt: skip
 
     def job_configs(self) -> list[TrainConfig]:

@@ -23,6 +23,7 @@ from flows.report import report
 from flows.server import ServerStartError, address_towards, shared_prefect_api
 from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import end_with_parent
 from proxyfl.launch import TrainingJobFailed
 from proxyfl.report import ReportError, ReportPaths
 
@@ -66,4 +67,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_with_parent()
     sys.exit(main())

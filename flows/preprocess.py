@@ -37,6 +37,7 @@ from flows.processes import ParentBoundProcessPool
 from flows.server import ServerStartError, address_towards, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import end_with_parent
 from tasks.preprocess import (
     center_store,
     dropped_candidates,
@@ -268,4 +269,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_with_parent()
     sys.exit(main())

@@ -22,6 +22,7 @@ from rich.markdown import Markdown
 
 from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
 from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import end_with_parent
 from proxyfl.report import ReportError, ReportPaths
 from tasks.report import finished_runs, report_files
 
@@ -66,4 +67,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_with_parent()
     sys.exit(main())

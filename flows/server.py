@@ -9,7 +9,7 @@ already set, the command simply runs against that server.
 
 :func:`shared_prefect_api` does the same for one flow run and the worker processes it
 starts (``python -m flows.preprocess``). The server dies with the process that started it,
-even when that one is killed (:mod:`flows.processes`).
+even when that one is killed (:mod:`plumbing.processes`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from flows.processes import parent_bound_command
+from plumbing.processes import parent_bound_command
 
 log = logging.getLogger(__name__)
 

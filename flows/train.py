@@ -21,6 +21,7 @@ from prefect import flow
 
 from camelyon_proxyfl.params import ParamsCommand, TrainSection
 from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import end_with_parent
 from proxyfl.config import TrainOptions
 from proxyfl.launch import TrainingJob, TrainingJobFailed
 from tasks.train import training_run
@@ -29,7 +30,8 @@ from tasks.train import training_run
 @flow(name="train")
 def train(config: TrainSection) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order."""
-    return [training_run(TrainingJob(job)) for job in config.job_configs()]
+    run = training_run.with_options(retries=config.retries)
+    return [run(TrainingJob(job)) for job in config.job_configs()]
 
 
 def parse_config(argv: list[str] | None) -> TrainSection:
@@ -54,4 +56,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    end_with_parent()
     sys.exit(main())

@@ -11,12 +11,13 @@ rank still holds the round that all ranks agree on (the minimum of their latest 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from plumbing.atomic import atomic_path
 
 _PATTERN = re.compile(r"round_(\d+)\.pt$")
 
@@ -47,10 +48,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``state`` atomically, then delete all but the newest ``keep`` checkpoints."""
     path = checkpoint_path(run_dir, rank, round_number)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as temporary:  # removed if saving fails or is interrupted
+        torch.save(state, temporary)
     for old in available_rounds(run_dir, rank)[:-keep]:
         checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
     return path

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.atomic import write_text
+from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
 from proxyfl.validation import RankFailure, clear_failures, read_failures
 
@@ -158,8 +159,9 @@ def run_job(
     """
     job.write_config()
     clear_failures(job.out)
-    command = job.command()
-    logger.info("launching %s", " ".join(command))
+    # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
+    command = parent_bound_command(job.command(), signal.SIGTERM)
+    logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
     process_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with (

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from proxyfl.config import TrainConfig
 from proxyfl.names import JOINT_CENTER
@@ -219,7 +220,7 @@ def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
 
 
 def check_resumable(config: TrainConfig, run_dir: Path) -> None:
-    """A resumed run must have the configuration it started with."""
+    """A run resumed from checkpoints must have the configuration it started with."""
     run_file = run_dir / RUN_FILE
     if not run_file.is_file():
         return
@@ -227,7 +228,10 @@ def check_resumable(config: TrainConfig, run_dir: Path) -> None:
     current = json.loads(json.dumps(config.fingerprint()))
     if saved is not None and saved != current:
         changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-        raise SetupError(f"--resume with a changed configuration ({', '.join(changed)})")
+        raise SetupError(
+            f"the checkpoints in {run_dir} were made with another configuration (changed: "
+            f"{', '.join(changed)}); restore it, or delete {run_dir} to start over"
+        )
 
 
 def _configure_logging(rank: int) -> None:
@@ -273,8 +277,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert data is not None
 
     def build() -> ClientTrainer:
-        if config.resume:
-            check_resumable(config, run_dir)
         return ClientTrainer(
             config=config,
             runtime=runtime,
@@ -291,12 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def resume() -> int:
         if not config.resume:
             return 0
+        # a write cut short (a kill inside torch.save) leaves a temporary, never a checkpoint
+        remove_stale_temporaries(ckpt.checkpoint_dir(run_dir, rank))
         common = latest_common_round(comm, run_dir, rank)
         if common:
+            check_resumable(config, run_dir)
             trainer.load_state_dict(ckpt.load_checkpoint(run_dir, rank, common))
             logger.info("resuming after round %d", common)
         else:
-            logger.info("--resume: no checkpoints in %s, starting from round 1", run_dir)
+            logger.info("resume: no round that every rank completed in %s, starting from "
+                        "round 1", run_dir)  # fmt: skip
         return common
 
     start_round, error = run_phase(resume)

@@ -324,12 +324,22 @@ class ClientTrainer:
 
 
 def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
-    """The newest round every rank has a checkpoint for (0: none)."""
+    """The newest round every rank has a complete checkpoint for (0: none). Rank 0 says
+    what each rank has when they differ, so a fresh start is never a surprise."""
     mine = ckpt.available_rounds(run_dir, rank)
-    latest = comm.allgather(mine[-1] if mine else 0)
-    common = min(latest)
+    everyone = comm.allgather(mine)
+    common = min((rounds[-1] if rounds else 0) for rounds in everyone)
     if common and common not in mine:
         raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
+    if rank == 0 and any(rounds != everyone[0] for rounds in everyone):
+        held = "; ".join(
+            f"rank {r}: " + (f"rounds {', '.join(map(str, rounds))}" if rounds
+                             else "no complete checkpoint")
+            for r, rounds in enumerate(everyone)
+        )  # fmt: skip
+        outcome = f"resuming after round {common}" if common else "starting from round 1"
+        logger.info("checkpoints differ between ranks (%s): %s, the latest all completed",
+                    held, outcome)  # fmt: skip
     return common
 
 

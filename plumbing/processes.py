@@ -1,0 +1,76 @@
+"""Child processes that do not outlive the process that started them (Linux).
+
+A process killed with SIGKILL runs no cleanup, so its children (process-pool workers, a
+Prefect server, an MPI job) would otherwise live on with PPID 1. On Linux each such child
+asks the kernel for a signal when its parent dies (``PR_SET_PDEATHSIG``):
+
+- a process calls :func:`die_with_parent` for itself (a pool worker as its initializer, a
+  command at its start);
+- programs started with ``subprocess`` are wrapped by :func:`parent_bound_command`.
+
+The kernel sends the signal when the *thread* that forked the child exits, so children
+must be forked from threads that live as long as they do. Elsewhere than on Linux this
+module does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# What parent_bound_command runs before the program: the same steps as die_with_parent,
+# then exec (the death signal survives execve). Inline rather than `-m plumbing.processes`
+# so that it needs nothing importable; no preexec_fn, which is unsafe once threads run.
+_EXEC_BOUND = (
+    "import ctypes, os, sys\n"
+    "if ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]), 0, 0, 0) != 0:\n"
+    "    raise OSError(ctypes.get_errno(), 'prctl(PR_SET_PDEATHSIG) failed')\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
+
+
+def binds_children() -> bool:
+    """Whether children can be bound to their parent here (Linux only)."""
+    return sys.platform.startswith("linux")
+
+
+def die_with_parent(parent_pid: int, signal_number: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``signal_number`` to the calling process when its parent dies.
+
+    ``parent_pid`` is the parent that started us: if it is no longer our parent, it died
+    before the request took effect, and we exit at once. Does nothing off Linux.
+    """
+    if not binds_children():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal_number), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def parent_bound_command(
+    argv: Sequence[str], signal_number: int = signal.SIGKILL
+) -> list[str]:
+    """``argv`` (an executable's path, then its arguments) as a command whose process gets
+    ``signal_number`` when the calling process dies; ``argv`` itself off Linux. SIGTERM
+    lets a program that has children of its own (``mpiexec``) stop them first."""
+    if not binds_children():
+        return list(argv)
+    return [sys.executable, "-c", _EXEC_BOUND, str(os.getpid()), str(int(signal_number)),
+            *argv]  # fmt: skip
+
+
+def end_with_parent() -> None:
+    """For a command's ``__main__``: SIGTERM when the process that ran it dies, so that a
+    ``dvc repro`` killed outright takes its stage's command (and, through their own
+    binding, that command's children) with it."""
+    die_with_parent(os.getppid(), signal.SIGTERM)
