@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
+from flows.server import ServerStartError, shared_prefect_api
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
 from proxyfl.report import ReportError, ReportPaths
@@ -59,8 +60,9 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     try:
-        report(config)
-    except ReportError as error:
+        with shared_prefect_api():  # one server, bound to this process
+            report(config)
+    except (ReportError, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from prefect import flow
 
 from camelyon_proxyfl.params import ParamsCommand, TrainSection
+from flows.server import ServerStartError, shared_prefect_api
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
 from proxyfl.config import TrainOptions
@@ -48,8 +49,9 @@ def parse_config(argv: list[str] | None) -> TrainSection:
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     try:
-        train(config)
-    except TrainingJobFailed as error:
+        with shared_prefect_api():  # one server, bound to this process
+            train(config)
+    except (TrainingJobFailed, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,48 @@
+"""Checkpoints are written whole or not at all, and a write cut short leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from plumbing.atomic import remove_stale_temporaries, temporary_path
+from proxyfl.checkpoint import available_rounds, checkpoint_path, load_checkpoint, save_checkpoint
+
+
+class _Unpicklable:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("disk gone"), KeyboardInterrupt()])
+def test_a_failed_save_leaves_no_temporary_and_the_last_checkpoint_intact(
+    tmp_path: Path, error: BaseException
+) -> None:
+    save_checkpoint(tmp_path, 0, 1, {"weights": torch.ones(3)})
+    with pytest.raises(type(error)):
+        save_checkpoint(tmp_path, 0, 2, {"weights": torch.ones(3), "bad": _Unpicklable(error)})
+    directory = checkpoint_path(tmp_path, 0, 1).parent
+    assert sorted(p.name for p in directory.iterdir()) == ["round_0001.pt"]
+    assert available_rounds(tmp_path, 0) == [1]
+    assert torch.equal(load_checkpoint(tmp_path, 0, 1)["weights"], torch.ones(3))
+
+
+def test_a_temporary_of_a_killed_writer_is_swept_and_never_counted(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 0, 1, {"weights": torch.zeros(2)})
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = temporary_path(checkpoint_path(tmp_path, 0, 2), pid=int(dead.stdout))
+    stale.write_bytes(b"half a checkpoint")
+    live = temporary_path(checkpoint_path(tmp_path, 0, 3), pid=os.getpid())
+    live.write_bytes(b"being written")
+    assert available_rounds(tmp_path, 0) == [1]
+    assert remove_stale_temporaries(stale.parent) == [stale]
+    assert live.exists()  # a live writer's file is never removed
