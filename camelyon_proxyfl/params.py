@@ -34,21 +34,13 @@ from plumbing.cli import (
 from proxyfl.config import TrainConfig, TrainOptions
 from proxyfl.names import ALGORITHMS, Algorithm
 from wsi.params import PatchParams, SamplingParams, SamplingRules
+from wsi.synth.config import SynthSettings
 
 DEFAULT_PARAMS = Path("params.yaml")
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SynthSettings(Section):  # placeholder until wsi.synth's model lands
-    patients_per_center: int = 2
-    seed: int = 0
-    num_centers: int = 5
-    width: int = 6144
-    height: int = 4096
-    workers: int = 2
 
 
 class DataSection(Section):

@@ -22,11 +22,14 @@ from __future__ import annotations
 import logging
 import os
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
+from plumbing.atomic import write_bytes
 from plumbing.errors import PipelineError
 
 TUMOR_GROUPS: frozenset[str] = frozenset({"metastases", "Tumor", "_0", "_1"})
@@ -308,3 +311,56 @@ def check_regions_on_slide(
         problem = region_problem(region, width, height, max_area_fraction)
         if problem is not None:
             raise AnnotationError(annotations.path, f"{region.description} {problem}")
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+
+# (annotation colour, group colour) as ASAP draws them, by group
+_ASAP_COLOURS = {"metastases": ("#F4FA58", "#FF0000"), "normal": ("#64FE2E", "#64FE2E")}
+_ASAP_DEFAULT_COLOURS = ("#F4FA58", "#FF0000")
+
+
+def _asap_number(value: float) -> str:
+    """A coordinate as ASAP writes it: a float32 printed with 9 significant digits."""
+    return format(float(np.float32(value)), ".9g")
+
+
+def write_asap_xml(
+    path: str | os.PathLike[str], groups: Mapping[str, Sequence[np.ndarray]]
+) -> None:
+    """Write polygons (each (M, 2) level-0 x, y) per group as an ASAP annotation file.
+
+    The format is the one of the Camelyon-17 files: tab-indented, ``Type="Polygon"``,
+    ``Coordinate`` elements with ``Order``, ``X`` and ``Y``, then one ``Group`` per group.
+    """
+    lines = ['<?xml version="1.0"?>', "<ASAP_Annotations>", "\t<Annotations>"]
+    index = 0
+    for group, polygons in groups.items():
+        colour = _ASAP_COLOURS.get(group, _ASAP_DEFAULT_COLOURS)[0]
+        for polygon in polygons:
+            vertices = np.asarray(polygon, dtype=np.float64)
+            if vertices.ndim != 2 or vertices.shape[1] != 2 or len(vertices) < 3:
+                raise ValueError(f"polygon {index} of group {group!r} is not (M >= 3, 2)")
+            lines.append(
+                f'\t\t<Annotation Name="Annotation {index}" Type="Polygon" '
+                f'PartOfGroup={quoteattr(group)} Color="{colour}">'
+            )
+            lines.append("\t\t\t<Coordinates>")
+            lines.extend(
+                f'\t\t\t\t<Coordinate Order="{order}" X="{_asap_number(x)}" '
+                f'Y="{_asap_number(y)}" />'
+                for order, (x, y) in enumerate(vertices)
+            )
+            lines.append("\t\t\t</Coordinates>")
+            lines.append("\t\t</Annotation>")
+            index += 1
+    lines += ["\t</Annotations>", "\t<AnnotationGroups>"]
+    for group in groups:
+        colour = _ASAP_COLOURS.get(group, _ASAP_DEFAULT_COLOURS)[1]
+        lines.append(f'\t\t<Group Name={quoteattr(group)} PartOfGroup="None" Color="{colour}">')
+        lines.append("\t\t\t<Attributes />")
+        lines.append("\t\t</Group>")
+    lines += ["\t</AnnotationGroups>", "</ASAP_Annotations>"]
+    write_bytes(Path(path), ("\n".join(lines) + "\n").encode("ascii"))
