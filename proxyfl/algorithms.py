@@ -5,7 +5,7 @@ by mutual learning with the DP one (ProxyFL, FML); how the DP model is mixed aft
 training (PushSum, server average, ring pass, or not at all); what the DP model is called
 when it is evaluated; whether the data are pooled (Joint). Every algorithm trains exactly
 one model with DP-SGD — the one that is (or could be) shared: the proxy of ProxyFL and
-FML, the local/central model of the baselines (DESIGN.md §4, after the paper).
+FML, the local/central model of the baselines (docs/design.md §4, after the paper).
 
 | algorithm | private model | exchange of the DP model      | evaluated (primary first) |
 |-----------|---------------|-------------------------------|---------------------------|
