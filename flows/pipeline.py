@@ -20,7 +20,7 @@ from prefect import flow
 from camelyon_proxyfl.params import DEFAULT_PARAMS, Params, ParamsCommand, load_params
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
-from flows.server import ServerStartError, address_towards, shared_prefect_api
+from flows.server import address_towards, run_flow_command
 from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
@@ -57,13 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     command.parse()  # --config only: the stages' keys are set in the file
     params = load_pipeline_params(command.params_file)
     scheduler = params.preprocess.scheduler_address
-    try:  # one server for the pipeline, its stages and their workers (not one each)
-        with shared_prefect_api(address_towards(scheduler) if scheduler else "127.0.0.1"):
-            pipeline(command.params_file)
-    except (PreprocessFailed, TrainingJobFailed, ReportError, ServerStartError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_flow_command(  # one server for the pipeline, its stages and their workers
+        lambda: pipeline(command.params_file),
+        failures=(PreprocessFailed, TrainingJobFailed, ReportError),
+        host=address_towards(scheduler) if scheduler else "127.0.0.1",
+    )
 
 
 if __name__ == "__main__":

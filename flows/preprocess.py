@@ -34,7 +34,7 @@ from rich.table import Table
 
 from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
 from flows.processes import ParentBoundProcessPool
-from flows.server import ServerStartError, address_towards, shared_prefect_api
+from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
@@ -260,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownSlidesError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    try:
-        run_preprocess(config, redo_slides=redo_slides)
-    except (PreprocessFailed, ServerStartError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    scheduler = config.scheduler_address
+    return run_flow_command(
+        lambda: run_preprocess(config, redo_slides=redo_slides),
+        failures=(PreprocessFailed,),
+        host=address_towards(scheduler) if scheduler else "127.0.0.1",
+    )
 
 
 if __name__ == "__main__":

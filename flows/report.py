@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
-from flows.server import ServerStartError, shared_prefect_api
+from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
 from proxyfl.report import ReportError, ReportPaths
@@ -59,13 +59,7 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
-    try:
-        with shared_prefect_api():  # one server, bound to this process
-            report(config)
-    except (ReportError, ServerStartError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_flow_command(lambda: report(config), failures=(ReportError,))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -187,6 +187,23 @@ def _deliver_logs_and_events(timeout_s: float = 30.0) -> None:
 
     APILogWorker.drain_all(timeout=timeout_s)
     EventsWorker.drain_all(timeout=timeout_s)
+
+
+def run_flow_command(
+    run: Callable[[], object],
+    failures: tuple[type[Exception], ...],
+    host: str = "127.0.0.1",
+) -> int:
+    """A flow command's exit status: ``run()`` with one Prefect server for it and all its
+    workers (:func:`shared_prefect_api`); 0, or 1 after printing ``error: ...`` when it
+    fails with one of ``failures`` (or no server can start)."""
+    try:
+        with shared_prefect_api(host):
+            run()
+    except (*failures, ServerStartError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

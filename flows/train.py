@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow
 
 from camelyon_proxyfl.params import ParamsCommand, TrainSection
-from flows.server import ServerStartError, shared_prefect_api
+from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
 from proxyfl.config import TrainOptions
@@ -48,13 +48,7 @@ def parse_config(argv: list[str] | None) -> TrainSection:
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
-    try:
-        with shared_prefect_api():  # one server, bound to this process
-            train(config)
-    except (TrainingJobFailed, ServerStartError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_flow_command(lambda: train(config), failures=(TrainingJobFailed,))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,23 @@ def tiny_params_under(directory: Path, data_root: Path) -> dict[str, Any]:
         train__runs=directory / "runs",
         report__out=directory / "results",
     )
+
+
+CODE = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
+
+
+def dvc_project(root: Path, params: dict[str, Any], env: dict[str, str]) -> Path:
+    """A git + DVC project at ``root`` holding this repository's code, its dvc.yaml and
+    ``params`` as params.yaml."""
+    root.mkdir(parents=True)
+    for name in CODE:
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, root / name)
+    write_params(root / "params.yaml", params)
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(command, cwd=root, env=env, check=True)
+    return root
 
 
 def write_params(path: Path, params: dict[str, Any]) -> Path:

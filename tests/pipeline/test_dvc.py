@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import REPO, tiny_params, write_params
-
-CODE = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
+from tests.pipeline.conftest import dvc_project, tiny_params, write_params
 
 
 def _sha(path: Path) -> str:
@@ -22,16 +19,7 @@ def _sha(path: Path) -> str:
 @pytest.fixture()
 def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     """A git + DVC project holding this repository's code, dvc.yaml and tiny params."""
-    root = tmp_path / "project"
-    root.mkdir()
-    for name in CODE:
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    write_params(root / "params.yaml", tiny_params())
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, env=tool_env, check=True)
-    shutil.copy(REPO / ".dvcignore", root / ".dvcignore")
-    return root
+    return dvc_project(tmp_path / "project", tiny_params(), tool_env)
 
 
 def _dvc(project: Path, env: dict[str, str], *args: str) -> str:

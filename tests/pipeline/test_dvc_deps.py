@@ -10,16 +10,15 @@ point, ``proxyfl.run``. A second test edits files of a recorded project and asks
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.pipeline.conftest import REPO, tiny_params, write_params
+from tests.pipeline.conftest import CODE, REPO, dvc_project, tiny_params
 
-PACKAGES = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
+PACKAGES = CODE  # the project's packages
 ENTRY_POINTS = {  # stage -> the modules its command runs
     "synth": ("wsi.synth.__main__",),
     "preprocess": ("flows.preprocess",),
@@ -138,15 +137,8 @@ def test_per_centre_parameters_are_per_centre_in_both_parameter_files() -> None:
 def recorded(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     """A git + DVC project of this repository's code whose stages are recorded as done
     (``dvc commit`` over placeholder outputs: staleness needs no real run)."""
-    root = tmp_path / "project"
-    root.mkdir()
-    for name in PACKAGES:
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     params = tiny_params()
-    write_params(root / "params.yaml", params)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, env=tool_env, check=True)
+    root = dvc_project(tmp_path / "project", params, tool_env)
     data = root / params["data"]["root"]
     for center in params["preprocess"]["centers"]:
         (data / f"center_{center}").mkdir(parents=True)

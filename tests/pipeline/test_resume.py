@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -15,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.pipeline.conftest import REPO, tiny_params, write_params
+from tests.pipeline.conftest import dvc_project, tiny_params
 from tests.proxyfl.conftest import read_jsonl, run_mpi, write_stores
 
-PACKAGES = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
 ROUNDS = 12
 STAGE = "train@ProxyFL-0"
 # what must not differ between a resumed and an uninterrupted run (timings may)
@@ -29,19 +27,12 @@ COMPARED = ("client", "round", "evaluated_model", "accuracy", "macro_accuracy", 
 @pytest.fixture()
 def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     """A git + DVC project of this repository's code with two tiny stores in place."""
-    root = tmp_path / "project"
-    root.mkdir()
-    for name in PACKAGES:
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     params = tiny_params()
     params["train"].update({"algorithms": ["ProxyFL"], "retries": 0})
     params["train"]["options"].update({"rounds": ROUNDS, "batch_size": 8, "sigma": 1.0,
                                        "clip": 1.0, "lr": 0.01})  # fmt: skip
-    write_params(root / "params.yaml", params)
+    root = dvc_project(tmp_path / "project", params, tool_env)
     write_stores(root / params["train"]["data"], centers=(0, 1), n_train=160)
-    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(command, cwd=root, env=tool_env, check=True)
     return root
 
 
