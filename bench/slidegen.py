@@ -40,6 +40,7 @@ from scipy import ndimage
 
 from plumbing.atomic import atomic_path
 from wsi.synth import auto_level_count, level_dimensions, write_asap_xml
+from wsi.synth.tiff import halve
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +173,6 @@ def _texture(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(rgb, 0, 255).astype(np.uint8)
 
 
-def _halve(image: np.ndarray) -> np.ndarray:
-    h, w = image.shape[0] // 2, image.shape[1] // 2
-    blocks = image[: 2 * h, : 2 * w].reshape(h, 2, w, 2, 3).astype(np.uint16)
-    return ((blocks.sum(axis=(1, 3)) + 2) >> 2).astype(np.uint8)
-
-
 def level_textures(rng: np.random.Generator, size: int, levels: int) -> list[list[np.ndarray]]:
     """``VARIANTS`` tissue tiles per level; level k's are 2x2 mosaics of level k-1's, halved.
 
@@ -192,7 +187,7 @@ def level_textures(rng: np.random.Generator, size: int, levels: int) -> list[lis
             picks = [previous[int(i)] for i in rng.integers(VARIANTS, size=4)]
             top, bottom = np.concatenate(picks[:2], axis=1), np.concatenate(picks[2:], axis=1)
             mosaic = np.concatenate([top, bottom], axis=0)
-            smooth = ndimage.gaussian_filter(_halve(mosaic).astype(np.float32), (0.7, 0.7, 0))
+            smooth = ndimage.gaussian_filter(halve(mosaic).astype(np.float32), (0.7, 0.7, 0))
             current.append(np.clip(smooth + 0.5, 0, 255).astype(np.uint8))
         textures.append(current)
     return textures

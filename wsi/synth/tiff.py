@@ -21,7 +21,7 @@ _BIG_BUFFER_BYTES = 512 * 2**20
 # --------------------------------------------------------------------------------------
 
 
-def _halve(image: np.ndarray) -> np.ndarray:
+def halve(image: np.ndarray) -> np.ndarray:
     """2x2 block mean (rounded) of an (H, W, 3) uint8 image; odd last row/column dropped."""
     h, w = image.shape[0] // 2, image.shape[1] // 2
     total = image[0 : 2 * h : 2, 0 : 2 * w : 2].astype(np.uint16)
@@ -101,7 +101,7 @@ def write_pyramidal_tiff(
                     f"band at row {y} is {band.shape} {band.dtype}, expected {expected} uint8"
                 )
             if level1 is not None:
-                half = _halve(band)
+                half = halve(band)
                 rows = min(half.shape[0], level1.shape[0] - y // 2)
                 level1[y // 2 : y // 2 + rows] = half[:rows, : level1.shape[1]]
             yield from _tiles_of(band, tile_size)
@@ -137,5 +137,5 @@ def write_pyramidal_tiff(
             current = current[:h, :w]
             writer.write(_tiles_of(current, tile_size), shape=(h, w, 3), **page_options(level))
             if level + 1 < levels:
-                current = _halve(current)
+                current = halve(current)
     return dims
