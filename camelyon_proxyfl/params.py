@@ -86,9 +86,10 @@ class PreprocessSection(SamplingRules, PatchParams):
     )
     workers: int = Field(2, ge=1, description="parallel processes for per-slide work")
     patches_per_class: PatchesPerClass = Field(
-        1000,
-        description="patches of each label per centre: one number, or one per centre "
-        "(flags: --patches-per-class 300, or --patches-per-class 0=1517 1=1701 ...)",
+        {0: 1517, 1: 1701, 2: 1834, 3: 1861},  # the paper's Table 1
+        description="patches of each label per centre: one per centre (dvc.yaml's "
+        "preprocess@c reads its own), or one for all (flags: --patches-per-class 300, or "
+        "--patches-per-class 0=1517 1=1701 ...)",
     )
     strict: bool = Field(False, description="exit non-zero on any slide or catalogue failure")
     runner: Literal["process", "dask"] = Field(
