@@ -75,8 +75,10 @@ def _argparse_options(annotation: Any) -> dict[str, Any]:
                 options["type"] = _none_or(options["type"])
             return options
         return {"nargs": "+"}  # e.g. one number, or one per centre: the model decides
-    if origin is list:
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
         return {**_argparse_options(args[0]), "nargs": "+"}
+    if origin is tuple and args and len(set(args)) == 1:
+        return {**_argparse_options(args[0]), "nargs": len(args)}
     if origin is Literal:  # the model checks the value (and may accept other spellings)
         return {"metavar": "{" + ",".join(str(a) for a in args) + "}"}
     if annotation is bool:

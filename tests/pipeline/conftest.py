@@ -83,4 +83,7 @@ def tool_env(tmp_path: Path) -> dict[str, str]:
                 "PREFECT_HOME": str(tmp_path / "prefect-home"),
                 "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})  # fmt: skip
     env.pop("PREFECT_API_URL", None)
+    # DVC runs stage commands with `$SHELL -c`, else /bin/sh: test with /bin/sh (dash on
+    # Debian, which forks a command that bash would exec), as on a machine with no SHELL
+    env["SHELL"] = "/bin/sh"
     return env
