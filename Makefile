@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PREFECT_HOME := $(CURDIR)/.prefect
 
-.PHONY: setup test demo bench fidelity lint clean
+.PHONY: setup test demo serve bench fidelity lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server -- dvc repro
 	@echo; cat results/tables/accuracy.md; echo; cat results/tables/privacy.md
+
+# Prefect server (UI on :4200), work pool, deployments and a worker; Ctrl-C stops them all.
+serve: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.serve
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -2,6 +2,7 @@
 
     camelyon-proxyfl pipeline [--config params.yaml]     slides -> stores -> runs -> tables
     camelyon-proxyfl preprocess | train | report ...     one stage (a Prefect flow each)
+    camelyon-proxyfl serve                               Prefect deployments, served
     camelyon-proxyfl synth | tile | privacy | job | server ...
 
 Each subcommand is the ``main`` of one module, which also runs as ``python -m MODULE``
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tile": ("wsi.tile", "one slide's candidates and labels, and a picture of them"),
     "privacy": ("proxyfl.privacy", "the ε each client will spend, before training"),
     "job": ("proxyfl.run", "one training job's ranks (run under mpiexec -n K)"),
+    "serve": ("flows.serve", "Prefect server, work pool, deployments and a worker, in one"),
     "server": ("flows.server", "run a command with a Prefect server shared by its flows"),
 }
 

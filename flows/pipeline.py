@@ -2,6 +2,9 @@
 
     slides --preprocess--> centre stores --train--> runs/ --report--> tables and curves
 
+The embedded synthetic slides are written first when ``data.root`` is ``data/synthetic``
+and they are absent; any other missing or empty data root fails the flow at once.
+
     python -m flows.pipeline                       # params.yaml (the demo configuration)
     python -m flows.pipeline --config params-paper.yaml
 
@@ -12,10 +15,11 @@ whole thing and ``preprocess_centre`` for one centre's store. Exits 1 when a sta
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from camelyon_proxyfl.params import DEFAULT_PARAMS, Params, ParamsCommand, load_params
 from flows.preprocess import PreprocessFailed, run_preprocess
@@ -26,6 +30,9 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
 from proxyfl.launch import TrainingJobFailed
 from proxyfl.report import ReportError, ReportPaths
+from proxyfl.report.render import summary_line
+from tasks.data import dataset
+from wsi.catalogue import DatasetRootError
 
 
 def load_pipeline_params(params_file: Path) -> Params:
@@ -39,9 +46,14 @@ def load_pipeline_params(params_file: Path) -> Params:
 def pipeline(params_file: Path = DEFAULT_PARAMS) -> ReportPaths:
     """Slides to accuracy, macro-accuracy and ε tables, as ``params_file`` describes."""
     params = load_pipeline_params(Path(params_file))
+    dataset(params.data)
     run_preprocess(params.preprocess_config())
     train(params.train)
-    return report(params.report_config())
+    paths = report(params.report_config())
+    # the run's last line: its result, for a log read from the end
+    summary = summary_line(json.loads(paths.metrics_json.read_text()))
+    get_run_logger().info("result: %s (tables: %s)", summary, paths.accuracy_md.parent)
+    return paths
 
 
 @flow(name="preprocess-centre")
@@ -59,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = params.preprocess.scheduler_address
     return run_flow_command(  # one server for the pipeline, its stages and their workers
         lambda: pipeline(command.params_file),
-        failures=(PreprocessFailed, TrainingJobFailed, ReportError),
+        failures=(DatasetRootError, PreprocessFailed, TrainingJobFailed, ReportError),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",
     )
 

@@ -33,11 +33,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
+from flows.artifacts import publish_failures, publish_table_1
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
+from tasks.data import require_dataset
 from tasks.preprocess import (
     center_store,
     dropped_candidates,
@@ -45,7 +47,7 @@ from tasks.preprocess import (
     slide_candidates,
     slide_catalogue,
 )
-from wsi.catalogue import SlideRecord, scan_camelyon
+from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import (
     CenterReport,
@@ -101,6 +103,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     ``redo_slides`` (slide ids of those centres) have their cached candidates dropped
     and recomputed first; it is an action, not a parameter, so it is not in ``config``.
     """
+    require_dataset(config.data_root)
     for directory in (config.out, config.cache_dir):  # left by a killed run
         for path in remove_stale_temporaries(directory):
             get_run_logger().info("removed %s, left by a run that was killed", path)
@@ -167,6 +170,8 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     reports = read_center_reports(config.out)
     failures = [f for r in reports if r.center in config.centers for f in r.failures] + unplaced
     print_summary(rows, failures)
+    publish_table_1(rows)
+    publish_failures(failures)
     if failed:
         raise PreprocessFailed("; ".join(failed[center] for center in sorted(failed)))
     if config.strict and failures:
@@ -251,19 +256,17 @@ def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, .
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config, redo_slides = parse_config(argv)
-    if not config.data_root.is_dir():
-        print(f"error: data root {config.data_root} is not a directory", file=sys.stderr)
-        return 2
     try:  # checked before any flow starts; the flow checks again for other callers
+        require_dataset(config.data_root)
         if redo_slides:
             check_slides_known(redo_slides, scan_camelyon(config.data_root).slides, config.centers)
-    except UnknownSlidesError as error:
+    except (DatasetRootError, UnknownSlidesError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     scheduler = config.scheduler_address
     return run_flow_command(
         lambda: run_preprocess(config, redo_slides=redo_slides),
-        failures=(PreprocessFailed,),
+        failures=(PreprocessFailed, DatasetRootError),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",
     )
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
+from flows.artifacts import publish_report
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import end_with_parent
@@ -33,6 +34,7 @@ def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print both tables."""
     runs = finished_runs(config.runs, config.algorithms, config.seeds)
     paths = report_files(runs, config.out)
+    publish_report(paths)
     print_tables(paths)
     return paths
 

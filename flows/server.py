@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from plumbing.processes import parent_bound_command
+from plumbing.processes import parent_bound_command, stop_tree
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,8 @@ def prefect_server(
             time.sleep(0.5)
         yield api_url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_tree(server.pid)  # `prefect server start` and the uvicorn it runs
+        server.wait()
         if log_path:
             output.close()  # type: ignore[union-attr]
 

@@ -15,6 +15,7 @@ module does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -67,6 +68,27 @@ def parent_bound_command(
         return list(argv)
     return [sys.executable, "-c", _EXEC_BOUND, str(os.getpid()), str(int(signal_number)),
             *argv]  # fmt: skip
+
+
+def stop_tree(pid: int, timeout_s: float = 8.0) -> None:
+    """Stop process ``pid`` and every process under it: SIGTERM to all, then SIGKILL to
+    those still alive after ``timeout_s``. For children that start children of their own
+    in other sessions (a Prefect worker's flow runs, a server's uvicorn)."""
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        tree = [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for member in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=timeout_s)
+    for member in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def end_with_parent() -> None:

@@ -29,6 +29,8 @@ from pathlib import Path
 from plumbing.atomic import write_text
 from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
+from proxyfl.progress import RoundFollower, RoundProgress
+from proxyfl.results import METRICS_FILE
 from proxyfl.validation import RankFailure, clear_failures, read_failures
 
 logger = logging.getLogger(__name__)
@@ -150,8 +152,11 @@ def run_job(
     on_line: Callable[[str], None] = logger.info,
     tail_lines: int = 25,
     env: Mapping[str, str] | None = None,
+    on_round: Callable[[RoundProgress], None] | None = None,
 ) -> None:
-    """Run ``job`` to completion, passing each output line to ``on_line``.
+    """Run ``job`` to completion, passing each output line to ``on_line`` and, after each
+    round every client has finished, its :class:`~proxyfl.progress.RoundProgress` to
+    ``on_round``.
 
     Raises :class:`TrainingJobFailed` when the job exits non-zero. If the caller is
     interrupted (Ctrl-C, a cancelled flow run), the whole job's process group is
@@ -163,6 +168,7 @@ def run_job(
     command = parent_bound_command(job.command(), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
+    rounds = RoundFollower(job.out / METRICS_FILE, job.config.rounds)
     process_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with (
         open(job.out / JOB_LOG, "w", encoding="utf-8") as log_file,
@@ -183,6 +189,9 @@ def run_job(
                 log_file.write(raw)
                 tails.add(line)
                 on_line(line)
+                if on_round is not None:  # every round ends with lines of every rank
+                    for progress in rounds.poll():
+                        on_round(progress)
             exit_code = process.wait()
         except BaseException:
             _terminate(process)

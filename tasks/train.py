@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
 from prefect import Task, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.logging import get_run_logger
 
-from proxyfl.launch import TrainingJob, TrainingJobFailed, run_job
+from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
+from proxyfl.progress import RankLineParser, RoundProgress
 from proxyfl.validation import EXIT_BAD_INPUT
 
 
@@ -29,8 +32,33 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
       retry_condition_fn=worth_retrying)  # fmt: skip
 def training_run(job: TrainingJob) -> Path:
     """``job.out`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``. Its
-    job resumes (``job.config.resume``), so a retry continues where the last try stopped."""
+    job resumes (``job.config.resume``), so a retry continues where the last try stopped.
+
+    The ranks' lines reach the run's log at their own level (one timestamp: Prefect's); a
+    progress artifact (key ``training-{algorithm}-seed-{s}``) follows the rounds."""
     logger = get_run_logger()
-    logger.info("%s seed %d: %d rank(s) -> %s", job.algorithm, job.seed, job.ranks, job.out)
-    run_job(job, on_line=logger.info)
+    name = f"{job.algorithm} seed {job.seed}"
+    logger.info("%s: %d rank(s) -> %s", name, job.ranks, job.out)
+    logger.info("mpiexec command: %s", shlex.join(job.command()))
+    artifact = create_progress_artifact(
+        0.0, key=f"training-{job.algorithm.lower()}-seed-{job.seed}",
+        description=f"{name}: starting {job.ranks} rank(s)",
+    )  # fmt: skip
+    parser = RankLineParser()
+
+    def forward(line: str) -> None:
+        parsed = parser.parse(line)
+        logger.log(parsed.level, "%s", parsed.text)
+
+    def on_round(progress: RoundProgress) -> None:
+        logger.info("%s %s", name, progress.line())
+        update_progress_artifact(artifact, progress.percent, f"{name}: {progress.line()}")
+
+    try:
+        run_job(job, on_line=forward, on_round=on_round)
+    except TrainingJobFailed as error:
+        who = f"rank {error.rank}" if error.rank is not None else "the job"
+        logger.error("%s: %s failed (exit code %d); see %s", name, who, error.exit_code,
+                     job.out / JOB_LOG)  # fmt: skip
+        raise
     return job.out

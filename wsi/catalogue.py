@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plumbing.errors import PipelineError
+
 NODE_LABELS: tuple[str, ...] = ("negative", "itc", "micro", "macro")
 PATIENT_STAGES: tuple[str, ...] = ("pN0", "pN0(i+)", "pN1mi", "pN1", "pN2")
 PATIENTS_PER_CENTER = 20
@@ -171,6 +173,24 @@ def _center_of_name(stem: str, centers: dict[int, int]) -> int | None:
         return None
     patient = int(match.group(1))
     return centers.get(patient, patient // PATIENTS_PER_CENTER)
+
+
+class DatasetRootError(PipelineError):
+    """The dataset root is not a Camelyon-17 dataset at all (missing, or without the labels
+    file or any slide): nothing can be preprocessed from it."""
+
+
+def check_dataset_root(root: str | os.PathLike[str]) -> None:
+    """Raise :class:`DatasetRootError` unless ``root`` is a directory with the labels file
+    and at least one slide file; problems of single files are :func:`scan_camelyon`'s."""
+    root = Path(root)
+    if not root.is_dir():
+        reason = "exists but is not a directory" if root.exists() else "no such directory"
+        raise DatasetRootError(root, reason)
+    if not (root / LABELS_FILE).is_file():
+        raise DatasetRootError(root, f"no {LABELS_FILE}: not a Camelyon-17 dataset root")
+    if not _find_slides(root):
+        raise DatasetRootError(root, "holds no slide files (*.tif, *.tiff)")
 
 
 def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:

@@ -6,7 +6,7 @@ Input: ``RUNS/{algorithm}/seed_{s}/{metrics.jsonl,run.json}`` as written by
     tables/accuracy.{md,csv}   per method: accuracy and macro-accuracy at the final round,
                                mean ± std over clients × seeds (primary models only)
     tables/privacy.{md,csv}    per client: centre, n_train, σ, δ, ε (and Joint's row)
-    metrics.json               {method: {accuracy_mean, ...}, "epsilon": {client_k: ε}}
+    metrics.json               {method: {accuracy, macro_accuracy}, "max_epsilon": ε}
     curves/{method}.csv        round, accuracy, accuracy_std, macro_accuracy, ...
     plots/curves.png           Figure 8: accuracy (left) and macro-accuracy (right) per
                                round, mean line and mean ± std band per method

@@ -148,22 +148,35 @@ def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
 
 
 def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) -> dict[str, Any]:
-    """``{method: {accuracy_mean, accuracy_std, macro_accuracy_mean, macro_accuracy_std},
-    "epsilon": {client_k | Joint: ε}}`` with keys free of dots and spaces."""
+    """The few numbers experiments are compared by (``dvc exp show``, ``dvc metrics
+    diff``): ``{method: {accuracy, macro_accuracy}, "max_epsilon": ε}``, the means of the
+    accuracy table and the largest ε of any client (Joint's pooled data excluded when there
+    are clients); keys free of dots and spaces. The tables hold the rest."""
     metrics: dict[str, Any] = {
         safe_name(row.algorithm): {
-            "accuracy_mean": row.accuracy_mean,
-            "accuracy_std": row.accuracy_std,
-            "macro_accuracy_mean": row.macro_accuracy_mean,
-            "macro_accuracy_std": row.macro_accuracy_std,
+            "accuracy": row.accuracy_mean,
+            "macro_accuracy": row.macro_accuracy_mean,
         }
         for row in accuracy
     }
-    metrics["epsilon"] = {
-        (JOINT if row.client == JOINT else f"client_{safe_name(row.client)}"): row.epsilon
-        for row in privacy
-    }
+    clients = [row.epsilon for row in privacy if row.client != JOINT] or [
+        row.epsilon for row in privacy
+    ]
+    metrics["max_epsilon"] = max(clients) if clients else None
     return metrics
+
+
+def summary_line(metrics: dict[str, Any]) -> str:
+    """:func:`dvc_metrics` as one line: ``accuracy / macro-accuracy`` per method, max ε."""
+    methods = ", ".join(
+        f"{name} {_number(values['accuracy'])} / {_number(values['macro_accuracy'])}"
+        for name, values in metrics.items() if isinstance(values, dict)
+    )  # fmt: skip
+    return f"accuracy / macro-accuracy: {methods}; max ε {_number(metrics.get('max_epsilon'))}"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def curve_csv(points: Iterable[CurvePoint]) -> str:

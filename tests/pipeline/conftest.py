@@ -87,3 +87,20 @@ def tool_env(tmp_path: Path) -> dict[str, str]:
     # Debian, which forks a command that bash would exec), as on a machine with no SHELL
     env["SHELL"] = "/bin/sh"
     return env
+
+
+def processes_of(project: Path) -> list[str]:
+    """Command lines of the live processes that belong to ``project``'s run."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        command = " ".join(part.decode(errors="replace") for part in argv if part)
+        if (cwd.startswith(str(project)) or str(project) in command) and command:
+            found.append(f"{entry.name}: {command[:200]}")
+    return found

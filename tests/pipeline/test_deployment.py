@@ -1,74 +1,89 @@
-"""The README's Prefect path, end to end: a server on a free loopback port, a process work
-pool, `prefect deploy --all`, a worker, `prefect deployment run --watch`, the tables."""
+"""The README's Prefect path on a fresh copy of the repository with no data: `python -m
+flows.serve` (server, work pool, deployments, worker), `prefect deployment run
+pipeline/pipeline --watch` (which writes the synthetic slides first), then Ctrl-C stops
+every process within 10 s."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from flows.server import prefect_server
-from tests.pipeline.conftest import REPO, tiny_params_under, write_params
-from wsi.synth import SynthManifest
+from flows.server import free_port
+from tests.pipeline.conftest import REPO, processes_of, tiny_params, write_params
 
 
-def _prefect(env: dict[str, str], *args: str, timeout: float = 300) -> str:
-    result = subprocess.run(["prefect", *args], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=timeout)  # fmt: skip
-    assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout + result.stderr
+def fresh_checkout(destination: Path) -> Path:
+    """What ``git clone`` of this working tree gives: the tracked and the untracked, not
+    ignored files (so no data/, runs/, results/ or .prefect/)."""
+    command = ["git", "ls-files", "-co", "--exclude-standard", "-z"]
+    listed = subprocess.run(command, cwd=REPO, check=True, capture_output=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    """Stop the worker and whatever flow-run processes it still has (one session)."""
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        assert process.poll() is None, f"exited {process.returncode}:\n{path.read_text()}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s:.0f} s:\n{path.read_text()}"
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
-def test_deployment_run_of_the_pipeline_on_a_worker(
-    synthetic_dataset: SynthManifest, tmp_path: Path, tool_env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
+def test_served_deployment_runs_the_pipeline_from_a_fresh_clone_without_data(
+    tmp_path: Path, tool_env: dict[str, str]
 ) -> None:
-    params = tiny_params_under(tmp_path, synthetic_dataset.root)
-    params_file = write_params(tmp_path / "params.yaml", params)
-    monkeypatch.setenv("PREFECT_HOME", tool_env["PREFECT_HOME"])  # the server's database
-    with prefect_server(log_path=tmp_path / "server.log") as api_url:
-        env = {**tool_env, "PREFECT_API_URL": api_url}
-        _prefect(env, "work-pool", "create", "proxyfl", "--type", "process")
-        deployed = _prefect(env, "--no-prompt", "deploy", "--all")
-        assert "pipeline/pipeline" in deployed and "preprocess-centre/centre-2" in deployed
-        worker = subprocess.Popen(
-            ["prefect", "worker", "start", "--pool", "proxyfl"], cwd=tmp_path, env=env,
-            stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            start_new_session=True,
+    project = fresh_checkout(tmp_path / "project")
+    write_params(project / "params.yaml", tiny_params())  # relative paths: data/synthetic, ...
+    assert not (project / "data").exists()
+    port = free_port()
+    output = project / "serve.log"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=project, env=tool_env,
+        stdout=output.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(output, "ready.", serve, timeout_s=300)
+        watched = subprocess.run(
+            ["prefect", "deployment", "run", "pipeline/pipeline", "--watch",
+             "--watch-timeout", "900"], cwd=project, capture_output=True, text=True,
+            env={**tool_env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}, timeout=1000,
         )  # fmt: skip
+        assert watched.returncode == 0, watched.stdout + watched.stderr + output.read_text()
+        assert "Completed" in watched.stdout, watched.stdout + output.read_text()[-5000:]
+    finally:
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in serve's terminal
+        interrupted = time.monotonic()
         try:
-            watched = subprocess.run(
-                ["prefect", "deployment", "run", "pipeline/pipeline",
-                 "--param", f"params_file={json.dumps(str(params_file))}",
-                 "--watch", "--watch-timeout", "900"],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1000,
-            )  # fmt: skip
+            serve.wait(timeout=30)
         finally:
-            _stop(worker)
-        log = (tmp_path / "worker.log").read_text()
-        assert watched.returncode == 0, watched.stdout + watched.stderr + log[-5000:]
-        assert "Completed" in watched.stdout, watched.stdout + log[-5000:]
+            if serve.poll() is None:
+                os.killpg(serve.pid, signal.SIGKILL)
+    stopped_in = time.monotonic() - interrupted
+    log = output.read_text()
+    assert serve.returncode == 0, log[-3000:]
+    assert stopped_in < 10, f"Ctrl-C took {stopped_in:.1f} s"
+    deadline = time.monotonic() + 5
+    while (left := processes_of(project)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, "outlived Ctrl-C:\n" + "\n".join(left)
 
-    # every stage ran as its own flow run on the worker
+    # the pipeline wrote the synthetic slides, then every stage ran as its own flow run
+    assert "holds no synthetic dataset yet: writing it" in log, log[-5000:]
+    assert (project / "data" / "synthetic" / "stage_labels.csv").is_file()
     for flow_name in ("pipeline", "preprocess", "train", "report"):
         assert f"for flow '{flow_name}'" in log, log[-5000:]
-    accuracy = (tmp_path / "results" / "tables" / "accuracy.csv").read_text()
+    accuracy = (project / "results" / "tables" / "accuracy.csv").read_text()
     assert "ProxyFL" in accuracy and "Joint" in accuracy
-    privacy = (tmp_path / "results" / "tables" / "privacy.md").read_text()
-    assert "| Joint |" in privacy
-    assert (tmp_path / "patches" / "center_0.h5").is_file()
+    assert "| Joint |" in (project / "results" / "tables" / "privacy.md").read_text()

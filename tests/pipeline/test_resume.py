@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.pipeline.conftest import dvc_project, tiny_params
+from tests.pipeline.conftest import dvc_project, processes_of, tiny_params
 from tests.proxyfl.conftest import read_jsonl, run_mpi, write_stores
 
 ROUNDS = 12
@@ -34,23 +34,6 @@ def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     root = dvc_project(tmp_path / "project", params, tool_env)
     write_stores(root / params["train"]["data"], centers=(0, 1), n_train=160)
     return root
-
-
-def _processes_of(project: Path) -> list[str]:
-    """Command lines of the live processes that belong to ``project``'s run."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        command = " ".join(part.decode(errors="replace") for part in argv if part)
-        if (cwd.startswith(str(project)) or str(project) in command) and command:
-            found.append(f"{entry.name}: {command[:200]}")
-    return found
 
 
 def _rounds_on_every_rank(run: Path, ranks: int) -> int:
@@ -86,7 +69,7 @@ def test_a_killed_dvc_repro_resumes_to_the_metrics_of_an_uninterrupted_run(
     assert killed_at < ROUNDS, "the run finished before it could be killed"
 
     deadline = time.monotonic() + 10
-    while (left := _processes_of(project)) and time.monotonic() < deadline:
+    while (left := processes_of(project)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, "processes outlived the killed dvc repro:\n" + "\n".join(left)
     assert json.loads((run / "run.json").read_text())["status"] == "running"

@@ -77,7 +77,8 @@ from typing import Any
 _HOMES: dict[str, str] = {
     **dict.fromkeys(["LAYOUTS", "Layout", "SynthConfig", "SynthSettings", "auto_level_count",
                      "level_dimensions"], "wsi.synth.config"),
-    **dict.fromkeys(["SynthManifest", "SynthSlide", "annotation_path", "generate_dataset",
+    **dict.fromkeys(["SynthManifest", "SynthSlide", "annotation_path", "dataset_is_written",
+                     "generate_dataset",
                      "generate_slide", "slide_path", "stage_labels_text"], "wsi.synth.dataset"),
     **dict.fromkeys(["assign_node_labels", "max_feret_diameter", "node_label_for_extent",
                      "patient_stage", "slide_id"], "wsi.synth.rules"),

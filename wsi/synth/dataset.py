@@ -146,6 +146,12 @@ def stage_labels_text(labels: Mapping[int, Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dataset_is_written(root: str | os.PathLike[str]) -> bool:
+    """Whether ``root`` holds a whole generated dataset: :func:`generate_dataset` writes the
+    labels file last, once every slide and annotation is in place."""
+    return (Path(root) / LABELS_FILE).is_file()
+
+
 def generate_dataset(
     out: str | os.PathLike[str],
     config: SynthConfig,

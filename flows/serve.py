@@ -1,0 +1,143 @@
+"""Serve the pipeline's Prefect deployments with one command: the server, the work pool,
+the deployments of ``prefect.yaml`` and a worker, each started once the one before is
+ready, all stopped together on Ctrl-C.
+
+    python -m flows.serve                 # API and UI on http://127.0.0.1:4200
+    camelyon-proxyfl serve --port 4201
+
+then, in another terminal (the command prints the URL to export):
+
+    export PREFECT_API_URL=http://127.0.0.1:4200/api
+    prefect deployment run pipeline/pipeline
+
+Run it from the repository root: ``prefect deploy`` records this directory as the flows'
+working directory. The server's database lives in ``PREFECT_HOME`` (``make serve``: the
+checkout's ``.prefect/``), so runs and artifacts stay across restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flows.server import ServerStartError, prefect_server
+from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
+
+log = logging.getLogger(__name__)
+
+POOL = "proxyfl"  # prefect.yaml's work pool
+
+
+class ServeError(RuntimeError):
+    """A step of serving failed; the message says which and holds its output."""
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _prefect(env: dict[str, str], *args: str) -> str:
+    """Run the ``prefect`` command line; its output, or :class:`ServeError` with it."""
+    prefect = str(Path(sys.executable).parent / "prefect")
+    result = subprocess.run(
+        parent_bound_command([prefect, *args]), env=env, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise ServeError(
+            f"prefect {' '.join(args)} failed (exit {result.returncode}):\n"
+            f"{(result.stdout + result.stderr)[-3000:]}"
+        )
+    return result.stdout
+
+
+def ensure_work_pool(env: dict[str, str], pool: str) -> bool:
+    """Create the process work pool ``pool`` unless it exists; whether it was created."""
+    try:
+        _prefect(env, "work-pool", "inspect", pool)
+        return False
+    except ServeError:
+        _prefect(env, "work-pool", "create", pool, "--type", "process")
+        return True
+
+
+def serve(host: str, port: int, pool: str) -> int:
+    """Server, pool, deployments, worker; blocks until Ctrl-C (or SIGTERM), then stops all."""
+    if not Path("prefect.yaml").is_file():
+        raise ServeError(f"no prefect.yaml in {Path.cwd()}: run this from the repository root")
+    if not _port_is_free(host, port):
+        raise ServeError(
+            f"{host}:{port} is in use (another Prefect server?): stop it, or give --port"
+        )
+    from prefect.settings import get_current_settings
+
+    home = Path(get_current_settings().home)
+    home.mkdir(parents=True, exist_ok=True)
+    server_log = home / "server.log"
+    print(f"starting the Prefect server on {host}:{port} (log: {server_log}) ...", flush=True)
+    started = time.monotonic()
+    with prefect_server(host=host, port=port, log_path=server_log) as api_url:
+        print(f"server up in {time.monotonic() - started:.0f} s", flush=True)
+        # prefect.yaml's pull step records {{ $PWD }}: this directory, whoever started us
+        env = {**os.environ, "PREFECT_API_URL": api_url, "PWD": str(Path.cwd())}
+        created = ensure_work_pool(env, pool)
+        print(f"work pool {pool}: {'created' if created else 'exists'}", flush=True)
+        _prefect(env, "--no-prompt", "deploy", "--all")
+        print("deployed prefect.yaml's deployments (prefect deployment ls)", flush=True)
+        prefect = str(Path(sys.executable).parent / "prefect")
+        worker = subprocess.Popen(
+            parent_bound_command([prefect, "worker", "start", "--pool", pool], signal.SIGTERM),
+            env=env, start_new_session=True,  # Ctrl-C reaches us; we stop it, in order
+        )  # fmt: skip
+        try:
+            ui = api_url.removesuffix("/api")
+            print(
+                f"ready. UI: {ui}\n"
+                f"in another terminal:\n"
+                f"  export PREFECT_API_URL={api_url}\n"
+                f"  prefect deployment run pipeline/pipeline\n"
+                f"Ctrl-C stops the worker (and its runs) and the server.",
+                flush=True,
+            )
+            code = worker.wait()
+            print(f"the worker exited with status {code}", file=sys.stderr)
+            return 1
+        finally:
+            stop_tree(worker.pid)
+            worker.poll()
+            print("worker stopped; stopping the server ...", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=4200, help="API and UI port")
+    parser.add_argument("--pool", default=POOL, help="process work pool of prefect.yaml")
+    args = parser.parse_args(argv)
+    # SIGTERM (a service manager, `kill`) stops as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return serve(args.host, args.port, args.pool)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        return 0
+    except (ServeError, ServerStartError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    end_with_parent()
+    sys.exit(main())
