@@ -1,11 +1,14 @@
-"""The seven algorithms as small strategy objects over one training loop.
+"""The eight algorithms as small strategy objects over one training loop.
 
 What differs between them is only: whether a client also trains a private, non-DP model
 by mutual learning with the DP one (ProxyFL, FML); how the DP model is mixed after local
-training (PushSum, server average, ring pass, or not at all); what the DP model is called
-when it is evaluated; whether the data are pooled (Joint). Every algorithm trains exactly
-one model with DP-SGD — the one that is (or could be) shared: the proxy of ProxyFL and
-FML, the local/central model of the baselines (docs/design.md §4, after the paper).
+training (PushSum, server average, ring pass, knowledge transfer, or not at all); what the
+DP model is called when it is evaluated; whether the data are pooled (Joint). Every
+algorithm of the ProxyFL paper trains exactly one model with DP-SGD — the one that is (or
+could be) shared: the proxy of ProxyFL and FML, the local/central model of the baselines
+(docs/design.md §4, after the paper). PrivateKT trains the global model locally without DP
+and protects what leaves the client instead: K randomized-response labels a round
+(:mod:`proxyfl.privatekt`).
 
 | algorithm | private model | exchange of the DP model      | evaluated (primary first) |
 |-----------|---------------|-------------------------------|---------------------------|
@@ -16,10 +19,16 @@ FML, the local/central model of the baselines (docs/design.md §4, after the pap
 | CWT       | no            | pass to the next client (ring)| local                     |
 | Regular   | no            | none                          | local                     |
 | Joint     | no (one rank, pooled data) | none             | local                     |
+| PrivateKT | no (no DP: LDP labels)| knowledge transfer (rank 0)   | central                   |
+
+A round is: ``distribute`` (before local training: what the server hands out, and whether
+this client trains), local training, ``exchange`` (after it). Only PrivateKT distributes
+anything; the others' ``distribute`` keeps the model and lets every member train.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -28,11 +37,27 @@ import numpy as np
 from proxyfl.comm import SERVER_RANK, Communicator
 from proxyfl.graphs import Schedule
 
-ExchangeKind = Literal["none", "push_sum", "server_average", "ring"]
+ExchangeKind = Literal["none", "push_sum", "server_average", "ring", "knowledge_transfer"]
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """What a client holds before local training: a model handed out by the server (or
+    ``None`` to keep its own), whether it trains this round, seconds communicating."""
+
+    theta: np.ndarray | None = None
+    trains: bool = True
+    seconds: float = 0.0
 
 
 class Exchange(Protocol):
-    """Mixes the DP models of a round's members; every rank calls it every round."""
+    """Mixes the shared models of a round's members; every rank calls it every round."""
+
+    def distribute(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> Distribution:
+        """Before local training (rounds from 1)."""
+        ...
 
     def exchange(
         self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
@@ -45,7 +70,16 @@ class Exchange(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class NoExchange:
+class ModelExchange:
+    """The methods that hand nothing out before training: every member trains."""
+
+    def distribute(
+        self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
+    ) -> Distribution:
+        return Distribution()
+
+
+class NoExchange(ModelExchange):
     """Regular and Joint: nothing leaves the client."""
 
     def exchange(
@@ -61,7 +95,7 @@ class NoExchange:
 
 
 @dataclass
-class PushSumExchange:
+class PushSumExchange(ModelExchange):
     """PushSum over ``schedule`` with this client's de-biasing weight ``w`` (starts at 1)."""
 
     schedule: Schedule
@@ -85,7 +119,7 @@ class PushSumExchange:
         self.weight = float(state["weight"])
 
 
-class ServerAverageExchange:
+class ServerAverageExchange(ModelExchange):
     """FedAvg / FML: rank 0, also a client, averages the members' models and broadcasts."""
 
     def exchange(
@@ -105,7 +139,7 @@ class ServerAverageExchange:
         return None
 
 
-class RingExchange:
+class RingExchange(ModelExchange):
     """CWT: each member passes the model it trained to the next member of the ring."""
 
     def exchange(
@@ -133,9 +167,18 @@ class Strategy:
     shared_label: str  # the DP model's name in metrics: "proxy", "central" or "local"
     primary_label: str  # the model the paper reports
     pooled_data: bool = False
+    dp_training: bool = True  # False: the shared model trains without DP (PrivateKT)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def make_exchange(self, schedule: Schedule) -> Exchange:
+    def make_exchange(
+        self, schedule: Schedule, knowledge_transfer: Callable[[], Exchange] | None = None
+    ) -> Exchange:
+        """The strategy's exchange; PrivateKT's is built by ``knowledge_transfer`` (it needs
+        the model, the public pool and the privacy ledger, which the trainer holds)."""
+        if self.exchange_kind == "knowledge_transfer":
+            if knowledge_transfer is None:
+                raise ValueError(f"{self.name} needs its knowledge-transfer exchange")
+            return knowledge_transfer()
         if self.exchange_kind == "push_sum":
             return PushSumExchange(schedule)
         if self.exchange_kind == "server_average":
@@ -159,6 +202,9 @@ STRATEGIES: dict[str, Strategy] = {
     "CWT": Strategy("CWT", False, "ring", "local", "local"),
     "Regular": Strategy("Regular", False, "none", "local", "local"),
     "Joint": Strategy("Joint", False, "none", "local", "local", pooled_data=True),
+    "PrivateKT": Strategy(
+        "PrivateKT", False, "knowledge_transfer", "central", "central", dp_training=False
+    ),
 }
 
 

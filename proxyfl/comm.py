@@ -21,6 +21,11 @@ the same thing for the paper's permutation graph (w stays 1), and sending the nu
 
 Server averaging (FedAvg, FML): rank 0 also plays the server. Members ``Reduce`` their
 buffers to it (a sum), it divides by the number of members and ``Bcast``s the average back.
+
+PrivateKT: rank 0, the server, ``Bcast``s the global model, the round's knowledge-transfer
+item indices and the selected clients to every rank (:meth:`Communicator.broadcast`);
+each selected client other than rank 0 sends the server exactly its K perturbed labels
+(int64) with one ``Send`` (:meth:`Communicator.gather_labels`), and nothing else.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 MODEL_TAG = 101
 WEIGHT_TAG = 102
+LABELS_TAG = 103
 SERVER_RANK = 0
 
 
@@ -217,6 +223,47 @@ class Communicator:
             send, dest=dest, sendtag=MODEL_TAG, recvbuf=received, source=source, recvtag=MODEL_TAG
         )
         return received, time.perf_counter() - start
+
+    # -- server broadcast and label upload (PrivateKT) ------------------------------------
+    def broadcast(self, buffer: np.ndarray, round_number: int, kind: str) -> float:
+        """``Bcast`` ``buffer`` from the server to every rank, in place; every rank must call.
+        The server's send is logged as ``kind`` to peer ``"all"``."""
+        if not buffer.flags.c_contiguous:
+            raise ValueError("broadcast needs a C-contiguous buffer")
+        if self.rank == SERVER_RANK:
+            self.log.record(round_number, kind, "all", buffer)
+        start = time.perf_counter()
+        self.comm.Bcast(buffer, root=SERVER_RANK)
+        return time.perf_counter() - start
+
+    def gather_labels(
+        self, labels: np.ndarray | None, reporters: list[int], k: int, round_number: int
+    ) -> tuple[np.ndarray | None, float]:
+        """The ``reporters``' K int64 labels at the server, one row per reporter in the order
+        of ``reporters``: ``(rows, seconds)`` on the server, ``(None, seconds)`` elsewhere.
+
+        A reporter passes its ``labels`` (K int64); the server's own row, when it reports,
+        never crosses MPI. Ranks that neither report nor serve do nothing.
+        """
+        start = time.perf_counter()
+        if self.rank != SERVER_RANK:
+            if self.rank in reporters:
+                send = np.ascontiguousarray(labels, dtype=np.int64)
+                if send.shape != (k,):
+                    raise ValueError(f"a client sends exactly {k} labels, got shape {send.shape}")
+                self.log.record(round_number, "labels", SERVER_RANK, send)
+                self.comm.Send(send, dest=SERVER_RANK, tag=LABELS_TAG)
+            return None, time.perf_counter() - start
+        rows = np.empty((len(reporters), k), dtype=np.int64)
+        requests = []
+        for row, reporter in enumerate(reporters):
+            if reporter == SERVER_RANK:
+                rows[row] = np.asarray(labels, dtype=np.int64)
+            else:
+                requests.append(self.comm.Irecv(rows[row], source=reporter, tag=LABELS_TAG))
+        if requests:
+            requests[0].Waitall(requests)
+        return rows, time.perf_counter() - start
 
     def free(self) -> None:
         """Release the sub-communicators made for server averaging."""

@@ -73,6 +73,48 @@ class TrainOptions(BaseModel):
     keep_final_checkpoints: bool = Field(
         False, description="keep a finished run's checkpoints (they serve --resume)"
     )
+    # PrivateKT (Qi et al., Nature Communications 2023; docs/design.md §4). The paper gives
+    # ε = 5 (its experiments) and K = 2 (its Fig. 4: "a small number of samples (e.g., 2)");
+    # B, M and the server's fine-tuning epochs are not in the paper's main text: their
+    # defaults are the authors' code (github.com/taoqi98/PrivateKT, main.ipynb/PrivateKT.py).
+    public_center: int = Field(
+        4, ge=0, description="PrivateKT: the centre whose store is the unlabelled public pool"
+    )
+    kt_samples: int = Field(
+        2, ge=1, description="PrivateKT: K, knowledge-transfer items labelled per round"
+    )
+    ldp_epsilon: float = Field(
+        5.0, gt=0, description="PrivateKT: ε of the label-level ε-LDP of one round (Lemma 1)"
+    )
+    buffer_size: int = Field(
+        25, ge=1, description="PrivateKT: B, rounds of aggregated knowledge the buffer keeps"
+    )
+    self_train_samples: int | None = Field(
+        None,
+        ge=1,
+        description="PrivateKT: M, public items the server self-trains on per round "
+        "(null: a tenth of the public pool, as in the authors' code)",
+    )
+    finetune_epochs: int = Field(
+        4, ge=1, description="PrivateKT: the server's epochs over the knowledge buffer per round"
+    )
+    client_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="PrivateKT: share of the active clients the server selects each round",
+    )
+    buffer: bool = Field(
+        True,
+        description="PrivateKT: fine-tune on the knowledge buffer of B rounds "
+        "(--no-buffer: on this round's knowledge only; the paper's Fig. 3 ablation)",
+    )
+    self_training: bool = Field(
+        True, description="PrivateKT: self-train on M confident public items (Eq. 5)"
+    )
+    uniform_sampling: bool = Field(
+        False, description="PrivateKT: draw KT items uniformly instead of by Eq. (4)"
+    )
 
 
 class TrainConfig(TrainOptions):
@@ -176,8 +218,16 @@ class TrainConfig(TrainOptions):
         """The fields that must not change when a run is resumed."""
         ignored = {"resume", "stop_after_round", "device", "workers", "keep_checkpoints",
                    "keep_final_checkpoints"}
+        if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them
+            ignored |= set(PRIVATEKT_FIELDS)
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
+
+
+PRIVATEKT_FIELDS: tuple[str, ...] = (
+    "public_center", "kt_samples", "ldp_epsilon", "buffer_size", "self_train_samples",
+    "finetune_epochs", "client_fraction", "buffer", "self_training", "uniform_sampling",
+)  # fmt: skip
 
 
 def _check_model_name(name: str) -> None:

@@ -14,30 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from proxyfl.access import ACCESS_LOG, AccessLog
 from wsi.store import PatchSplitReader, store_path
-
-
-@dataclass
-class AccessLog:
-    """Which ``(store path, split)`` pairs this process has opened, in order."""
-
-    opened: list[dict[str, str]] = field(default_factory=list)
-
-    def record(self, path: Path, split: str) -> None:
-        entry = {"path": str(Path(path).resolve()), "split": split}
-        if entry not in self.opened:
-            self.opened.append(entry)
-
-
-ACCESS_LOG = AccessLog()
 
 
 def open_split(

@@ -71,6 +71,11 @@ class PrivateTraining:
         """The plain model inside the per-sample-gradient wrapper."""
         return self.module._module
 
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer (Adam), whose state a checkpoint keeps."""
+        return self.optimizer.original_optimizer
+
 
 def check_dp_compatible(model: nn.Module, name: str) -> None:
     """Raise :class:`DPIncompatibleModelError` listing what Opacus cannot train."""

@@ -2,8 +2,11 @@
 
 from typing import Literal, get_args
 
-# The one list of methods, in the order of the paper's tables (Table 2, Figure 8).
-Algorithm = Literal["Regular", "AvgPush", "CWT", "FedAvg", "FML", "ProxyFL", "Joint"]
+# The one list of methods: the ProxyFL paper's, in the order of its tables (Table 2,
+# Figure 8), then PrivateKT (Qi et al. 2023), which that paper does not compare with.
+Algorithm = Literal["Regular", "AvgPush", "CWT", "FedAvg", "FML", "ProxyFL", "Joint", "PrivateKT"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+# The seven methods of the ProxyFL paper's histopathology experiment.
+PAPER_ALGORITHMS: tuple[str, ...] = ALGORITHMS[:7]
 MODEL_NAMES: tuple[str, ...] = ("resnet18_gn", "mlp", "cnn1", "cnn2", "lenet5")
 JOINT_CENTER: int = -1  # the "centre" of Joint's pooled data in metrics

@@ -17,11 +17,18 @@ import sys
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing import atomic
+
+SAMPLE_DP = "sample_dp"  # proxyfl.ledger's notions (kept import-free here for the report)
+LABEL_LDP = "label_ldp"
+PRIVACY_NOTIONS: dict[str, str] = {
+    SAMPLE_DP: "sample-level (ε, δ)-DP",
+    LABEL_LDP: "label-level ε-LDP",
+}
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
@@ -50,9 +57,11 @@ class MetricRow(BaseModel):
         description="mean recall over the classes present in the test splits; null for none"
     )
     epsilon: float | None = Field(
-        description="ε spent by the client's DP-SGD steps so far at δ; null when infinite (σ=0)"
+        description="the client's cumulative ε after this round, in the notion of "
+        "privacy_notion: DP-SGD's (ε, δ) at δ, null when infinite (σ=0); PrivateKT's "
+        "rounds released · ε-LDP per round (basic sequential composition)"
     )
-    delta: float = Field(description="δ of the (ε, δ)-DP guarantee")
+    delta: float = Field(description="δ of the (ε, δ)-DP guarantee (0 for pure ε-LDP)")
     train_loss: float | None = Field(
         description="mean training loss of the evaluated model this round; null: no step taken"
     )
@@ -65,6 +74,18 @@ class MetricRow(BaseModel):
     )
     active: bool = Field(description="false once the client has stopped at its privacy budget")
     n_train: int = Field(description="the client's number of training examples")
+    # Added with PrivateKT; the defaults are what every earlier row meant.
+    privacy_notion: Literal["sample_dp", "label_ldp"] = Field(
+        SAMPLE_DP,
+        description="which guarantee epsilon is: sample_dp (sample-level (ε, δ)-DP of "
+        "DP-SGD on one training patch) or label_ldp (label-level ε-LDP of PrivateKT's "
+        "randomized response on what the client sends)",
+    )
+    epsilon_per_round: float | None = Field(
+        None,
+        description="ε of one round's release (PrivateKT's ε-LDP per round); null for "
+        "DP-SGD, whose ε composes through RDP rather than per round",
+    )
 
     def as_json(self) -> str:
         """The row as one line of strict JSON (non-finite floats as null), no newline."""

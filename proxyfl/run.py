@@ -7,8 +7,12 @@ training split; every client evaluates on the merged test splits of all listed c
 Joint runs as one rank over the pooled training splits of the listed centres.
 
 Bad input (a missing or malformed store, a centre listed twice, more ranks than centres,
-an unknown model or algorithm, a batch larger than a client's data, ...) is reported
+an unknown model or algorithm, a batch larger than a client's data, PrivateKT without its
+public store or with more knowledge-transfer items than the pool holds, ...) is reported
 before any training: rank 0 prints every rank's message and all ranks exit with status 2.
+
+PrivateKT reads, on every rank, the images (never the labels) of the public centre's
+store (``--public-center``, default 4), which must not be a client's centre.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
+from proxyfl.access import AccessLog
 from proxyfl.config import TrainConfig
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
@@ -44,6 +49,7 @@ if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
 
 
 logger = logging.getLogger("proxyfl.run")
+_UNLOGGED = AccessLog()  # checks before training open nothing that the rank records
 
 
 class _ParserError(Exception):
@@ -142,6 +148,11 @@ def check_world(config: TrainConfig, size: int) -> None:
         raise SetupError(
             f"--private-model lists {len(config.private_model)} models for {size} clients"
         )
+    if config.algorithm == "PrivateKT" and config.public_center in centers:
+        raise SetupError(
+            f"--public-center {config.public_center} is also a client's centre ({centers}); "
+            f"PrivateKT's public pool must be a centre no client trains on"
+        )
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,39 @@ class StorePlan:
     test_centers: list[int]
     n_classes: int
     patch_size: int
+    public_center: int | None = None  # PrivateKT's public pool
+
+
+def check_public_pool(config: TrainConfig, patch_size: int, n_classes: int) -> int:
+    """PrivateKT's public store: present, like the clients' stores, large enough for K and
+    M. Returns its number of items. Its labels are not read (:mod:`proxyfl.public_pool`)."""
+    from proxyfl.public_pool import PublicPool
+
+    data_dir, _ = config.require_paths()
+    center = config.public_center
+    path = store_path(data_dir, center)
+    if not path.is_file():
+        raise SetupError(f"PrivateKT's public pool: no store {path} for --public-center {center}")
+    try:
+        pool = PublicPool(path, log=_UNLOGGED)
+    except StoreError as error:
+        raise SetupError(f"public centre {center}: {error.path}: {error.reason}") from None
+    if (pool.patch_size, pool.n_classes) != (patch_size, n_classes):
+        raise SetupError(
+            f"public centre {center}: patch size {pool.patch_size} and {pool.n_classes} "
+            f"classes, the clients' stores have {patch_size} and {n_classes}"
+        )
+    if config.kt_samples > len(pool):
+        raise SetupError(
+            f"--kt-samples {config.kt_samples} is larger than the {len(pool)} items of the "
+            f"public pool (centre {center})"
+        )
+    if config.self_train_samples is not None and config.self_train_samples > len(pool):
+        raise SetupError(
+            f"--self-train-samples {config.self_train_samples} is larger than the "
+            f"{len(pool)} items of the public pool (centre {center})"
+        )
+    return len(pool)
 
 
 def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
@@ -193,19 +237,26 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         )
     if sum(len(infos[c].splits["test"]) for c in centers) == 0:
         raise SetupError(f"the test splits of centres {centers} are all empty")
+    patch_size = next(iter(sizes.values()))
+    public_center = None
+    if config.algorithm == "PrivateKT":
+        check_public_pool(config, patch_size, n_classes)
+        public_center = config.public_center
     return StorePlan(
         client=client,
         center=center,
         train_centers=list(train_centers),
         test_centers=list(centers),
         n_classes=n_classes,
-        patch_size=next(iter(sizes.values())),
+        patch_size=patch_size,
+        public_center=public_center,
     )
 
 
 def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
     """Open this rank's training split(s) and every listed centre's test split."""
     from proxyfl.data import PatchDataset, open_split
+    from proxyfl.public_pool import PublicPool
     from proxyfl.trainer import ClientData
 
     data_dir, _ = config.require_paths()
@@ -216,6 +267,11 @@ def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
         test_splits=[open_split(data_dir, c, "test") for c in plan.test_centers],
         n_classes=plan.n_classes,
         patch_size=plan.patch_size,
+        public_pool=(
+            PublicPool.of_center(data_dir, plan.public_center)
+            if plan.public_center is not None
+            else None
+        ),
     )
 
 
@@ -368,8 +424,9 @@ def _client_summary(trainer: ClientTrainer) -> dict[str, Any]:
         "shared_model": trainer.config.proxy_model,
         "shared_parameters": trainer.shared_parameters,
         "private_parameters": trainer.private_parameters,
-        "sample_rate": trainer.dp.sample_rate,
+        "sample_rate": trainer.training.sample_rate,
         "steps_per_round": trainer.steps_per_round,
+        "privacy_notion": trainer.ledger.notion,
         **environment_summary(),
     }
 
@@ -404,6 +461,9 @@ def _write_run_json(
             "total_eval_seconds": sum(t["eval_seconds"] for t in timings),
         }
         payload["epsilon"] = {str(r["client"]): r["epsilon"] for r in records}
+        # the same ε with the notion it is stated in (sample_dp | label_ldp), δ, the
+        # per-round ε (PrivateKT) and how rounds compose
+        payload["privacy"] = {str(r["client"]): r["privacy"] for r in records}
     atomic_write_json(run_dir / RUN_FILE, payload)
 
 

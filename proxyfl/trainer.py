@@ -2,17 +2,23 @@
 
 Round t = 1..T at client k:
 
-1. participation: a client whose ε after this round's steps would exceed
-   ``--epsilon-budget`` stops for good (no more training, no more sharing); the ranks
-   agree on the round's members with one small ``allgather`` of flags;
-2. local training (members only): ``local_epochs`` epochs of Poisson batches from the
+1. participation: a client whose ε after this round would exceed ``--epsilon-budget``
+   stops for good (no more training, no more sharing); the ranks agree on the round's
+   members with one small ``allgather`` of flags;
+2. distribution, by the algorithm's strategy (:mod:`proxyfl.algorithms`): only
+   PrivateKT's server hands anything out here (the round's clients and knowledge-transfer
+   items, :mod:`proxyfl.privatekt`); a client it does not select skips step 3;
+3. local training (members only): ``local_epochs`` epochs of Poisson batches from the
    DP data loader. With mutual learning both models take a step on every batch (DML
    losses, :mod:`proxyfl.dml`): the private model with Adam, the DP model with DP-Adam.
-   An empty batch gives the DP model a noise-only step and the private model none;
-3. exchange of the DP model, by the algorithm's strategy (:mod:`proxyfl.algorithms`);
-4. evaluation of the strategy's models on the merged test splits of all listed centres;
-5. ε from the accountant (:func:`proxyfl.accounting.epsilon_from_history`), metrics
-   gathered to rank 0 and written, checkpoint written.
+   An empty batch gives the DP model a noise-only step and the private model none.
+   PrivateKT trains its shared model without DP, on shuffled mini-batches
+   (:mod:`proxyfl.local_training`);
+4. exchange of the shared model, by the algorithm's strategy;
+5. evaluation of the strategy's models on the merged test splits of all listed centres;
+6. ε from the client's privacy ledger (:mod:`proxyfl.ledger`: the RDP accountant's
+   sample-level (ε, δ), or PrivateKT's label-level ε-LDP), metrics gathered to rank 0 and
+   written, checkpoint written.
 
 Models are initialised from seeds derived from ``--seed``: the DP (shared) model from the
 same seed on every client (a common starting point, as FedAvg needs), the private model
@@ -34,15 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from proxyfl import checkpoint as ckpt
-from proxyfl.accounting import epsilon_from_history
-from proxyfl.algorithms import Strategy
-from proxyfl.comm import Communicator, assign_flat_parameters, flatten_parameters
+from proxyfl.algorithms import Distribution, Exchange, Strategy
+from proxyfl.comm import SERVER_RANK, Communicator, assign_flat_parameters, flatten_parameters
 from proxyfl.config import TrainConfig
 from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
 from proxyfl.dml import dml_losses
 from proxyfl.dp import (
     PrivateTraining,
-    accountant_after,
     check_dp_compatible,
     make_private,
     noise_only_step,
@@ -50,7 +54,11 @@ from proxyfl.dp import (
 )
 from proxyfl.evaluate import Scores, evaluate_models
 from proxyfl.graphs import Schedule
+from proxyfl.ldp import LDPLedger
+from proxyfl.ledger import PRIVACY_NOTIONS, DPSGDLedger, PrivacyLedger
+from proxyfl.local_training import PlainTraining, make_plain
 from proxyfl.models import build_model, count_parameters
+from proxyfl.public_pool import PublicPool
 from proxyfl.results import (
     METRICS_FILE,
     MetricRow,
@@ -78,6 +86,7 @@ class ClientData:
     test_splits: list[PatchSplitReader]
     n_classes: int
     patch_size: int
+    public_pool: PublicPool | None = None  # PrivateKT's unlabelled public images
 
 
 @dataclass
@@ -121,7 +130,8 @@ class ClientTrainer:
 
         torch.manual_seed(derived_seed(cfg.seed, "shared-init"))
         shared = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
-        check_dp_compatible(shared, cfg.proxy_model)
+        if self.strategy.dp_training:
+            check_dp_compatible(shared, cfg.proxy_model)
         self.private: nn.Module | None = None
         self.private_optimizer: torch.optim.Optimizer | None = None
         if self.strategy.mutual_learning:
@@ -139,41 +149,113 @@ class ClientTrainer:
         self.noise_generator = seeded_generator(
             derived_seed(cfg.seed, "dp-noise", self.data.center), device
         )
-        self.dp: PrivateTraining = make_private(
-            shared,
-            torch.optim.Adam(shared.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
-            self.data.train,
-            batch_size=cfg.batch_size,
-            sigma=cfg.sigma,
-            clip=cfg.clip,
-            sampler_generator=self.sampler_generator,
-            noise_generator=self.noise_generator,
-            workers=cfg.workers,
-        )
-        self.exchange = self.strategy.make_exchange(self.schedule)
-        self.shared_parameters = count_parameters(self.dp.model)
+        optimizer = torch.optim.Adam(shared.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.ledger: PrivacyLedger
+        self.training: PrivateTraining | PlainTraining
+        if self.strategy.dp_training:
+            self.training = make_private(
+                shared,
+                optimizer,
+                self.data.train,
+                batch_size=cfg.batch_size,
+                sigma=cfg.sigma,
+                clip=cfg.clip,
+                sampler_generator=self.sampler_generator,
+                noise_generator=self.noise_generator,
+                workers=cfg.workers,
+            )
+            self.ledger = DPSGDLedger(
+                self.training.accountant,
+                sigma=cfg.sigma,
+                sample_rate=self.training.sample_rate,
+                steps_per_round=self.steps_per_round,
+                delta=cfg.delta,
+            )
+        else:
+            self.training = make_plain(
+                shared,
+                optimizer,
+                self.data.train,
+                batch_size=cfg.batch_size,
+                generator=self.sampler_generator,
+                workers=cfg.workers,
+            )
+            self.ledger = LDPLedger(cfg.ldp_epsilon)
+        self.exchange = self.strategy.make_exchange(self.schedule, self._knowledge_transfer)
+        self.shared_parameters = count_parameters(self.training.model)
         self.private_parameters = count_parameters(self.private) if self.private else 0
+
+    @property
+    def dp(self) -> PrivateTraining | PlainTraining:
+        """The shared model's training (DP-SGD, or plain for PrivateKT); old name of
+        :attr:`training`."""
+        return self.training
+
+    def _knowledge_transfer(self) -> Exchange:
+        """PrivateKT's exchange: the client role here, the server's too on rank 0."""
+        from proxyfl.privatekt import (
+            KnowledgeServer,
+            KTSettings,
+            PrivateKTExchange,
+            PublicItems,
+        )
+
+        cfg, device = self.config, self.runtime.device
+        pool = self.data.public_pool
+        if pool is None:
+            raise ValueError("PrivateKT needs the public pool (--public-center)")
+        if not isinstance(self.ledger, LDPLedger):
+            raise TypeError("PrivateKT accounts label-level ε-LDP")
+        settings = KTSettings.from_config(cfg, self.data.n_classes, len(pool))
+        items = PublicItems(pool, device, self.input_size)
+        server = None
+        if self.runtime.rank == SERVER_RANK:
+            torch.manual_seed(derived_seed(cfg.seed, "shared-init"))  # Θ_1, as every client's
+            model = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
+            server = KnowledgeServer(
+                model,
+                torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+                items,
+                settings,
+                np.random.default_rng(derived_seed(cfg.seed, "privatekt-server")),
+            )
+        rr_rng = np.random.default_rng(
+            derived_seed(cfg.seed, "randomized-response", self.data.center)
+        )
+        return PrivateKTExchange(self.training.model, items, settings, self.ledger, rr_rng, server)
 
     # -- privacy -------------------------------------------------------------------------
     @property
     def steps_per_round(self) -> int:
-        return self.dp.steps_per_epoch * self.config.local_epochs
+        return self.training.steps_per_epoch * self.config.local_epochs
 
     def epsilon(self) -> float:
-        return epsilon_from_history(self.dp.accountant.history, self.config.delta)
+        return self.ledger.epsilon()
 
     def within_budget_after_next_round(self) -> bool:
         """Would ε after one more round stay within ``--epsilon-budget``?"""
         if self.config.epsilon_budget is None:
             return True
-        planned = accountant_after(
-            self.dp.accountant,
-            sigma=self.config.sigma,
-            sample_rate=self.dp.sample_rate,
-            steps=self.steps_per_round,
-        )
-        epsilon = epsilon_from_history(planned.history, self.config.delta)
-        return epsilon <= self.config.epsilon_budget
+        return self.ledger.epsilon_after_next_round() <= self.config.epsilon_budget
+
+    def privacy_record(self) -> dict[str, Any]:
+        """This client's guarantee, with the notion it is stated in (for run.json)."""
+        epsilon = self.epsilon()
+        record: dict[str, Any] = {
+            "notion": self.ledger.notion,
+            "notion_text": PRIVACY_NOTIONS[self.ledger.notion],
+            "epsilon": epsilon if math.isfinite(epsilon) else None,
+            "delta": self.ledger.delta,
+            "epsilon_per_round": self.ledger.epsilon_per_round,
+        }
+        if isinstance(self.ledger, LDPLedger):
+            record["rounds_released"] = self.ledger.releases
+            record["composition"] = "basic sequential composition: rounds_released · ε"
+            record["assumption_not_computed"] = (
+                "the paper's model-shuffling argument (ε over all rounds) assumes an "
+                "anonymising shuffler; it is not implemented or accounted here"
+            )
+        return record
 
     # -- one round -----------------------------------------------------------------------
     def train_round(self) -> RoundLosses:
@@ -181,19 +263,21 @@ class ClientTrainer:
         cfg, device = self.config, self.runtime.device
         losses = RoundLosses()
         shared_sum = private_sum = 0.0
-        self.dp.module.train()
+        training = self.training
+        training.module.train()
         if self.private is not None:
             self.private.train()
         for _ in range(cfg.local_epochs):
-            for images, labels in self.dp.loader:
-                if labels.shape[0] == 0:
-                    noise_only_step(self.dp)
+            for images, labels in training.loader:
+                if labels.shape[0] == 0:  # only Poisson (DP) batches can be empty
+                    assert isinstance(training, PrivateTraining)
+                    noise_only_step(training)
                     losses.empty_batches += 1
                     continue
                 x = prepare_images(images, device, self.input_size)
                 y = labels.to(device)
-                self.dp.optimizer.zero_grad(set_to_none=True)
-                shared_logits = self.dp.module(x)
+                training.optimizer.zero_grad(set_to_none=True)
+                shared_logits = training.module(x)
                 if self.private is not None and self.private_optimizer is not None:
                     self.private_optimizer.zero_grad(set_to_none=True)
                     private_logits = self.private(x)
@@ -207,7 +291,7 @@ class ClientTrainer:
                     shared_loss = F.cross_entropy(shared_logits, y)
                 with quiet_opacus():
                     shared_loss.backward()
-                self.dp.optimizer.step()
+                training.optimizer.step()
                 shared_sum += float(shared_loss.detach())
                 losses.steps += 1
         if losses.steps:
@@ -216,17 +300,25 @@ class ClientTrainer:
                 losses.private = private_sum / losses.steps
         return losses
 
+    def distribute_round(self, members: list[int], round_number: int) -> Distribution:
+        """What the strategy hands out before training (PrivateKT's server), applied."""
+        theta = flatten_parameters(self.training.model)
+        distribution = self.exchange.distribute(self.communicator, theta, members, round_number)
+        if distribution.theta is not None:
+            assign_flat_parameters(self.training.model, distribution.theta)
+        return distribution
+
     def exchange_round(self, members: list[int], round_number: int) -> float:
         """Mix the DP model with the other members'; returns seconds spent communicating."""
-        theta = flatten_parameters(self.dp.model)
+        theta = flatten_parameters(self.training.model)
         self.runtime.comm.Barrier()  # waiting for slower clients is not communication
         new_theta, seconds = self.exchange.exchange(self.communicator, theta, members, round_number)
         if new_theta is not None:
-            assign_flat_parameters(self.dp.model, new_theta)
+            assign_flat_parameters(self.training.model, new_theta)
         return seconds
 
     def evaluate(self) -> dict[str, Scores]:
-        models: dict[str, nn.Module] = {self.strategy.shared_label: self.dp.model}
+        models: dict[str, nn.Module] = {self.strategy.shared_label: self.training.model}
         if self.private is not None:
             models["private"] = self.private
         return evaluate_models(
@@ -252,7 +344,7 @@ class ClientTrainer:
                 accuracy=scores[label].accuracy,
                 macro_accuracy=scores[label].macro_accuracy,
                 epsilon=epsilon if math.isfinite(epsilon) else None,
-                delta=self.config.delta,
+                delta=self.ledger.delta,
                 train_loss=losses.private if label == "private" else losses.shared,
                 comm_seconds=comm_s,
                 evaluated_model=label,
@@ -260,6 +352,8 @@ class ClientTrainer:
                 primary=label == self.strategy.primary_label,
                 active=self.active,
                 n_train=len(self.data.train),
+                privacy_notion=self.ledger.notion,
+                epsilon_per_round=self.ledger.epsilon_per_round,
             )
             for label in self.strategy.evaluated_labels
         ]
@@ -268,13 +362,13 @@ class ClientTrainer:
     def state_dict(self, round_number: int) -> dict[str, Any]:
         return {
             "round": round_number,
-            "shared_model": self.dp.model.state_dict(),
-            "shared_optimizer": self.dp.optimizer.original_optimizer.state_dict(),
+            "shared_model": self.training.model.state_dict(),
+            "shared_optimizer": self.training.base_optimizer.state_dict(),
             "private_model": self.private.state_dict() if self.private else None,
             "private_optimizer": (
                 self.private_optimizer.state_dict() if self.private_optimizer else None
             ),
-            "accountant": self.dp.accountant.state_dict(),
+            "accountant": self.ledger.state_dict(),
             "sampler_generator": self.sampler_generator.get_state(),
             "noise_generator": self.noise_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -286,12 +380,12 @@ class ClientTrainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dp.model.load_state_dict(state["shared_model"])
-        self.dp.optimizer.original_optimizer.load_state_dict(state["shared_optimizer"])
+        self.training.model.load_state_dict(state["shared_model"])
+        self.training.base_optimizer.load_state_dict(state["shared_optimizer"])
         if self.private is not None and self.private_optimizer is not None:
             self.private.load_state_dict(state["private_model"])
             self.private_optimizer.load_state_dict(state["private_optimizer"])
-        self.dp.accountant.load_state_dict(state["accountant"])
+        self.ledger.load_state_dict(state["accountant"])
         self.sampler_generator.set_state(state["sampler_generator"])
         self.noise_generator.set_state(state["noise_generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -319,6 +413,7 @@ class ClientTrainer:
             "sent": list(self.communicator.log.entries),
             "timings": self.timings.as_dict(),
             "epsilon": self.epsilon(),
+            "privacy": self.privacy_record(),
             "active": self.active,
         }
 
@@ -360,12 +455,14 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             trainer.active = False
         flags = comm.allgather(trainer.active)
         members = [rank for rank, active in enumerate(flags) if active]
+        distribution = trainer.distribute_round(members, round_number)
 
         started = time.perf_counter()
-        losses = trainer.train_round() if trainer.active else RoundLosses()
+        trains = trainer.active and distribution.trains
+        losses = trainer.train_round() if trains else RoundLosses()
         trainer.timings.train_seconds += time.perf_counter() - started
 
-        comm_seconds = trainer.exchange_round(members, round_number)
+        comm_seconds = distribution.seconds + trainer.exchange_round(members, round_number)
         trainer.timings.comm_seconds += comm_seconds
 
         started = time.perf_counter()

@@ -1,0 +1,60 @@
+"""Local training without DP: PrivateKT's clients train the global model plainly.
+
+PrivateKT protects what leaves a client (the randomized-response labels,
+:mod:`proxyfl.ldp`), not the local training itself, so a client trains Θ_t with Adam on
+shuffled mini-batches of its training split (``⌈N/B⌉`` batches per epoch, the last one
+smaller, the order drawn from a seeded generator). :class:`PlainTraining` offers the
+attributes of :class:`proxyfl.dp.PrivateTraining` that the training loop uses, so the
+loop is the same for both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+
+@dataclass
+class PlainTraining:
+    """A model trained without DP: the model, its optimizer and a shuffling loader."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: DataLoader
+    steps_per_epoch: int
+    sample_rate: float | None = None  # no Poisson sampling, nothing to account
+
+    @property
+    def module(self) -> nn.Module:
+        """What the loop calls forward on (the model itself: no per-sample wrapper)."""
+        return self.model
+
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
+
+def make_plain(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    generator: torch.Generator,
+    workers: int = 0,
+) -> PlainTraining:
+    """Shuffled mini-batches of ``batch_size`` over ``dataset``, in an order from ``generator``."""
+    n = len(dataset)  # type: ignore[arg-type]
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=RandomSampler(dataset, generator=generator),
+        num_workers=workers,
+    )
+    return PlainTraining(
+        model=model, optimizer=optimizer, loader=loader, steps_per_epoch=math.ceil(n / batch_size)
+    )
