@@ -23,6 +23,7 @@ from proxyfl.results import (
 KEYS = (
     "algorithm", "seed", "client", "round", "accuracy", "macro_accuracy", "epsilon", "delta",
     "train_loss", "comm_seconds", "evaluated_model", "center", "primary", "active", "n_train",
+    "privacy_notion", "epsilon_per_round",
 )  # fmt: skip
 
 
@@ -43,6 +44,8 @@ def values(**changes: Any) -> dict[str, Any]:
         "primary": True,
         "active": True,
         "n_train": 476,
+        "privacy_notion": "sample_dp",
+        "epsilon_per_round": None,
     }
     row.update(changes)
     return row
