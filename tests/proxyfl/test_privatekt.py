@@ -327,3 +327,23 @@ def test_rows_written_before_privatekt_load_as_sample_level_dp() -> None:
     assert (row.privacy_notion, row.epsilon_per_round) == ("sample_dp", None)
     with pytest.raises(ValueError, match="privacy_notion"):
         MetricRow.model_validate({**old, "privacy_notion": "patient_dp"})
+
+
+def test_ablations_and_client_fraction_map_to_the_settings() -> None:
+    from proxyfl.config import TrainConfig
+    from proxyfl.privatekt import KTSettings, selection_size
+
+    base = KTSettings.from_config(TrainConfig(algorithm="PrivateKT"), n_classes=2, pool_size=95)
+    assert (base.kt_samples, base.epsilon, base.buffer_size) == (2, 5.0, 25)
+    assert base.self_train_samples == 10 and not base.uniform_sampling  # ⌈0.1 · 95⌉
+    assert base.beta == pytest.approx(math.expm1(2.5) / (math.expm1(2.5) + 2))
+    ablated = KTSettings.from_config(
+        TrainConfig(algorithm="PrivateKT", buffer=False, self_training=False,
+                    uniform_sampling=True),
+        n_classes=2, pool_size=95,
+    )  # fmt: skip
+    assert (ablated.buffer_size, ablated.self_train_samples, ablated.uniform_sampling) == (
+        1, 0, True,
+    )  # fmt: skip
+    assert [selection_size(f, 4) for f in (1.0, 0.5, 0.1)] == [4, 2, 1]
+    assert selection_size(0.5, 0) == 0
