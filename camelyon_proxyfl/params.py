@@ -32,7 +32,7 @@ from plumbing.cli import (
     validate,
 )
 from proxyfl.config import TrainConfig, TrainOptions
-from proxyfl.names import ALGORITHMS, Algorithm
+from proxyfl.names import PAPER_ALGORITHMS, Algorithm
 from wsi.params import PatchParams, SamplingParams, SamplingRules
 from wsi.synth.config import SynthSettings
 
@@ -42,7 +42,7 @@ DEFAULT_PARAMS = Path("params.yaml")
 SYNTHETIC_ROOT = Path("data/synthetic")
 DATA_ROOT_FIX = (
     "set data.root in the parameters file (or --data-root) to your copy of the Camelyon-17 "
-    f"training set (README: \"Real data\"), or to {SYNTHETIC_ROOT} for the embedded "
+    f'training set (README: "Real data"), or to {SYNTHETIC_ROOT} for the embedded '
     "synthetic dataset"
 )
 
@@ -96,9 +96,7 @@ class PreprocessSection(SamplingRules, PatchParams):
         Path("data/cache/candidates"), description="per-slide cache of usable candidates"
     )
     centers: list[int] = Field([0, 1, 2, 3], description="centres to build stores for")
-    backend: Literal["auto", "openslide", "tiffslide"] = Field(
-        "auto", description="slide reader"
-    )
+    backend: Literal["auto", "openslide", "tiffslide"] = Field("auto", description="slide reader")
     workers: int = Field(2, ge=1, description="parallel processes for per-slide work")
     patches_per_class: PatchesPerClass = Field(
         {0: 1517, 1: 1701, 2: 1834, 3: 1861},  # the paper's Table 1
@@ -151,7 +149,11 @@ class PreprocessConfig(PreprocessSection):
 class TrainSection(Section):
     """``train:``: which runs to launch, and the options every one of them trains with."""
 
-    algorithms: list[Algorithm] = Field(list(ALGORITHMS), description="methods to train")
+    algorithms: list[Algorithm] = Field(
+        list(PAPER_ALGORITHMS),
+        description="methods to train (PrivateKT also reads the store of "
+        "train.options.public_center)",
+    )
     seeds: list[int] = Field([0], description="seeds; every method runs once per seed")
     centers: list[int] = Field([0, 1, 2, 3], description="the clients' centres")
     data: Path = Field(Path("data/patches"), description="directory of the centre stores")
@@ -230,6 +232,12 @@ class Params(Section):
         missing = sorted(set(self.train.centers) - set(self.preprocess.centers))
         if missing:
             problems.append(f"train.centers: {missing} are not in preprocess.centers")
+        public = self.train.options.public_center
+        if "PrivateKT" in self.train.algorithms and public not in self.preprocess.centers:
+            problems.append(
+                f"train.algorithms: PrivateKT reads centre {public}'s store as its public "
+                f"pool (train.options.public_center), which preprocess.centers does not build"
+            )
         if problems:
             raise ConfigError(source, "; ".join(problems))
 
@@ -284,8 +292,14 @@ class ParamsCommand:
     ) -> None:
         """A flag for each field of ``model``, the section at ``key``."""
         parser = self.parser.add_argument_group(group) if group else self.parser
-        self.flags += add_model_flags(parser, model, key, exclude=exclude,
-                                      current=self.section(*key), source=str(self.params_file))
+        self.flags += add_model_flags(
+            parser,
+            model,
+            key,
+            exclude=exclude,
+            current=self.section(*key),
+            source=str(self.params_file),
+        )
 
     def add_key(self, option: str, key: KeyPath) -> None:
         """A flag for one key of another section (``--data-root`` for ``data.root``)."""

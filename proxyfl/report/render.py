@@ -18,6 +18,7 @@ from typing import Any
 
 from proxyfl.report.load import JOINT
 from proxyfl.report.stats import AccuracyRow, CurvePoint, PrivacyRow, TableRow
+from proxyfl.results import LABEL_LDP, SAMPLE_DP
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -65,8 +66,17 @@ def _privacy_cells(row: PrivacyRow) -> tuple[str, ...]:
         _general(row.sigma),
         _general(row.delta),
         f"{row.epsilon:.2f}",
+        "—" if row.epsilon_per_round is None else _general(row.epsilon_per_round),
+        _NOTION_TEXT[row.notion],
         row.source,
     )
+
+
+# the privacy table's words for each notion (which guarantee an ε is, and over what)
+_NOTION_TEXT = {
+    SAMPLE_DP: "sample-level (ε, δ)-DP",
+    LABEL_LDP: "label-level ε-LDP, T·ε (basic composition)",
+}
 
 
 LAYOUTS: dict[type, TableLayout] = {
@@ -87,8 +97,18 @@ LAYOUTS: dict[type, TableLayout] = {
         csv_record=_accuracy_record,
     ),
     PrivacyRow: TableLayout(
-        markdown_header=("Client", "Centre", "n_train", "σ", "δ", "ε", "ε from"),
-        markdown_align=(":--", ":--", "--:", "--:", "--:", "--:", ":--"),
+        markdown_header=(
+            "Client",
+            "Centre",
+            "n_train",
+            "σ",
+            "δ",
+            "ε",
+            "ε per round",
+            "Notion",
+            "ε from",
+        ),
+        markdown_align=(":--", ":--", "--:", "--:", "--:", "--:", "--:", ":--", ":--"),
         markdown_cells=_privacy_cells,
         csv_fields=(
             "client",
@@ -99,6 +119,8 @@ LAYOUTS: dict[type, TableLayout] = {
             "epsilon",
             "source",
             "n_seeds",
+            "notion",
+            "epsilon_per_round",
         ),
         csv_record=asdict,
     ),
@@ -150,8 +172,9 @@ def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
 def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) -> dict[str, Any]:
     """The few numbers experiments are compared by (``dvc exp show``, ``dvc metrics
     diff``): ``{method: {accuracy, macro_accuracy}, "max_epsilon": ε}``, the means of the
-    accuracy table and the largest ε of any client (Joint's pooled data excluded when there
-    are clients); keys free of dots and spaces. The tables hold the rest."""
+    accuracy table and the largest sample-level ε of any client (Joint's pooled data
+    excluded when there are clients), and PrivateKT's label-level ε-LDP apart as
+    ``max_epsilon_label_ldp``; keys free of dots and spaces. The tables hold the rest."""
     metrics: dict[str, Any] = {
         safe_name(row.algorithm): {
             "accuracy": row.accuracy_mean,
@@ -159,10 +182,14 @@ def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) 
         }
         for row in accuracy
     }
-    clients = [row.epsilon for row in privacy if row.client != JOINT] or [
-        row.epsilon for row in privacy
+    sample_level = [row for row in privacy if row.notion == SAMPLE_DP]
+    clients = [row.epsilon for row in sample_level if row.client != JOINT] or [
+        row.epsilon for row in sample_level
     ]
     metrics["max_epsilon"] = max(clients) if clients else None
+    label_level = [row.epsilon for row in privacy if row.notion == LABEL_LDP]
+    if label_level:  # another notion: never folded into max_epsilon
+        metrics["max_epsilon_label_ldp"] = max(label_level)
     return metrics
 
 

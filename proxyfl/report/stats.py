@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from proxyfl.report.load import JOINT, RunResult, by_algorithm
-from proxyfl.results import MetricRow
+from proxyfl.results import LABEL_LDP, SAMPLE_DP, MetricRow
 
 logger = logging.getLogger(__name__)
 
 # Where a client's ε comes from: ProxyFL, else the DP federated baselines in paper order,
 # else Regular (local DP-SGD only; same σ, sample rate and steps, hence the same ε).
+PRIVATE_KT = "PrivateKT"
 EPSILON_SOURCES: tuple[str, ...] = ("ProxyFL", "AvgPush", "CWT", "FedAvg", "FML", "Regular")
 
 
@@ -62,6 +63,8 @@ class PrivacyRow:
     epsilon: float
     source: str
     n_seeds: int
+    notion: str = SAMPLE_DP  # which guarantee ε is (proxyfl.results.PRIVACY_NOTIONS)
+    epsilon_per_round: float | None = None  # label-level LDP: ε of one round's release
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,10 @@ def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
 
 
 def privacy_table(runs: Sequence[RunResult]) -> list[PrivacyRow]:
-    """Per client (ascending): centre, n_train, σ, δ and ε, then Joint's row if Joint ran.
+    """Per client (ascending): centre, n_train, σ, δ and ε, then Joint's row if Joint ran,
+    then PrivateKT's clients if it ran. Every row says which notion its ε is: the DP-SGD
+    methods' sample-level (ε, δ)-DP, PrivateKT's label-level ε-LDP (T·ε over T rounds by
+    basic composition, with the per-round ε beside it); the two are not comparable.
 
     A client's ε is its final-round ε in the runs of the first method of
     :data:`EPSILON_SOURCES` present (ProxyFL, else a DP federated baseline), averaged over
@@ -135,6 +141,8 @@ def privacy_table(runs: Sequence[RunResult]) -> list[PrivacyRow]:
         table += _client_privacy_rows(source, groups[source])
     if JOINT in groups:
         table.append(_joint_privacy_row(groups[JOINT]))
+    if PRIVATE_KT in groups:
+        table += _client_privacy_rows(PRIVATE_KT, groups[PRIVATE_KT])
     return table
 
 
@@ -146,6 +154,11 @@ def _client_privacy_rows(source: str, runs: Sequence[RunResult]) -> list[Privacy
             epsilons[client].append(epsilon)
             info.setdefault(client, _client_info(run, client))
     sigma, delta = _sigma_delta(source, runs)
+    final = [row for run in runs for row in run.rows if row.round == run.final_round]
+    notion = final[0].privacy_notion if final else SAMPLE_DP
+    if notion == LABEL_LDP:  # no noise multiplier; δ = 0
+        sigma, delta = None, final[0].delta
+    per_round = {row.epsilon_per_round for row in final} - {None}
     return [
         PrivacyRow(
             client=str(client),
@@ -156,6 +169,8 @@ def _client_privacy_rows(source: str, runs: Sequence[RunResult]) -> list[Privacy
             epsilon=_mean_std(epsilons[client])[0],
             source=source,
             n_seeds=len(epsilons[client]),
+            notion=notion,
+            epsilon_per_round=max(per_round) if per_round else None,
         )
         for client in sorted(epsilons)
     ]

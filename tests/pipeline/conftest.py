@@ -59,7 +59,7 @@ def dvc_project(root: Path, params: dict[str, Any], env: dict[str, str]) -> Path
     root.mkdir(parents=True)
     for name in CODE:
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("dvc.yaml", ".dvcignore"):
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, root / name)
     write_params(root / "params.yaml", params)
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
@@ -68,7 +68,10 @@ def dvc_project(root: Path, params: dict[str, Any], env: dict[str, str]) -> Path
 
 
 def write_params(path: Path, params: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    """``params`` as YAML in the style of ``dvc exp run -S`` (as params.yaml is written)."""
+    from dvc.utils.serialize import dump_yaml
+
+    dump_yaml(path, params)
     return path
 
 

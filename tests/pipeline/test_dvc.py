@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import dvc_project, tiny_params, write_params
+from tests.pipeline.conftest import dvc_project, tiny_params
 
 
 def _sha(path: Path) -> str:
@@ -27,6 +28,12 @@ def _dvc(project: Path, env: dict[str, str], *args: str) -> str:
                             text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, f"dvc {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
+
+
+def _git(project: Path, env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=project, env=env, capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    return result.stdout
 
 
 @pytest.mark.slow
@@ -48,10 +55,13 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert len(privacy) == 1 + 2 + 1  # header, two clients, Joint
     assert (project / "results" / "plots" / "accuracy.png").stat().st_size > 0
 
-    metrics = _dvc(project, tool_env, "metrics", "show", "--json")
-    assert "accuracy_mean" in metrics
-    _dvc(project, tool_env, "plots", "show", "-o", str(project / "plots-html"))
-    assert (project / "plots-html" / "index.html").is_file()
+    metrics = json.loads(_dvc(project, tool_env, "metrics", "show", "--json"))
+    shown = metrics[""]["data"]["results/metrics.json"]["data"]  # "": the workspace
+    assert set(shown) == {"ProxyFL", "Joint", "max_epsilon"}
+    assert 0.0 <= shown["ProxyFL"]["accuracy"] <= 1.0 and shown["max_epsilon"] > 0
+    _dvc(project, tool_env, "plots", "show", "-o", str(project / "dvc_plots"))
+    page = (project / "dvc_plots" / "index.html").read_text()
+    assert "<img" in page and "cdn" not in page.lower()  # renders offline
 
     second = _dvc(project, tool_env, "repro")
     assert "Running stage" not in second and "up to date" in second
@@ -77,10 +87,33 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert _sha(store) == before
     assert "up to date" in _dvc(project, tool_env, "status")
 
-    # a training option makes the training stages stale, not the preprocessing ones
-    params = json.loads(json.dumps(tiny_params()))
-    params["train"]["options"]["rounds"] = 2
-    write_params(project / "params.yaml", params)
-    stale = _dvc(project, tool_env, "status")
-    assert "train@ProxyFL-0" in stale and "train@Joint-0" in stale
-    assert "preprocess@" not in stale and "synth" not in stale
+    # the baseline committed, an experiment on a training option: it reruns the training
+    # runs and the report, not the preprocessing; params.yaml changes by that line only;
+    # both rows of `dvc exp show` hold the metrics
+    env = {**tool_env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    _git(project, env, "add", "-A")
+    _git(project, env, "commit", "-qm", "baseline")
+    assert "results/metrics.json" in _git(project, env, "ls-files", "results")
+    experiment = _dvc(project, env, "exp", "run", "-n", "three-rounds", "-S",
+                      "train.options.rounds=3")  # fmt: skip
+    ran = set(re.findall(r"Running stage '([^']+)'", experiment))
+    assert ran == {"train@ProxyFL-0", "train@Joint-0", "report"}, experiment
+    diff = _git(project, env, "diff", "-U0", "params.yaml").splitlines()
+    changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == ["-    rounds: 1", "+    rounds: 3"], diff
+
+    shown = json.loads(_dvc(project, env, "exp", "show", "--json"))
+    rows = {}
+    for commit in shown:
+        for entry in [commit, *(e for exp in commit.get("experiments") or []
+                                for e in exp.get("revs", []))]:  # fmt: skip
+            data = entry["data"]
+            metrics = data["metrics"]["results/metrics.json"]["data"]
+            rows[entry.get("name") or entry["rev"]] = (
+                data["params"]["params.yaml"]["data"]["train"]["options"]["rounds"],
+                metrics["ProxyFL"]["accuracy"],
+            )
+    assert {rounds for rounds, _ in rows.values()} >= {1, 3}, rows
+    assert all(isinstance(accuracy, float) for _, accuracy in rows.values()), rows
+    assert "failed to load" not in _dvc(project, env, "metrics", "diff")

@@ -141,7 +141,8 @@ def runs_dir(tmp_path: Path) -> Path:
 
 def test_paper_order_names_every_algorithm() -> None:
     assert set(PAPER_ORDER) == set(ALGORITHMS)
-    assert PAPER_ORDER[0] == "Regular" and PAPER_ORDER[-1] == "Joint"
+    assert PAPER_ORDER[0] == "Regular" and PAPER_ORDER[6] == "Joint"
+    assert PAPER_ORDER[-1] == "PrivateKT"  # after the paper's seven
 
 
 def test_accuracy_table_final_round_primary_only_population_std(runs_dir: Path) -> None:
@@ -233,7 +234,12 @@ def test_format_table_markdown() -> None:
     ]
     privacy = [PrivacyRow("Joint", "pooled", 153, 1.4, 1e-5, 1.4643, "Joint", 1)]
     assert format_table(privacy).splitlines()[-1] == (
-        "| Joint | pooled | 153 | 1.4 | 1e-05 | 1.46 | Joint |"
+        "| Joint | pooled | 153 | 1.4 | 1e-05 | 1.46 | — | sample-level (ε, δ)-DP | Joint |"
+    )
+    ldp = PrivacyRow("1", "1", 40, None, 0.0, 15.0, "PrivateKT", 1, "label_ldp", 5.0)
+    assert format_table([ldp]).splitlines()[-1] == (
+        "| 1 | 1 | 40 | — | 0 | 15.00 | 5 | label-level ε-LDP, T·ε (basic composition) "
+        "| PrivateKT |"
     )
     assert format_table([]) == ""
 
@@ -336,7 +342,9 @@ def test_write_report_files_parse_and_are_deterministic(runs_dir: Path, tmp_path
     privacy = read_csv(paths.privacy_csv)
     assert [r["client"] for r in privacy] == ["0", "1", "Joint"]
     assert float(privacy[0]["epsilon"]) == pytest.approx(2.1)
-    assert "| 0 | 0 | 38 | 1.4 | 1e-05 | 2.10 | ProxyFL |" in paths.privacy_md.read_text()
+    assert "| 0 | 0 | 38 | 1.4 | 1e-05 | 2.10 | — | sample-level (ε, δ)-DP | ProxyFL |" in (
+        paths.privacy_md.read_text()
+    )
 
     metrics = json.loads(paths.metrics_json.read_text())
     assert metrics["FedAvg"] == {"accuracy": pytest.approx(0.75), "macro_accuracy": 0.75}
@@ -492,3 +500,29 @@ def _keys(tree: dict[str, Any]) -> list[str]:
         if isinstance(value, dict):
             keys += _keys(value)
     return keys
+
+
+def test_privatekt_privacy_rows_say_label_level_ldp_and_stay_out_of_max_epsilon(
+    tmp_path: Path,
+) -> None:
+    """PrivateKT's ε (label-level ε-LDP, T·ε) is listed after the DP-SGD clients, with its
+    per-round ε and its notion, and metrics.json keeps it apart from max_epsilon."""
+    runs_dir = tmp_path / "runs"
+    make_run(runs_dir, "ProxyFL", 0, [row("ProxyFL", 0, c, 3, 0.8, epsilon=2.0) for c in (0, 1)])
+    ldp_rows = [{**row("PrivateKT", 0, c, r, 0.7, epsilon=5.0 * r), "evaluated_model": "central",
+                 "privacy_notion": "label_ldp", "epsilon_per_round": 5.0, "delta": 0.0}
+                for c in (0, 1) for r in (1, 2, 3)]  # fmt: skip
+    make_run(runs_dir, "PrivateKT", 0, ldp_rows)
+    runs = load_runs(runs_dir)
+    table = privacy_table(runs)
+    assert [(r.source, r.client, r.notion, r.epsilon, r.epsilon_per_round) for r in table] == [
+        ("ProxyFL", "0", "sample_dp", 2.0, None),
+        ("ProxyFL", "1", "sample_dp", 2.0, None),
+        ("PrivateKT", "0", "label_ldp", 15.0, 5.0),
+        ("PrivateKT", "1", "label_ldp", 15.0, 5.0),
+    ]
+    assert table[-1].sigma is None and table[-1].delta == 0.0
+    paths = write_report(runs, tmp_path / "out")
+    metrics = json.loads(paths.metrics_json.read_text())
+    assert metrics["max_epsilon"] == 2.0 and metrics["max_epsilon_label_ldp"] == 15.0
+    assert [r["method"] for r in read_csv(paths.accuracy_csv)] == ["ProxyFL", "PrivateKT"]
