@@ -33,6 +33,7 @@ from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
 log = logging.getLogger(__name__)
 
 POOL = "proxyfl"  # prefect.yaml's work pool
+WORKER_STOP_SECONDS = 4.0  # for the worker to stop by itself before SIGKILL: Ctrl-C < 10 s
 
 
 class ServeError(RuntimeError):
@@ -97,7 +98,9 @@ def serve(host: str, port: int, pool: str) -> int:
         print("deployed prefect.yaml's deployments (prefect deployment ls)", flush=True)
         prefect = str(Path(sys.executable).parent / "prefect")
         worker = subprocess.Popen(
-            parent_bound_command([prefect, "worker", "start", "--pool", pool], signal.SIGTERM),
+            # if we are killed outright, the worker goes too (SIGTERM would leave it
+            # retrying a dead server for minutes)
+            parent_bound_command([prefect, "worker", "start", "--pool", pool]),
             env=env, start_new_session=True,  # Ctrl-C reaches us; we stop it, in order
         )  # fmt: skip
         try:
@@ -114,7 +117,7 @@ def serve(host: str, port: int, pool: str) -> int:
             print(f"the worker exited with status {code}", file=sys.stderr)
             return 1
         finally:
-            stop_tree(worker.pid)
+            stop_tree(worker.pid, timeout_s=WORKER_STOP_SECONDS)
             worker.poll()
             print("worker stopped; stopping the server ...", flush=True)
 
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4200, help="API and UI port")
     parser.add_argument("--pool", default=POOL, help="process work pool of prefect.yaml")
     args = parser.parse_args(argv)
-    # SIGTERM (a service manager, `kill`) stops as Ctrl-C does
+    # Ctrl-C stops everything, even when started where SIGINT is ignored (a background
+    # job of a script); SIGTERM (a service manager, `kill`) stops as Ctrl-C does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return serve(args.host, args.port, args.pool)
