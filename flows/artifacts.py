@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # not imported: preprocessing's DVC stage must not depend on 
     from proxyfl.report import ReportPaths
     from wsi.preprocess import SlideFailure
 
+# Table 1's rows (wsi.preprocess.summary_rows' keys) and how they are headed
 TABLE_1_COLUMNS = ("center", "split", "healthy", "tumor", "total", "patients")
+TABLE_1_HEADER = ("centre", "split", "healthy", "tumour", "total", "patients")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -34,8 +36,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 def publish_table_1(rows: Sequence[Mapping[str, object]]) -> None:
     """Patches per centre, split and label (the paper's Table 1)."""
-    table = markdown_table(["centre", "split", "healthy", "tumour", "total", "patients"],
-                           [[row[key] for key in TABLE_1_COLUMNS] for row in rows])  # fmt: skip
+    table = markdown_table(TABLE_1_HEADER, [[row[key] for key in TABLE_1_COLUMNS] for row in rows])
     create_markdown_artifact(
         f"# Patches per centre (Table 1)\n\n{table}\n", key="table-1-patches",
         description="Patches per centre, split and label, as stored",

@@ -33,7 +33,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
-from flows.artifacts import publish_failures, publish_table_1
+from flows.artifacts import (
+    TABLE_1_COLUMNS,
+    TABLE_1_HEADER,
+    publish_failures,
+    publish_table_1,
+)
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
@@ -184,11 +189,10 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
 def print_summary(rows: list[dict[str, object]], failures: list[SlideFailure]) -> None:
     """Table 1 (patches per centre, split and label) and the failures, on the terminal."""
     table = Table(title="Patches per centre (Table 1)")
-    for column in ("centre", "split", "healthy", "tumour", "total", "patients"):
+    for column in TABLE_1_HEADER:
         table.add_column(column, justify="left" if column in ("split", "patients") else "right")
     for row in rows:
-        table.add_row(*(str(row[key]) for key in
-                        ("center", "split", "healthy", "tumor", "total", "patients")))
+        table.add_row(*(str(row[key]) for key in TABLE_1_COLUMNS))
     console = Console()
     console.print(table)
     for failure in failures:

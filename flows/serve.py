@@ -18,7 +18,6 @@ checkout's ``.prefect/``), so runs and artifacts stay across restarts.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import socket
@@ -29,8 +28,6 @@ from pathlib import Path
 
 from flows.server import ServerStartError, prefect_server
 from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
-
-log = logging.getLogger(__name__)
 
 POOL = "proxyfl"  # prefect.yaml's work pool
 WORKER_STOP_SECONDS = 4.0  # for the worker to stop by itself before SIGKILL: Ctrl-C < 10 s

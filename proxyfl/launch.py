@@ -168,7 +168,7 @@ def run_job(
     command = parent_bound_command(job.command(), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
-    rounds = RoundFollower(job.out / METRICS_FILE, job.config.rounds)
+    rounds = RoundFollower(job.out / METRICS_FILE, job.config.rounds) if on_round else None
     process_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     with (
         open(job.out / JOB_LOG, "w", encoding="utf-8") as log_file,
@@ -189,7 +189,7 @@ def run_job(
                 log_file.write(raw)
                 tails.add(line)
                 on_line(line)
-                if on_round is not None:  # every round ends with lines of every rank
+                if rounds is not None and on_round is not None:  # a round ends in lines
                     for progress in rounds.poll():
                         on_round(progress)
             exit_code = process.wait()

@@ -1,6 +1,6 @@
 """Following a training job while it runs: its ranks' log lines, and its rounds.
 
-- :func:`parse_rank_line` splits a line of ``proxyfl.run``'s logging format
+- :class:`RankLineParser` splits a line of ``proxyfl.run``'s logging format
   (``TIME [rank k] LEVEL logger: message``) so that a caller can forward it at its level,
   without a second timestamp;
 - :class:`RoundFollower` watches ``metrics.jsonl`` (rank 0 rewrites it after each round

@@ -73,6 +73,19 @@ def test_a_missing_parameters_file_is_named(
     assert "nope.yaml: no such parameters file" in capsys.readouterr().err
 
 
+def test_a_missing_real_data_root_is_named_with_its_fix_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.preprocess import main as preprocess_main
+
+    root = tmp_path / "camelyon17"  # not data/synthetic: nothing writes it for the user
+    out = tmp_path / "patches"
+    assert preprocess_main(["--data-root", str(root), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert f"{root}: no such directory" in error and "set data.root" in error
+    assert not out.exists()
+
+
 def test_a_centre_that_falls_short_stops_the_pipeline_before_training(
     synthetic_dataset: SynthManifest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

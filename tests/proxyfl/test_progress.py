@@ -41,7 +41,9 @@ def test_rounds_are_reported_once_each_with_their_numbers(tmp_path: Path) -> Non
     (first,) = follower.poll()
     assert (first.round, first.rounds, first.percent) == (1, 4, 25.0)
     assert first.accuracy == pytest.approx(0.55)  # primary models of clients 0 and 1
-    assert first.epsilon == pytest.approx(1.0) and first.left_seconds is not None
+    assert first.epsilon == pytest.approx(1.0)
+    # one round run since launch, three left: three times the time taken so far
+    assert first.left_seconds == pytest.approx(3 * first.elapsed_seconds)
     assert follower.poll() == []  # unchanged
     time.sleep(0.01)
     write_metrics(path, _rows(range(1, 4), epsilon=None))

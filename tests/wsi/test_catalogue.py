@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wsi.catalogue import scan_camelyon
+from wsi.catalogue import DatasetRootError, check_dataset_root, scan_camelyon
 
 
 def _touch(path: Path) -> Path:
@@ -117,6 +117,26 @@ def test_missing_labels_file_and_root(tmp_path: Path) -> None:
     assert [p.message for p in catalogue.problems] == ["labels file not found; slides unlabelled"]
     missing = scan_camelyon(tmp_path / "nowhere")
     assert missing.slides == [] and "not a directory" in missing.problems[0].message
+
+
+def test_a_dataset_root_needs_the_labels_file_and_a_slide(tmp_path: Path) -> None:
+    root = tmp_path / "camelyon17"
+    (tmp_path / "a_file").write_text("")
+    for path, reason in ((root, "no such directory"),
+                         (tmp_path / "a_file", "not a directory")):  # fmt: skip
+        with pytest.raises(DatasetRootError, match=reason) as raised:
+            check_dataset_root(path)
+        assert raised.value.path == path
+    root.mkdir()
+    _touch(root / "center_0" / "patient_000_node_0.tif")
+    with pytest.raises(DatasetRootError, match=r"no stage_labels\.csv"):
+        check_dataset_root(root)
+    (root / "center_0" / "patient_000_node_0.tif").unlink()
+    _labels(root, _patient_rows(0, "pN0", ["negative"]))
+    with pytest.raises(DatasetRootError, match="no slide files"):
+        check_dataset_root(root)
+    _touch(root / "center_0" / "patient_000_node_0.tif")
+    check_dataset_root(root)  # a labels file and one slide: a dataset
 
 
 def test_bad_header(tmp_path: Path) -> None:
