@@ -204,6 +204,11 @@ class ReportConfig(Section):
     out: Path = Field(description="tables, metrics.json, curves and plots (report.out)")
     algorithms: list[Algorithm] = Field(description="methods to report (train.algorithms)")
     seeds: list[int] = Field(description="seeds to report (train.seeds)")
+    data: Path | None = Field(
+        None,
+        description="the centre stores (train.data): their reports give report.html's "
+        "Table 1 and failures",
+    )
 
 
 class Params(Section):
@@ -218,7 +223,7 @@ class Params(Section):
         return PreprocessConfig(**dict(self.preprocess), data_root=self.data.root)
 
     def report_config(self) -> ReportConfig:
-        return ReportConfig(runs=self.train.runs, out=self.report.out,
+        return ReportConfig(runs=self.train.runs, out=self.report.out, data=self.train.data,
                             algorithms=self.train.algorithms, seeds=self.train.seeds)  # fmt: skip
 
     def check_pipeline(self, source: Path | str) -> None:

@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 
 from prefect.artifacts import create_markdown_artifact
 
+from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER
+
 if TYPE_CHECKING:  # not imported: preprocessing's DVC stage must not depend on the report
     from proxyfl.report import ReportPaths
-    from wsi.preprocess import SlideFailure
-
-# Table 1's rows (wsi.preprocess.summary_rows' keys) and how they are headed
-TABLE_1_COLUMNS = ("center", "split", "healthy", "tumor", "total", "patients")
-TABLE_1_HEADER = ("centre", "split", "healthy", "tumour", "total", "patients")
+    from wsi.summary import SlideFailure
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -62,5 +60,6 @@ def publish_report(paths: ReportPaths) -> None:
     for key, title, path in (("accuracy-table", "Accuracy (Table 2)", paths.accuracy_md),
                              ("privacy-table", "Privacy", paths.privacy_md)):  # fmt: skip
         create_markdown_artifact(
-            f"# {title}\n\n{path.read_text()}\n\n`{path}`\n", key=key, description=title
-        )
+            f"# {title}\n\n{path.read_text()}\n\n`{path}`; the whole report, figures included: "
+            f"`{paths.report_html}`\n", key=key, description=title,
+        )  # fmt: skip

@@ -3,10 +3,13 @@
     slides --preprocess--> centre stores --train--> runs/ --report--> tables and curves
 
 The embedded synthetic slides are written first when ``data.root`` is ``data/synthetic``
-and they are absent; any other missing or empty data root fails the flow at once.
+and they are absent; any other missing or empty data root fails the flow at once. Then,
+before any work, the checks of :mod:`camelyon_proxyfl.preflight` (centres, patches
+available per label, batch size against training sizes, PrivateKT's public pool).
 
     python -m flows.pipeline                       # params.yaml (the demo configuration)
     python -m flows.pipeline --config params-paper.yaml
+    python -m flows.pipeline --check               # those checks only: exit 0, or 2
 
 Also the entry points of the Prefect deployments in ``prefect.yaml``: ``pipeline`` for the
 whole thing and ``preprocess_centre`` for one centre's store. Exits 1 when a stage fails
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 
 from camelyon_proxyfl.params import DEFAULT_PARAMS, Params, ParamsCommand, load_params
+from camelyon_proxyfl.preflight import PreflightFailed, errors, preflight
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
 from flows.server import address_towards, run_flow_command
@@ -31,6 +36,7 @@ from plumbing.processes import end_with_parent
 from proxyfl.launch import TrainingJobFailed
 from proxyfl.report import ReportError, ReportPaths
 from proxyfl.report.render import summary_line
+from tasks.checks import preflight_checks
 from tasks.data import dataset
 from wsi.catalogue import DatasetRootError
 
@@ -47,6 +53,7 @@ def pipeline(params_file: Path = DEFAULT_PARAMS) -> ReportPaths:
     """Slides to accuracy, macro-accuracy and ε tables, as ``params_file`` describes."""
     params = load_pipeline_params(Path(params_file))
     dataset(params.data)
+    preflight_checks(params)
     run_preprocess(params.preprocess_config())
     train(params.train)
     paths = report(params.report_config())
@@ -63,15 +70,38 @@ def preprocess_centre(center: int, params_file: Path = DEFAULT_PARAMS) -> None:
     run_preprocess(config.model_copy(update={"centers": [center]}))
 
 
+def print_findings(params: Params) -> int:
+    """``--check``: every finding, one line each; 2 when any is an error."""
+    findings = preflight(params)
+    for finding in findings:
+        print(finding)
+    count = Counter(finding.level for finding in findings)
+    print(f"{count['error']} error(s), {count['warning']} warning(s), {count['note']} note(s)")
+    return 2 if errors(findings) else 0
+
+
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     command = ParamsCommand("python -m flows.pipeline", __doc__.split("\n")[0], argv)
-    command.parse()  # --config only: the stages' keys are set in the file
+    command.parser.add_argument(
+        "--check", action="store_true",
+        help="only check what can be checked before any work (data root, centres, patches "
+        "available per label, batch size against training sizes) and exit: 0, or 2 on errors",
+    )  # fmt: skip
+    args, _ = command.parse()  # --config only: the stages' keys are set in the file
     params = load_pipeline_params(command.params_file)
+    if args.check:
+        return print_findings(params)
     scheduler = params.preprocess.scheduler_address
     return run_flow_command(  # one server for the pipeline, its stages and their workers
         lambda: pipeline(command.params_file),
-        failures=(DatasetRootError, PreprocessFailed, TrainingJobFailed, ReportError),
+        failures=(
+            DatasetRootError,
+            PreflightFailed,
+            PreprocessFailed,
+            TrainingJobFailed,
+            ReportError,
+        ),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",
     )
 

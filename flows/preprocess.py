@@ -33,12 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
-from flows.artifacts import (
-    TABLE_1_COLUMNS,
-    TABLE_1_HEADER,
-    publish_failures,
-    publish_table_1,
-)
+from flows.artifacts import publish_failures, publish_table_1
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
@@ -54,13 +49,15 @@ from tasks.preprocess import (
 )
 from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
-from wsi.preprocess import (
+from wsi.preprocess import record_failed_center
+from wsi.sampling import SlidePatches
+from wsi.summary import (
+    TABLE_1_COLUMNS,
+    TABLE_1_HEADER,
     CenterReport,
     SlideFailure,
     read_center_reports,
-    record_failed_center,
 )
-from wsi.sampling import SlidePatches
 
 
 class PreprocessFailed(RuntimeError):

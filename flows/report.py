@@ -2,12 +2,16 @@
 
     finished runs -> report files: results/tables/{accuracy,privacy}.{md,csv},
                      results/metrics.json, results/curves/*.csv, results/plots/*.png
-                     (plots/curves.png: Figure 8, accuracy and macro-accuracy per round)
+                     (plots/curves.png: Figure 8, accuracy and macro-accuracy per round),
+                     results/report.html (all of it, with Table 1 and the failures of the
+                     stores in train.data, in one self-contained page)
 
     python -m flows.report
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
+    python -m flows.report --data data/patches      # the stores behind report.html's Table 1
 
-Defaults come from ``params.yaml`` (``report:``, and the methods and seeds of ``train:``).
+Defaults come from ``params.yaml`` (``report:``, and the runs, stores, methods and seeds
+of ``train:``).
 Prints both tables. Exits 1 when a requested run is missing or unfinished, 2 on a bad
 parameter.
 """
@@ -33,7 +37,7 @@ from tasks.report import finished_runs, report_files
 def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print both tables."""
     runs = finished_runs(config.runs, config.algorithms, config.seeds)
-    paths = report_files(runs, config.out)
+    paths = report_files(runs, config.out, config.data)
     publish_report(paths)
     print_tables(paths)
     return paths
@@ -45,12 +49,14 @@ def print_tables(paths: ReportPaths) -> None:
         console.print(f"\n[bold]{title}[/bold] ({table})")
         console.print(Markdown(table.read_text()))
     console.print(f"\nplots: {', '.join(str(p) for p in paths.plots())}")
+    console.print(f"report: {paths.report_html} (open it in a browser; it needs no network)")
 
 
 def parse_config(argv: list[str] | None) -> ReportConfig:
     """``report.out`` and the runs ``train:`` describes, with the flags given laid over."""
     command = ParamsCommand("python -m flows.report", __doc__.split("\n")[0], argv)
-    for option, key in (("--runs", ("train", "runs")), ("--algorithms", ("train", "algorithms")),
+    for option, key in (("--runs", ("train", "runs")), ("--data", ("train", "data")),
+                        ("--algorithms", ("train", "algorithms")),
                         ("--seeds", ("train", "seeds"))):  # fmt: skip
         command.add_key(option, key)
     command.add_section(ReportSection, ("report",))

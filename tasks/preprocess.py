@@ -18,17 +18,15 @@ from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, SamplingParams
 from wsi.patches import LABEL_NAMES, PatchParams
 from wsi.preprocess import (
-    CenterReport,
-    SlideFailure,
     SlideStepError,
     catalogue_failures,
     record_failed_center,
     slide_patches,
-    write_summary,
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend
 from wsi.store import StoreError
+from wsi.summary import CenterReport, SlideFailure, write_summary
 
 
 @task(name="slide catalogue")

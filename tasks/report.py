@@ -19,6 +19,9 @@ def finished_runs(
 
 
 @task(name="report files")
-def report_files(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
-    """Tables (md, csv), metrics.json, per-method curves and the Figure 8 plots."""
-    return write_report(runs, out_dir)
+def report_files(
+    runs: Sequence[RunResult], out_dir: Path, stores_dir: Path | None
+) -> ReportPaths:
+    """Tables (md, csv), metrics.json, per-method curves, the Figure 8 plots and
+    report.html (with Table 1 and the failures of the stores in ``stores_dir``)."""
+    return write_report(runs, out_dir, stores_dir)

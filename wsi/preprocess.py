@@ -1,23 +1,18 @@
-"""The preprocessing steps as plain functions: one slide's candidates, one centre's store,
-and the Table 1 summary. Failures carry the slide, the step and the reason, so that an
-orchestrator can record them and carry on with the other slides.
+"""The preprocessing steps as plain functions: one slide's candidates and one centre's
+store, with its report (:mod:`wsi.summary`). Failures carry the slide, the step and the
+reason, so that an orchestrator can record them and carry on with the other slides.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from plumbing.atomic import write_json, write_text
+from plumbing.atomic import write_json
 from plumbing.errors import PipelineError
 from wsi.annotations import AnnotationError, check_regions_on_slide, read_asap
 from wsi.cache import CandidateCache
@@ -41,20 +36,9 @@ from wsi.patches import (
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend, SlideReadError, open_slide
 from wsi.store import store_path
+from wsi.summary import CenterReport, SlideFailure, report_path
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SlideFailure:
-    """Something left out, at which step and why: a slide (steps open, annotation,
-    tissue, lesions, candidates, pixels), a catalogue entry (step catalogue; ``slide``
-    is then the file concerned) or a whole centre (step centre)."""
-
-    slide: str
-    stage: str
-    error: str
-    center: int | None = None
 
 
 class SlideStepError(PipelineError):
@@ -142,47 +126,6 @@ def slide_patches(
     if cache is not None:
         cache.save(record, params, patches)
     return patches
-
-
-CenterStatus = Literal["complete", "failed"]
-
-
-@dataclass
-class CenterReport:
-    """Table 1 for one centre: counts per split and label, patients, what was left out.
-
-    A ``"failed"`` report has no store (it was removed, so nothing stale looks current),
-    no counts, and says why in ``error``.
-    """
-
-    center: int
-    counts: dict[str, dict[str, int]]
-    patients: dict[str, list[str]]
-    store: str
-    failures: list[SlideFailure] = field(default_factory=list)
-    status: CenterStatus = "complete"
-    error: str | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "failures": [asdict(f) for f in self.failures]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> CenterReport:
-        failures = [SlideFailure(**f) for f in data.get("failures", [])]  # type: ignore[union-attr]
-        return cls(
-            center=int(data["center"]),  # type: ignore[call-overload]
-            counts=data["counts"],  # type: ignore[arg-type]
-            patients=data["patients"],  # type: ignore[arg-type]
-            store=str(data["store"]),
-            failures=failures,
-            status=data.get("status", "complete"),  # type: ignore[arg-type]
-            error=data.get("error"),  # type: ignore[arg-type]
-        )
-
-
-def report_path(out_dir: str | os.PathLike[str], center: int) -> Path:
-    """Where centre ``center``'s report lives beside its store."""
-    return Path(out_dir) / f"center_{center}.json"
 
 
 def record_failed_center(
@@ -277,56 +220,3 @@ def center_store(
     )
     write_json(report_path(out_dir, center), report.to_json(), sort_keys=True)
     return report
-
-
-def summary_rows(reports: Sequence[CenterReport]) -> list[dict[str, object]]:
-    """One row per complete centre and split: healthy, tumour and total counts, patients."""
-    rows = []
-    for report in sorted(reports, key=lambda r: r.center):
-        if report.status != "complete":
-            continue
-        for split in ("train", "test"):
-            counts = report.counts[split]
-            rows.append(
-                {
-                    "center": report.center,
-                    "split": split,
-                    **counts,
-                    "total": sum(counts.values()),
-                    "patients": " ".join(report.patients[split]),
-                }
-            )
-    return rows
-
-
-def read_center_reports(out_dir: str | os.PathLike[str]) -> list[CenterReport]:
-    """Every ``center_{c}.json`` report in ``out_dir``, by centre."""
-    reports = [
-        CenterReport.from_json(json.loads(path.read_text()))
-        for path in Path(out_dir).glob("center_*.json")
-    ]
-    return sorted(reports, key=lambda report: report.center)
-
-
-def write_summary(
-    out_dir: str | os.PathLike[str], extra_failures: Sequence[SlideFailure] = ()
-) -> list[dict[str, object]]:
-    """``summary.json``, ``summary.csv`` and ``failures.json`` over every centre report in
-    ``out_dir`` (so centres built by separate runs, e.g. one DVC stage each, add up)."""
-    out_dir = Path(out_dir)
-    reports = read_center_reports(out_dir)
-    failures = [f for report in reports for f in report.failures] + list(extra_failures)
-    rows = summary_rows(reports)
-    write_json(
-        out_dir / "summary.json",
-        {"centers": {str(r.center): r.to_json() for r in reports}, "table": rows},
-        sort_keys=True,
-    )
-    buffer = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    write_text(out_dir / "summary.csv", buffer.getvalue())
-    write_json(out_dir / "failures.json", [asdict(f) for f in failures], sort_keys=True)
-    return rows

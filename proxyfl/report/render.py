@@ -194,12 +194,16 @@ def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) 
 
 
 def summary_line(metrics: dict[str, Any]) -> str:
-    """:func:`dvc_metrics` as one line: ``accuracy / macro-accuracy`` per method, max ε."""
+    """:func:`dvc_metrics` as one line: ``accuracy / macro-accuracy`` per method, the
+    largest sample-level ε and, when PrivateKT ran, its label-level ε-LDP apart."""
     methods = ", ".join(
         f"{name} {_number(values['accuracy'])} / {_number(values['macro_accuracy'])}"
         for name, values in metrics.items() if isinstance(values, dict)
     )  # fmt: skip
-    return f"accuracy / macro-accuracy: {methods}; max ε {_number(metrics.get('max_epsilon'))}"
+    line = f"accuracy / macro-accuracy: {methods}; max ε {_number(metrics.get('max_epsilon'))}"
+    if metrics.get("max_epsilon_label_ldp") is not None:
+        line += f" (sample-level DP), {_number(metrics['max_epsilon_label_ldp'])} (label-level LDP)"
+    return line
 
 
 def _number(value: float | None) -> str:

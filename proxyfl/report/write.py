@@ -1,5 +1,6 @@
-"""The report's files: every table, metrics.json, curve and figure of some runs, written
-atomically through :mod:`plumbing.atomic` under one output directory."""
+"""The report's files: every table, metrics.json, curve and figure of some runs, and
+``report.html`` holding them all with the stores' Table 1, written atomically through
+:mod:`plumbing.atomic` under one output directory."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing import atomic
+from proxyfl.report.html import Preprocessing, report_html
 from proxyfl.report.load import ReportError, RunResult
 from proxyfl.report.plots import plot_curves, plot_figure, sample_title
 from proxyfl.report.render import (
@@ -18,6 +20,7 @@ from proxyfl.report.render import (
     format_csv,
     format_table,
     safe_name,
+    summary_line,
 )
 from proxyfl.report.stats import (
     CurvePoint,
@@ -27,6 +30,7 @@ from proxyfl.report.stats import (
     sample_sizes,
 )
 from proxyfl.results import json_safe
+from wsi.summary import CenterReportError, read_center_report
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +48,22 @@ class ReportPaths:
     accuracy_png: Path
     macro_accuracy_png: Path
     curves_png: Path
+    report_html: Path
 
     def all(self) -> list[Path]:
         fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv]
-        return [*fixed, self.metrics_json, *self.curves.values(), *self.plots()]
+        return [*fixed, self.metrics_json, *self.curves.values(), *self.plots(), self.report_html]
 
     def plots(self) -> list[Path]:
         return [self.accuracy_png, self.macro_accuracy_png, self.curves_png]
 
 
-def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
-    """Write tables, metrics.json, per-method curves and the figures under ``out_dir``.
+def write_report(
+    runs: Sequence[RunResult], out_dir: Path, stores_dir: Path | None = None
+) -> ReportPaths:
+    """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
+    ``out_dir``; the page's Table 1 and failures come from the centre reports beside the
+    stores in ``stores_dir`` (none shown when it is None).
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed.
     """
@@ -75,13 +84,16 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
         accuracy_png=out_dir / "plots" / "accuracy.png",
         macro_accuracy_png=out_dir / "plots" / "macro_accuracy.png",
         curves_png=out_dir / "plots" / "curves.png",
+        report_html=out_dir / "report.html",
     )
-    atomic.write_text(paths.accuracy_md, format_table(accuracy) + accuracy_note(accuracy))
+    note = accuracy_note(accuracy)
+    atomic.write_text(paths.accuracy_md, format_table(accuracy) + note)
     atomic.write_text(paths.accuracy_csv, format_csv(accuracy))
     atomic.write_text(paths.privacy_md, format_table(privacy))
     atomic.write_text(paths.privacy_csv, format_csv(privacy))
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
-    atomic.write_json(paths.metrics_json, json_safe(dvc_metrics(accuracy, privacy)))
+    metrics = json_safe(dvc_metrics(accuracy, privacy))
+    atomic.write_json(paths.metrics_json, metrics)
     _write_curves(per_round, paths.curves)
     title = sample_title(sample_sizes(runs))
     plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png, title=title)
@@ -89,6 +101,15 @@ def write_report(runs: Sequence[RunResult], out_dir: Path) -> ReportPaths:
         per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png, title=title
     )
     plot_figure(per_round, paths.curves_png, title=title)
+    page = report_html(
+        accuracy=accuracy, privacy=privacy, accuracy_note=note, summary=summary_line(metrics),
+        figure_png=paths.curves_png.read_bytes(), figure_title=title, runs=runs,
+        runs_dir=str(runs[0].path.parent.parent),
+        preprocessing=None if stores_dir is None else read_preprocessing(Path(stores_dir)),
+        links=[path.relative_to(out_dir).as_posix()
+               for path in paths.all() if path != paths.report_html],
+    )  # fmt: skip
+    atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
     return paths
 
@@ -102,3 +123,17 @@ def _write_curves(per_round: Mapping[str, list[CurvePoint]], paths: Mapping[str,
         for stale in sorted(set(directory.glob("*.csv")) - set(paths.values())):
             logger.info("removing stale curve %s", stale)
             stale.unlink()
+
+
+def read_preprocessing(stores_dir: Path) -> Preprocessing:
+    """The centre reports beside the stores in ``stores_dir``; one that cannot be read is
+    named on the page (and logged) rather than failing the report of finished runs."""
+    reports, unreadable = [], []
+    for path in sorted(stores_dir.glob("center_*.json")):
+        try:
+            reports.append(read_center_report(path))
+        except CenterReportError as error:
+            logger.warning("report.html: %s", error)
+            unreadable.append((str(path), error.reason))
+    reports.sort(key=lambda report: report.center)
+    return Preprocessing(str(stores_dir), reports, unreadable)

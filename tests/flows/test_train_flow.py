@@ -94,3 +94,28 @@ def test_bad_training_options_are_refused_before_any_job(tmp_path: Path) -> None
         _config(tmp_path, tmp_path / "runs", options={**OPTIONS, "seed": 3})
     assert main(["--rounds", "0", "--runs", str(tmp_path / "runs")]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_privatekt_through_the_train_and_report_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m flows.train --algorithms PrivateKT`` trains with centre 2's store as the
+    public pool, and the report lists it after the others with its notion."""
+    for center in (0, 1, 2):
+        _store(tmp_path / "stores", center)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    common = ["--runs", str(runs), "--algorithms", "PrivateKT", "--seeds", "0"]
+    options = ["--rounds", "2", "--batch-size", "4", "--proxy-model", "cnn1",
+               "--private-model", "mlp", "--device", "cpu", "--input-size", "16"]  # fmt: skip
+    trained = main([*common, "--data", str(tmp_path / "stores"), "--centers", "0", "1",
+                    "--public-center", "2", "--kt-samples", "3", *options])  # fmt: skip
+    assert trained == 0, capsys.readouterr().err
+    run = json.loads((runs / "PrivateKT" / "seed_0" / "run.json").read_text())
+    assert run["status"] == "finished" and run["world_size"] == 2
+    assert {record["notion"] for record in run["privacy"].values()} == {"label_ldp"}
+
+    assert report_main([*common, "--out", str(results)]) == 0
+    privacy = (results / "tables" / "privacy.md").read_text()
+    rows = [line for line in privacy.splitlines() if line.endswith("| PrivateKT |")]
+    assert len(rows) == 2 and all("label-level ε-LDP" in line for line in rows)
+    assert "| PrivateKT |" in (results / "tables" / "accuracy.md").read_text()

@@ -19,8 +19,14 @@ def _sha(path: Path) -> str:
 
 @pytest.fixture()
 def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
-    """A git + DVC project holding this repository's code, dvc.yaml and tiny params."""
-    return dvc_project(tmp_path / "project", tiny_params(), tool_env)
+    """A git + DVC project holding this repository's code, dvc.yaml and tiny params, with
+    PrivateKT beside ProxyFL and Joint: centre 2 is written and preprocessed as its pool."""
+    params = tiny_params()
+    params["data"]["synth"]["num_centers"] = 3
+    params["preprocess"].update({"centers": [0, 1, 2], "patches_per_class": {0: 6, 1: 6, 2: 6}})
+    params["train"]["algorithms"] = ["ProxyFL", "Joint", "PrivateKT"]
+    params["train"]["options"].update({"public_center": 2, "self_train_samples": 4})
+    return dvc_project(tmp_path / "project", params, tool_env)
 
 
 def _dvc(project: Path, env: dict[str, str], *args: str) -> str:
@@ -45,20 +51,24 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
         cwd=project, env=tool_env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
-    for stage in ("synth", "preprocess@0", "preprocess@1", "train@ProxyFL-0",
-                  "train@Joint-0", "report"):  # fmt: skip
+    for stage in ("synth", "preprocess@0", "preprocess@1", "preprocess@2", "train@ProxyFL-0",
+                  "train@Joint-0", "train@PrivateKT-0", "report"):  # fmt: skip
         assert f"Running stage '{stage}'" in first.stdout
     tables = project / "results" / "tables"
     accuracy = (tables / "accuracy.md").read_text()
-    assert "| ProxyFL |" in accuracy and "| Joint |" in accuracy
+    assert "| ProxyFL |" in accuracy and "| Joint |" in accuracy and "| PrivateKT |" in accuracy
     privacy = (tables / "privacy.csv").read_text().splitlines()
-    assert len(privacy) == 1 + 2 + 1  # header, two clients, Joint
+    assert len(privacy) == 1 + 2 + 1 + 2  # header, two clients, Joint, PrivateKT's two
+    assert sum(line.endswith("label_ldp,5.0") for line in privacy) == 2, privacy
     assert (project / "results" / "plots" / "accuracy.png").stat().st_size > 0
+    assert "public pool (PrivateKT; labels unused)" in (
+        project / "results" / "report.html").read_text()  # fmt: skip
 
     metrics = json.loads(_dvc(project, tool_env, "metrics", "show", "--json"))
     shown = metrics[""]["data"]["results/metrics.json"]["data"]  # "": the workspace
-    assert set(shown) == {"ProxyFL", "Joint", "max_epsilon"}
+    assert set(shown) == {"ProxyFL", "Joint", "PrivateKT", "max_epsilon", "max_epsilon_label_ldp"}
     assert 0.0 <= shown["ProxyFL"]["accuracy"] <= 1.0 and shown["max_epsilon"] > 0
+    assert shown["max_epsilon_label_ldp"] == 5.0  # one round of ε = 5
     _dvc(project, tool_env, "plots", "show", "-o", str(project / "dvc_plots"))
     page = (project / "dvc_plots" / "index.html").read_text()
     assert "<img" in page and "cdn" not in page.lower()  # renders offline
@@ -98,7 +108,7 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     experiment = _dvc(project, env, "exp", "run", "-n", "three-rounds", "-S",
                       "train.options.rounds=3")  # fmt: skip
     ran = set(re.findall(r"Running stage '([^']+)'", experiment))
-    assert ran == {"train@ProxyFL-0", "train@Joint-0", "report"}, experiment
+    assert ran == {"train@ProxyFL-0", "train@Joint-0", "train@PrivateKT-0", "report"}, experiment
     diff = _git(project, env, "diff", "-U0", "params.yaml").splitlines()
     changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == ["-    rounds: 1", "+    rounds: 3"], diff

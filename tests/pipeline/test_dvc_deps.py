@@ -118,19 +118,21 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     report = code_closure(ENTRY_POINTS["report"])
     assert "proxyfl/results.py" in report
     assert not {path for path in train if path.startswith("proxyfl/report")}
-    # reading params.yaml imports the parameter models only, no image code
-    parameters = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py",
-                  "wsi/synth/__init__.py", "wsi/synth/config.py"}  # fmt: skip
-    assert {path for path in report if path.startswith("wsi/")} <= parameters
+    # reading params.yaml imports the parameter models only, and the report the centre
+    # reports (wsi/summary.py): no image code
+    light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/summary.py",
+             "wsi/synth/__init__.py", "wsi/synth/config.py"}  # fmt: skip
+    assert {path for path in report if path.startswith("wsi/")} <= light
 
 
 def test_per_centre_parameters_are_per_centre_in_both_parameter_files() -> None:
-    """preprocess@c reads preprocess.patches_per_class.c, so both files give one per centre."""
+    """preprocess@c reads preprocess.patches_per_class.c, so both files give one per centre
+    built (params-paper.yaml also gives centre 4's, used when PrivateKT is listed)."""
     params = _stages()["preprocess"]["do"]["params"]
     assert "preprocess.patches_per_class.${item}" in params
     for name in ("params.yaml", "params-paper.yaml"):
         preprocess = yaml.safe_load((REPO / name).read_text())["preprocess"]
-        assert set(preprocess["patches_per_class"]) == set(preprocess["centers"]), name
+        assert set(preprocess["patches_per_class"]) >= set(preprocess["centers"]), name
 
 
 @pytest.fixture()
@@ -159,6 +161,7 @@ def recorded(tmp_path: Path, tool_env: dict[str, str]) -> Path:
         (results / name).mkdir(parents=True)
         (results / name / "placeholder").write_text("")
     (results / "metrics.json").write_text("{}")
+    (results / "report.html").write_text("")
     subprocess.run(["dvc", "commit", "--force", "-q"], cwd=root, env=tool_env, check=True,
                    capture_output=True)  # fmt: skip
     return root

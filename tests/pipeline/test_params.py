@@ -37,8 +37,10 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
     assert options.dml_alpha == options.dml_beta == 0.3 and options.input_size is None
     assert config.preprocess.patch_size == 512 and len(config.train.seeds) == 15
     # Table 1 of the paper: train + test patches per class, per client
-    assert config.preprocess.patches_per_class == {0: 1517, 1: 1701, 2: 1834, 3: 1861}
-    assert config.train.centers == [0, 1, 2, 3]
+    per_class = config.preprocess.patches_per_class
+    assert {c: per_class[c] for c in range(4)} == {0: 1517, 1: 1701, 2: 1834, 3: 1861}
+    assert config.train.centers == config.preprocess.centers == [0, 1, 2, 3]
+    assert "PrivateKT" not in config.train.algorithms  # the paper's seven
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,220 @@
+"""``report.html``: the whole report in one self-contained page.
+
+Figure 8 (embedded as a ``data:`` PNG), the accuracy table, the privacy table with the
+notion of every ε, the paper's Table 1 (patches per centre, split and label) and what
+preprocessing left out. The page has no script, no stylesheet or font to fetch and no
+link outside the report's own folder, so it opens offline, from a mail attachment or a
+DVC cache alike. Cells are the markdown tables' cells (:data:`~proxyfl.report.render.LAYOUTS`),
+so the page and ``tables/*.md`` always say the same numbers.
+
+Pure: :func:`report_html` returns text; :mod:`proxyfl.report.write` writes it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import jinja2
+
+from proxyfl.report.load import RunResult
+from proxyfl.report.render import LAYOUTS, TableRow
+from proxyfl.report.stats import PRIVATE_KT, AccuracyRow, PrivacyRow
+from proxyfl.results import LABEL_LDP
+from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER, CenterReport, summary_rows
+
+# what a centre was to the runs reported (Table 1's last column)
+CLIENT, PUBLIC_POOL = "client", "public pool (PrivateKT; labels unused)"
+
+
+@dataclass(frozen=True)
+class HtmlTable:
+    """Header, column alignment (``left``/``right``) and cells of one table, as text."""
+
+    header: Sequence[str]
+    align: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What the stores' reports say: their directory, the reports, and any that could not
+    be read (file and reason), shown instead of silently left out."""
+
+    directory: str
+    reports: Sequence[CenterReport] = ()
+    unreadable: Sequence[tuple[str, str]] = field(default_factory=tuple)
+
+
+def result_table(rows: Sequence[TableRow]) -> HtmlTable:
+    """An accuracy or privacy table with the markdown table's header and cells."""
+    layout = LAYOUTS[type(rows[0])]
+    align = ["right" if a.endswith(":") and not a.startswith(":") else "left"
+             for a in layout.markdown_align]  # fmt: skip
+    return HtmlTable(layout.markdown_header, align, [layout.markdown_cells(r) for r in rows])
+
+
+def centre_roles(runs: Iterable[RunResult]) -> dict[int, str]:
+    """Each centre the runs trained on as a client, or read as PrivateKT's public pool."""
+    roles: dict[int, str] = {}
+    for run in runs:
+        for center in run.config.get("centers") or ():
+            roles[int(center)] = CLIENT
+        if run.algorithm == PRIVATE_KT and run.config.get("public_center") is not None:
+            roles.setdefault(int(run.config["public_center"]), PUBLIC_POOL)
+    return roles
+
+
+def table_1(reports: Sequence[CenterReport], roles: Mapping[int, str]) -> HtmlTable:
+    """Patches per complete centre, split and label, and the centre's role in the runs."""
+    header = (*TABLE_1_HEADER, "role")
+    align = ["left" if c in ("split", "patients", "role") else "right" for c in header]
+    rows = [(*(str(row[key]) for key in TABLE_1_COLUMNS), roles.get(int(row["center"]), ""))
+            for row in summary_rows(reports)]  # fmt: skip
+    return HtmlTable(header, align, rows)
+
+
+def failures_table(reports: Sequence[CenterReport]) -> HtmlTable:
+    """Every slide, catalogue entry or centre the reports say was left out, and why."""
+    rows = [(f.slide, "" if f.center is None else str(f.center), f.stage, f.error)
+            for report in reports for f in report.failures]  # fmt: skip
+    return HtmlTable(("slide or file", "centre", "step", "reason"), ["left"] * 4, rows)
+
+
+def report_html(
+    *,
+    accuracy: Sequence[AccuracyRow],
+    privacy: Sequence[PrivacyRow],
+    accuracy_note: str,
+    summary: str,
+    figure_png: bytes,
+    figure_title: str,
+    runs: Sequence[RunResult],
+    runs_dir: str,
+    preprocessing: Preprocessing | None,
+    links: Sequence[str],
+) -> str:
+    """The report page. ``links`` are the report's other files, relative to the page;
+    ``preprocessing`` is None when no store directory is known."""
+    roles = centre_roles(runs)
+    reports = preprocessing.reports if preprocessing else ()
+    return _TEMPLATE.render(
+        summary=summary,
+        runs_dir=runs_dir,
+        methods=list(dict.fromkeys(run.algorithm for run in runs)),
+        seeds=sorted({run.seed for run in runs}),
+        figure=base64.b64encode(figure_png).decode("ascii"),
+        figure_title=figure_title,
+        accuracy=result_table(accuracy) if accuracy else None,
+        accuracy_note=accuracy_note.strip(),
+        privacy=result_table(privacy) if privacy else None,
+        label_ldp=any(row.notion == LABEL_LDP for row in privacy),
+        preprocessing=preprocessing,
+        table_1=table_1(reports, roles),
+        failures=failures_table(reports),
+        links=links,
+    )
+
+
+_ENVIRONMENT = jinja2.Environment(
+    autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
+)
+_TEMPLATE = _ENVIRONMENT.from_string(
+    """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Federated learning on Camelyon-17: report</title>
+<style>
+  body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f;
+         max-width: 72rem; margin: 2rem auto; padding: 0 1.5rem; }
+  h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+  h2 { font-size: 1.2rem; margin-top: 2.2rem; border-bottom: 1px solid #d0d0d7; }
+  .summary { font-size: 1.05rem; background: #f3f6fa; border-left: 4px solid #0072b2;
+             padding: .6rem .9rem; }
+  .meta, .note, figcaption { color: #555; font-size: .9rem; }
+  nav a { margin-right: 1rem; }
+  figure { margin: 1rem 0; }
+  figure img { max-width: 100%; height: auto; border: 1px solid #e3e3e8; }
+  table { border-collapse: collapse; margin: .6rem 0; font-variant-numeric: tabular-nums; }
+  th, td { padding: .3rem .7rem; border-bottom: 1px solid #e3e3e8; vertical-align: top; }
+  th { background: #f6f6f8; text-align: left; }
+  td.right, th.right { text-align: right; }
+  tr:hover td { background: #fafafc; }
+  .empty { font-style: italic; color: #555; }
+  .problem { color: #a33; }
+  code { font-size: .9em; }
+</style>
+</head>
+<body>
+<h1>Federated learning on Camelyon-17 patches</h1>
+<p class="meta">{{ methods | length }} method(s): {{ methods | join(", ") }};
+seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
+<p class="summary" id="summary">{{ summary }}</p>
+<nav><a href="#curves">Curves</a><a href="#accuracy">Accuracy</a><a href="#privacy">Privacy</a>
+<a href="#patches">Patches (Table 1)</a><a href="#failures">Failures</a></nav>
+
+<h2 id="curves">Accuracy and macro-accuracy per round (Figure 8)</h2>
+<figure>
+<img id="figure-8"
+     alt="Test accuracy (left) and macro-accuracy (right) per round, one line per method"
+     src="data:image/png;base64,{{ figure }}">
+<figcaption>{{ figure_title }}: mean over clients × seeds (line) and ± one standard deviation
+(band), every round.</figcaption>
+</figure>
+
+{% macro render(table, id) %}
+<table id="{{ id }}">
+<thead><tr>
+{% for cell in table.header %}<th class="{{ table.align[loop.index0] }}">{{ cell }}</th>{% endfor %}
+</tr></thead>
+<tbody>
+{% for row in table.rows %}
+<tr>{% for cell in row %}<td class="{{ table.align[loop.index0] }}">{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}
+</tbody>
+</table>
+{% endmacro %}
+<h2 id="accuracy">Accuracy (Table 2)</h2>
+{% if accuracy %}{{ render(accuracy, "accuracy-table") }}
+{% else %}<p class="empty">No runs.</p>{% endif %}
+<p class="note">{{ accuracy_note }}</p>
+
+<h2 id="privacy">Privacy</h2>
+{% if privacy %}{{ render(privacy, "privacy-table") }}
+{% else %}<p class="empty">No privacy rows.</p>{% endif %}
+<p class="note">ε of a DP-SGD method is sample-level (ε, δ)-differential privacy of the client's
+training patches (Rényi-DP accountant, converted at δ), over all rounds.
+{% if label_ldp %}
+PrivateKT's ε is another notion: label-level ε-local DP of the K labels a client sends per
+round (randomized response, Lemma 1 of Qi et al.), composed over the rounds by basic
+composition (T·ε); its clients train without DP. The two are not comparable as numbers.
+{% endif %}</p>
+
+<h2 id="patches">Patches per centre (Table 1)</h2>
+{% if preprocessing is none %}
+<p class="empty">No store directory given: Table 1 and the failures are not shown.</p>
+{% else %}
+<p class="meta">From the centre reports in <code>{{ preprocessing.directory }}</code>
+(<code>center_*.json</code>, beside the stores).</p>
+{% for path, reason in preprocessing.unreadable %}
+<p class="problem">Could not read <code>{{ path }}</code>: {{ reason }}</p>
+{% endfor %}
+{% if table_1.rows %}{{ render(table_1, "table-1") }}
+{% else %}<p class="empty">No complete centre report.</p>{% endif %}
+
+<h2 id="failures">Preprocessing failures ({{ failures.rows | length }})</h2>
+{% if failures.rows %}{{ render(failures, "failures-table") }}{% else %}
+<p class="empty">No slide, catalogue entry or centre was left out.</p>{% endif %}
+{% endif %}
+
+<h2 id="files">Files</h2>
+<p class="meta">
+{% for path in links %}<a href="{{ path }}">{{ path }}</a>{{ ", " if not loop.last }}
+{% endfor %}</p>
+</body>
+</html>
+"""
+)

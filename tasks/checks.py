@@ -1,0 +1,22 @@
+"""The pipeline's checks before any work (:mod:`camelyon_proxyfl.preflight`), as a task."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.logging import get_run_logger
+
+from camelyon_proxyfl.params import Params
+from camelyon_proxyfl.preflight import LOG_LEVELS, Finding, PreflightFailed, errors, preflight
+
+
+@task(name="preflight checks")
+def preflight_checks(params: Params) -> list[Finding]:
+    """Every finding, logged at its level; a :class:`PreflightFailed` listing the errors."""
+    logger = get_run_logger()
+    findings = preflight(params)
+    for finding in findings:
+        logger.log(LOG_LEVELS[finding.level], "%s: %s", finding.subject, finding.message)
+    failed = errors(findings)
+    if failed:
+        raise PreflightFailed(None, "; ".join(f"{f.subject}: {f.message}" for f in failed))
+    return findings

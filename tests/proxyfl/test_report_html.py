@@ -1,0 +1,195 @@
+"""report.html: one self-contained page holding the figure, both tables, Table 1 and the
+failures, checked by parsing it and, where Debian's Chromium is installed, by rendering it
+in headless Chromium with the network off."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.colors
+import matplotlib.image
+import numpy as np
+import pytest
+
+from proxyfl.report import load_runs, method_style, write_report
+from tests.proxyfl.test_report import make_run, row
+from wsi.preprocess import record_failed_center
+from wsi.summary import CenterReport, SlideFailure, report_path
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class Page(HTMLParser):
+    """Tags, the attributes that fetch or link, and every table's cells by table id."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.sources: list[str] = []
+        self.links: list[str] = []
+        self.tables: dict[str, list[list[str]]] = {}
+        self.text: list[str] = []
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        values = dict(attrs)
+        if "src" in values:
+            self.sources.append(values["src"] or "")
+        if "href" in values:
+            self.links.append(values["href"] or "")
+        if tag == "table":
+            self._table = values.get("id") or ""
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._table is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def markdown_cells(path: Path) -> list[list[str]]:
+    """The header and body cells of the markdown table in ``path`` (alignment row dropped)."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+    return [rows[0], *rows[2:]]
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> tuple[Path, Path]:
+    """ProxyFL and PrivateKT runs on centres 0 and 1 (centre 4 the public pool), and the
+    stores' reports: centres 0, 1 and 4 complete (one slide of centre 1 left out), centre
+    2 failed, and a damaged centre 3 report."""
+    runs_dir = tmp_path / "runs"
+    make_run(runs_dir, "ProxyFL", 0, [row("ProxyFL", 0, c, r, 0.6 + 0.1 * r + 0.05 * c,
+                                          epsilon=r) for c in (0, 1) for r in (1, 2, 3)])
+    ldp = [{**row("PrivateKT", 0, c, r, 0.5 + 0.1 * r, epsilon=5.0 * r), "delta": 0.0,
+            "evaluated_model": "central", "privacy_notion": "label_ldp",
+            "epsilon_per_round": 5.0} for c in (0, 1) for r in (1, 2, 3)]  # fmt: skip
+    private_kt = make_run(runs_dir, "PrivateKT", 0, ldp)
+    run = json.loads((private_kt / "run.json").read_text())
+    run["config"]["public_center"] = 4
+    (private_kt / "run.json").write_text(json.dumps(run))
+
+    stores = tmp_path / "patches"
+    stores.mkdir()
+    left_out = SlideFailure("patient_021_node_3", "tissue", "no tissue <at level 2> & none", 1)
+    for center, failures in ((0, []), (1, [left_out]), (4, [])):
+        report = CenterReport(
+            center=center,
+            counts={"train": {"healthy": 8 + center, "tumor": 8},
+                    "test": {"healthy": 2, "tumor": 2}},
+            patients={"train": [f"patient_{center}00", f"patient_{center}01"],
+                      "test": [f"patient_{center}02"]},
+            store=f"center_{center}.h5", failures=failures,
+        )  # fmt: skip
+        report_path(stores, center).write_text(json.dumps(report.to_json()))
+    record_failed_center(2, "centre 2 can supply only 3 healthy, 0 tumor patches", stores)
+    report_path(stores, 3).write_text('{"center": 3, "counts"')  # a half-written file
+    return runs_dir, stores
+
+
+def test_the_page_holds_figure_tables_table_1_and_failures_and_fetches_nothing(
+    report: tuple[Path, Path], tmp_path: Path
+) -> None:
+    runs_dir, stores = report
+    paths = write_report(load_runs(runs_dir), tmp_path / "results", stores)
+    page = Page(paths.report_html.read_text())
+
+    # self-contained: nothing to fetch, nothing to run, links stay in the report's folder
+    assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
+    assert len(page.sources) == 1 and page.sources[0].startswith("data:image/png;base64,")
+    figure = base64.b64decode(page.sources[0].removeprefix("data:image/png;base64,"))
+    assert figure == paths.curves_png.read_bytes()
+    for link in page.links:
+        assert link.startswith("#") or (paths.report_html.parent / link).is_file(), link
+    assert {"accuracy.csv", "metrics.json", "curves.png"} <= {Path(x).name for x in page.links}
+
+    # the same cells as the markdown tables
+    assert page.tables["accuracy-table"] == markdown_cells(paths.accuracy_md)
+    assert page.tables["privacy-table"] == markdown_cells(paths.privacy_md)
+    assert [r[0] for r in page.tables["accuracy-table"][1:]] == ["ProxyFL", "PrivateKT"]
+    text = " ".join("".join(page.text).split())
+    assert "label-level ε-local DP" in text and "not comparable as numbers" in text
+    assert ("accuracy / macro-accuracy: ProxyFL 0.925 / 0.925, PrivateKT 0.800 / 0.800; "
+            "max ε 3.000 (sample-level DP), 15.000 (label-level LDP)") in text  # the result
+
+    # Table 1: complete centres by split, with the role each played in the runs
+    table_1 = page.tables["table-1"]
+    assert table_1[0] == ["centre", "split", "healthy", "tumour", "total", "patients", "role"]
+    assert [r[:5] for r in table_1[1:]] == [
+        ["0", "train", "8", "8", "16"], ["0", "test", "2", "2", "4"],
+        ["1", "train", "9", "8", "17"], ["1", "test", "2", "2", "4"],
+        ["4", "train", "12", "8", "20"], ["4", "test", "2", "2", "4"],
+    ]  # fmt: skip
+    assert [r[6] for r in table_1[1::2]] == [
+        "client", "client", "public pool (PrivateKT; labels unused)"
+    ]  # fmt: skip
+    assert table_1[2][5] == "patient_002"
+
+    # failures: the slide left out and the failed centre, escaped; the damaged report named
+    failures = page.tables["failures-table"]
+    assert failures[1] == ["patient_021_node_3", "1", "tissue", "no tissue <at level 2> & none"]
+    assert failures[2][:3] == ["center_2", "2", "centre"] and "only 3 healthy" in failures[2][3]
+    assert "Preprocessing failures (2)" in text
+    assert f"Could not read {report_path(stores, 3)}: not a centre report" in text
+
+
+def test_without_stores_the_page_says_table_1_is_not_shown(
+    report: tuple[Path, Path], tmp_path: Path
+) -> None:
+    runs_dir, _ = report
+    paths = write_report(load_runs(runs_dir), tmp_path / "results")
+    page = Page(paths.report_html.read_text())
+    assert "table-1" not in page.tables and "failures-table" not in page.tables
+    assert "No store directory given" in " ".join(page.text)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                    "(apt-get install chromium): the page is checked by parsing only")  # fmt: skip
+def test_headless_chromium_renders_the_page_offline(
+    report: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Chromium, with every host unresolvable, lays the page out and paints Figure 8:
+    the screenshot holds ProxyFL's colour where the figure is."""
+    runs_dir, stores = report
+    paths = write_report(load_runs(runs_dir), tmp_path / "results", stores)
+    screenshot = tmp_path / "report.png"
+    command = [
+        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={tmp_path / 'profile'}",
+        "--hide-scrollbars", "--window-size=1280,2600", f"--screenshot={screenshot}",
+        paths.report_html.as_uri(),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+    dom = subprocess.run(
+        [*command[:-2], "--dump-dom", paths.report_html.as_uri()],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert 'id="table-1"' in dom and "public pool (PrivateKT; labels unused)" in dom
+
+    pixels = matplotlib.image.imread(screenshot)[..., :3]
+    proxyfl = np.array(matplotlib.colors.to_rgb(method_style("ProxyFL").color))
+    near = np.abs(pixels - proxyfl).max(axis=-1) < 0.04
+    rows = np.flatnonzero(near.any(axis=1))
+    assert near.sum() > 200, "Figure 8's ProxyFL line is not on the screenshot"
+    assert rows.min() < 900  # the figure comes first, above the tables
