@@ -64,10 +64,13 @@ def prefect_server(
     api_url = f"http://{host}:{port}/api"
     prefect = Path(sys.executable).parent / "prefect"
     output = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    # the UI asks the API at PREFECT_UI_API_URL, which otherwise says port 4200
+    environment = {**os.environ, "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL")
+                   or api_url}  # fmt: skip
     server = subprocess.Popen(
         parent_bound_command([str(prefect), "server", "start", "--host", host,
                               "--port", str(port)]),
-        stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=environment,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s

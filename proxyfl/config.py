@@ -112,6 +112,14 @@ class TrainOptions(BaseModel):
     self_training: bool = Field(
         True, description="PrivateKT: self-train on M confident public items (Eq. 5)"
     )
+    # Eq. (5) says which items, not which targets: the authors' code fits the model's own
+    # class probabilities (a consistency step); its argmax labels sharpen every guess, and
+    # from a model near chance they pull it to one class (measured: docs/design.md §4).
+    self_train_targets: Literal["soft", "argmax"] = Field(
+        "soft",
+        description="PrivateKT: self-training targets, the model's own class probabilities "
+        "(soft, the authors' code) or its argmax labels",
+    )
     uniform_sampling: bool = Field(
         False, description="PrivateKT: draw KT items uniformly instead of by Eq. (4)"
     )
@@ -226,7 +234,8 @@ class TrainConfig(TrainOptions):
 
 PRIVATEKT_FIELDS: tuple[str, ...] = (
     "public_center", "kt_samples", "ldp_epsilon", "buffer_size", "self_train_samples",
-    "finetune_epochs", "client_fraction", "buffer", "self_training", "uniform_sampling",
+    "finetune_epochs", "client_fraction", "buffer", "self_training", "self_train_targets",
+    "uniform_sampling",
 )  # fmt: skip
 
 

@@ -69,6 +69,7 @@ class KTSettings:
     n_classes: int  # C
     buffer_size: int  # B (1 with --no-buffer)
     self_train_samples: int  # M (0 with --no-self-training)
+    soft_self_training: bool  # targets: the model's probabilities, else its argmax
     finetune_epochs: int
     client_fraction: float
     uniform_sampling: bool
@@ -92,6 +93,7 @@ class KTSettings:
             n_classes=n_classes,
             buffer_size=config.buffer_size if config.buffer else 1,
             self_train_samples=m if config.self_training else 0,
+            soft_self_training=config.self_train_targets == "soft",
             finetune_epochs=config.finetune_epochs,
             client_fraction=config.client_fraction,
             uniform_sampling=config.uniform_sampling,
@@ -148,7 +150,9 @@ class PublicItems:
         batch_size: int,
         rng: np.random.Generator,
     ) -> float | None:
-        """Cross-entropy steps on (item, label) pairs, shuffled by ``rng``; mean loss."""
+        """Cross-entropy steps on (item, target) pairs, shuffled by ``rng``; mean loss.
+        A target is a class index (``labels`` of shape (n,)) or class probabilities
+        (shape (n, C)): −Σ_c q_c log p_c either way."""
         model.train()
         total, steps = 0.0, 0
         for _ in range(epochs):
@@ -156,7 +160,8 @@ class PublicItems:
             for start in range(0, len(order), batch_size):
                 batch = order[start : start + batch_size]
                 x = self._input(indices[batch])
-                y = torch.as_tensor(labels[batch], dtype=torch.int64, device=self.device)
+                y = torch.as_tensor(labels[batch], device=self.device)
+                y = y.to(torch.int64) if y.ndim == 1 else y.to(torch.float32)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x), y)
                 loss.backward()
@@ -207,9 +212,10 @@ class KnowledgeServer:
             chosen = weighted_sample(
                 self_training_weights(probabilities), s.self_train_samples, self.rng
             )
-            pseudo_labels = probabilities[chosen].argmax(axis=-1)
+            own = probabilities[chosen]
+            pseudo_targets = own if s.soft_self_training else own.argmax(axis=-1)
             self_train_loss = self.items.fit(
-                self.model, self.optimizer, chosen, pseudo_labels,
+                self.model, self.optimizer, chosen, pseudo_targets,
                 epochs=1, batch_size=s.batch_size, rng=self.rng,
             )  # fmt: skip
         self.kt_items = self.next_items()  # line 19

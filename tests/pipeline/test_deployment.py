@@ -62,6 +62,8 @@ def test_served_deployment_runs_the_pipeline_from_a_fresh_clone_without_data(
         )  # fmt: skip
         assert watched.returncode == 0, watched.stdout + watched.stderr + output.read_text()
         assert "Completed" in watched.stdout, watched.stdout + output.read_text()[-5000:]
+        # --watch ends with the run's result in one line, before the final state
+        assert "result: accuracy / macro-accuracy: ProxyFL " in watched.stdout, watched.stdout
     finally:
         os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in serve's terminal
         interrupted = time.monotonic()

@@ -347,3 +347,33 @@ def test_ablations_and_client_fraction_map_to_the_settings() -> None:
     )  # fmt: skip
     assert [selection_size(f, 4) for f in (1.0, 0.5, 0.1)] == [4, 2, 1]
     assert selection_size(0.5, 0) == 0
+
+
+def _mean_entropy(probabilities: np.ndarray) -> float:
+    return float(-(probabilities * np.log(probabilities + 1e-12)).sum(axis=-1).mean())
+
+
+def test_soft_self_training_keeps_the_guesses_and_argmax_sharpens_them(data: Path) -> None:
+    """Self-training on the model's own predictions of every public item: with its
+    probabilities as targets (the default, the authors' code) the predictions stay near
+    where they were; with its argmax labels the model grows surer of each guess, which is
+    what pulls a model near chance towards one class."""
+    from proxyfl.privatekt import PublicItems
+
+    items = PublicItems(PublicPool(store_path(data, PUBLIC)), torch.device("cpu"), 16)
+    everything = np.arange(len(items.pool))
+    change = {}
+    for targets in ("soft", "argmax"):
+        torch.manual_seed(3)
+        model = build_model("cnn1", 2, 16)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        before = items.probabilities(model, None, 64)
+        own = before if targets == "soft" else before.argmax(axis=-1)
+        items.fit(model, optimizer, everything, own, epochs=3, batch_size=16,
+                  rng=np.random.default_rng(0))  # fmt: skip
+        after = items.probabilities(model, None, 64)
+        change[targets] = (_mean_entropy(before) - _mean_entropy(after),
+                           float(np.abs(after - before).max()))  # fmt: skip
+    sharpened, moved = change["argmax"]
+    assert sharpened > 0.1, change  # argmax: the entropy falls
+    assert abs(change["soft"][0]) < sharpened / 3 and change["soft"][1] < moved, change
