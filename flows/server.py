@@ -64,9 +64,13 @@ def prefect_server(
     api_url = f"http://{host}:{port}/api"
     prefect = Path(sys.executable).parent / "prefect"
     output = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    # the UI asks the API at PREFECT_UI_API_URL, which otherwise says port 4200
-    environment = {**os.environ, "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL")
-                   or api_url}  # fmt: skip
+    # The UI asks the API at PREFECT_UI_API_URL, which otherwise says port 4200; and
+    # `prefect deployment run --watch` shows a run's logs (its last: the result line) only
+    # when the server streams them out. A user's own settings win.
+    environment = {"PREFECT_UI_API_URL": api_url,
+                   "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                   "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
+                   **os.environ}  # fmt: skip
     server = subprocess.Popen(
         parent_bound_command([str(prefect), "server", "start", "--host", host,
                               "--port", str(port)]),
