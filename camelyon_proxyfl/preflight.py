@@ -174,9 +174,9 @@ def _training(params: Params, sizes: dict[int, CentreSize]) -> list[Finding]:
     train, findings = params.train, []
     batch = train.options.batch_size
     clients = [c for c in train.centers if c in sizes]
-    pooled = {"Joint"} & set(train.algorithms)
-    groups = [([c], f"centre {c}") for c in clients if set(train.algorithms) - pooled]
-    if pooled:
+    per_client = any(algorithm != "Joint" for algorithm in train.algorithms)
+    groups = [([c], f"centre {c}") for c in clients] if per_client else []
+    if "Joint" in train.algorithms:
         groups.append((clients, f"Joint's pooled centres {clients}"))
     for centres, name in groups:
         n_train = sum(sizes[c].train for c in centres)

@@ -114,10 +114,27 @@ def read_center_report(path: str | os.PathLike[str]) -> CenterReport:
         raise CenterReportError(path, f"not a centre report ({describe(error)})") from error
 
 
+def scan_center_reports(
+    out_dir: str | os.PathLike[str],
+) -> tuple[list[CenterReport], list[CenterReportError]]:
+    """Every ``center_{c}.json`` report in ``out_dir`` that reads, by centre, and the
+    error of each that does not."""
+    reports, unreadable = [], []
+    for path in sorted(Path(out_dir).glob("center_*.json")):
+        try:
+            reports.append(read_center_report(path))
+        except CenterReportError as error:
+            unreadable.append(error)
+    return sorted(reports, key=lambda report: report.center), unreadable
+
+
 def read_center_reports(out_dir: str | os.PathLike[str]) -> list[CenterReport]:
-    """Every ``center_{c}.json`` report in ``out_dir``, by centre."""
-    reports = [read_center_report(path) for path in Path(out_dir).glob("center_*.json")]
-    return sorted(reports, key=lambda report: report.center)
+    """Every ``center_{c}.json`` report in ``out_dir``, by centre; the first that does not
+    read raises its :class:`CenterReportError`."""
+    reports, unreadable = scan_center_reports(out_dir)
+    if unreadable:
+        raise unreadable[0]
+    return reports
 
 
 def write_summary(

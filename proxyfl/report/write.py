@@ -30,7 +30,7 @@ from proxyfl.report.stats import (
     sample_sizes,
 )
 from proxyfl.results import json_safe
-from wsi.summary import CenterReportError, read_center_report
+from wsi.summary import scan_center_reports
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +128,7 @@ def _write_curves(per_round: Mapping[str, list[CurvePoint]], paths: Mapping[str,
 def read_preprocessing(stores_dir: Path) -> Preprocessing:
     """The centre reports beside the stores in ``stores_dir``; one that cannot be read is
     named on the page (and logged) rather than failing the report of finished runs."""
-    reports, unreadable = [], []
-    for path in sorted(stores_dir.glob("center_*.json")):
-        try:
-            reports.append(read_center_report(path))
-        except CenterReportError as error:
-            logger.warning("report.html: %s", error)
-            unreadable.append((str(path), error.reason))
-    reports.sort(key=lambda report: report.center)
-    return Preprocessing(str(stores_dir), reports, unreadable)
+    reports, unreadable = scan_center_reports(stores_dir)
+    for error in unreadable:
+        logger.warning("report.html: %s", error)
+    return Preprocessing(str(stores_dir), reports, [(str(e.path), e.reason) for e in unreadable])

@@ -77,6 +77,7 @@ def test_with_the_cache_the_plan_is_the_stores_sizes(
     planned = messages(findings, "note")
     catalogue = scan_camelyon(root)
     cache = CandidateCache(params.preprocess.cache_dir)
+    stored: dict[int, tuple[int, int]] = {}
     for center in (0, 1):
         records = [r for r in catalogue.for_centers([center]) if r.node_label is not None]
         slides = [slide_patches(record, params.preprocess.patch, cache) for record in records]
@@ -86,6 +87,18 @@ def test_with_the_cache_the_plan_is_the_stores_sizes(
         train, test = (sum(report.counts[split].values()) for split in ("train", "test"))
         assert (f"centre {center}: {train} training and {test} test patches (planned from "
                 f"the cached candidates of its {len(records)} slides)") in planned  # fmt: skip
+        stored[center] = (train, test)
+
+    # without the cache, the sizes of the stores built with these parameters; a store built
+    # with other parameters (another seed) is not taken for the one to come
+    empty = str(cached / "empty-cache")
+    notes = messages(preflight(params_with(cached, root, preprocess__cache_dir=empty)), "note")
+    for center, (train, test) in stored.items():
+        assert any(note.startswith(f"centre {center}: ") and note.endswith(
+            f"its current store holds {train} training, {test} test patches") for note in notes
+        ), notes  # fmt: skip
+    other = preflight(params_with(cached, root, preprocess__cache_dir=empty, preprocess__seed=1))
+    assert not any("current store" in note for note in messages(other, "note"))
 
 
 def test_mistakes_are_errors_naming_key_centre_and_numbers(
