@@ -16,7 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from plumbing.processes import end_with_parent
+from plumbing.processes import start_command
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("flows.pipeline", "the whole pipeline as one flow (preprocess, train, report)"),
@@ -43,7 +43,7 @@ def usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the console script: a killed parent (dvc repro) takes us with it
-        end_with_parent()
+        start_command()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())

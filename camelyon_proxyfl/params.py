@@ -195,20 +195,45 @@ class ReportSection(Section):
     """``report:``: where the tables, metrics, curves and plots go."""
 
     out: Path = Field(Path("results"), description="tables/, metrics.json, curves/, plots/")
+    other_configurations: Literal["refuse", "separate"] = Field(
+        "refuse",
+        description="a listed run made with other parameters than train's (or stopped at "
+        "another round): refuse the report, naming it, or table it apart, labelled with its "
+        "parameters (separate); never mixed into a row",
+    )
 
 
 class ReportConfig(Section):
-    """What the report flow runs with: the runs ``train:`` describes, and ``report.out``."""
+    """What the report flow runs with: the runs ``train:`` describes (and the parameters
+    they must have been made with), and ``report:``."""
 
-    runs: Path = Field(description="the training runs to report on (train.runs)")
+    train: TrainSection = Field(description="the runs to report on, and their parameters")
     out: Path = Field(description="tables, metrics.json, curves and plots (report.out)")
-    algorithms: list[Algorithm] = Field(description="methods to report (train.algorithms)")
-    seeds: list[int] = Field(description="seeds to report (train.seeds)")
-    data: Path | None = Field(
-        None,
-        description="the centre stores (train.data): their reports give report.html's "
-        "Table 1 and failures",
+    other_configurations: Literal["refuse", "separate"] = Field(
+        "refuse", description="report.other_configurations"
     )
+
+    @property
+    def runs(self) -> Path:
+        return self.train.runs
+
+    @property
+    def algorithms(self) -> list[Algorithm]:
+        return self.train.algorithms
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.train.seeds
+
+    @property
+    def data(self) -> Path:
+        """The centre stores: their reports give report.html's Table 1 and failures."""
+        return self.train.data
+
+    def expected_fingerprints(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """The configuration each listed run must have been made with."""
+        return {(algorithm, seed): self.train.job_config(algorithm, seed).fingerprint()
+                for algorithm in self.algorithms for seed in self.seeds}  # fmt: skip
 
 
 class Params(Section):
@@ -223,8 +248,8 @@ class Params(Section):
         return PreprocessConfig(**dict(self.preprocess), data_root=self.data.root)
 
     def report_config(self) -> ReportConfig:
-        return ReportConfig(runs=self.train.runs, out=self.report.out, data=self.train.data,
-                            algorithms=self.train.algorithms, seeds=self.train.seeds)  # fmt: skip
+        return ReportConfig(train=self.train, out=self.report.out,
+                            other_configurations=self.report.other_configurations)  # fmt: skip
 
     def check_pipeline(self, source: Path | str) -> None:
         """The stages must fit together: training reads the stores preprocessing writes."""

@@ -14,7 +14,10 @@ minutes of preprocessing or in an MPI job (``python -m flows.pipeline --check``)
 - ``train.options.batch_size`` against every client's training size (Joint: the pooled
   size), as ``proxyfl.run`` would find it, and non-empty test splits;
 - PrivateKT: a public pool of at least K (``kt_samples``) and M (``self_train_samples``)
-  items.
+  items;
+- the run directories: no run of another configuration in ``train.runs`` is replaced
+  unless asked (the rules of :mod:`camelyon_proxyfl.training_checks`, which
+  ``flows.train`` applies to the stores on disk).
 
 Each finding is an error (the run would fail), a warning (the catalogue's problems: files
 that will be left out) or a note (the sizes found, or what cannot be checked yet, and
@@ -23,13 +26,9 @@ when it will be).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
-
+from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params import DATA_ROOT_FIX, Params
-from plumbing.errors import PipelineError
+from camelyon_proxyfl.training_checks import run_directory_findings, training_findings
 from wsi.cache import CandidateCache
 from wsi.catalogue import Catalogue, DatasetRootError, check_dataset_root, scan_camelyon
 from wsi.center import (
@@ -41,40 +40,11 @@ from wsi.center import (
 from wsi.patches import LABEL_NAMES
 from wsi.store import StoreError, read_store_info, store_path
 
-Level = Literal["error", "warning", "note"]
-LOG_LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "note": logging.INFO}
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing checked: how bad (``level``), about what (``subject``), and what."""
-
-    level: Level
-    subject: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.subject}: {self.message}"
-
-
-@dataclass(frozen=True)
-class CentreSize:
-    """A centre's training and test sizes, and where they come from: ``plan`` (exact, from
-    the cached candidates), ``store`` (exact, a store built with these parameters) or
-    ``bound`` (``train`` is an upper bound, ``test`` unknown)."""
-
-    train: int
-    test: int | None
-    source: Literal["plan", "store", "bound"]
-
-
-class PreflightFailed(PipelineError):
-    """Raised by a run whose checks found errors; the message lists them."""
-
-
-def preflight(params: Params) -> list[Finding]:
-    """Every check this module describes, on ``params`` (already validated)."""
-    findings: list[Finding] = []
+def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:
+    """Every check this module describes, on ``params`` (already validated);
+    ``replace_runs``: runs of another configuration in ``train.runs`` may be replaced."""
+    findings: list[Finding] = run_directory_findings(params.train, replace_runs)
     data = params.data
     try:
         check_dataset_root(data.root)
@@ -100,12 +70,8 @@ def preflight(params: Params) -> list[Finding]:
         findings.append(finding)
         if size is not None:
             sizes[center] = size
-    findings += _training(params, sizes)
+    findings += training_findings(params.train, sizes)
     return findings
-
-
-def errors(findings: Sequence[Finding]) -> list[Finding]:
-    return [finding for finding in findings if finding.level == "error"]
 
 
 def _named_centres(params: Params, catalogue: Catalogue) -> list[Finding]:
@@ -167,41 +133,3 @@ def _current_store(params: Params, center: int) -> CentreSize | None:
     if info.attrs.params_hash != params_hash(section.patch, section.sampling(center)):
         return None
     return CentreSize(len(info.splits["train"]), len(info.splits["test"]), "store")
-
-
-def _training(params: Params, sizes: dict[int, CentreSize]) -> list[Finding]:
-    """Batch size against each client's training size, test splits, the public pool."""
-    train, findings = params.train, []
-    batch = train.options.batch_size
-    clients = [c for c in train.centers if c in sizes]
-    per_client = any(algorithm != "Joint" for algorithm in train.algorithms)
-    groups = [([c], f"centre {c}") for c in clients] if per_client else []
-    if "Joint" in train.algorithms:
-        groups.append((clients, f"Joint's pooled centres {clients}"))
-    for centres, name in groups:
-        n_train = sum(sizes[c].train for c in centres)
-        exact = all(sizes[c].source != "bound" for c in centres)
-        if batch > n_train:
-            what = "training patches" if exact else "patches at most (2 × patches_per_class)"
-            message = f"{batch} is larger than the {n_train} {what} of {name}"
-            findings.append(Finding("error", "train.options.batch_size", message))
-    for c in clients:
-        if sizes[c].test == 0:
-            findings.append(Finding("error", f"centre {c}", "its test split would be empty"))
-    if "PrivateKT" in train.algorithms:
-        findings += _public_pool(params, sizes)
-    return findings
-
-
-def _public_pool(params: Params, sizes: dict[int, CentreSize]) -> list[Finding]:
-    options = params.train.options
-    size = sizes.get(options.public_center)
-    if size is None or size.test is None:
-        return []
-    pool = size.train + size.test
-    asked = {"kt_samples": options.kt_samples, "self_train_samples": options.self_train_samples}
-    return [
-        Finding("error", f"train.options.{key}", f"{value} is more than the {pool} items of "
-                f"the public pool (centre {options.public_center})")
-        for key, value in asked.items() if value is not None and value > pool
-    ]  # fmt: skip

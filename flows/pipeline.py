@@ -25,17 +25,20 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from camelyon_proxyfl.findings import PreflightFailed, errors
 from camelyon_proxyfl.params import DEFAULT_PARAMS, Params, ParamsCommand, load_params
-from camelyon_proxyfl.preflight import PreflightFailed, errors, preflight
+from camelyon_proxyfl.preflight import preflight
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
 from flows.server import address_towards, run_flow_command
 from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
-from plumbing.processes import end_with_parent
+from plumbing.locks import Busy
+from plumbing.processes import start_command
 from proxyfl.launch import TrainingJobFailed
 from proxyfl.report import ReportError, ReportPaths
 from proxyfl.report.render import summary_line
+from proxyfl.rundir import RunConflict
 from tasks.checks import preflight_checks
 from tasks.data import dataset
 from wsi.catalogue import DatasetRootError
@@ -49,13 +52,15 @@ def load_pipeline_params(params_file: Path) -> Params:
 
 
 @flow(name="pipeline")
-def pipeline(params_file: Path = DEFAULT_PARAMS) -> ReportPaths:
-    """Slides to accuracy, macro-accuracy and ε tables, as ``params_file`` describes."""
+def pipeline(params_file: Path = DEFAULT_PARAMS, replace_runs: bool = False) -> ReportPaths:
+    """Slides to accuracy, macro-accuracy and ε tables, as ``params_file`` describes.
+    Finished runs of this configuration and these stores are kept; ``replace_runs``: runs
+    of another configuration in ``train.runs`` are replaced (else the checks refuse)."""
     params = load_pipeline_params(Path(params_file))
     dataset(params.data)
-    preflight_checks(params)
+    preflight_checks(params, replace_runs)
     run_preprocess(params.preprocess_config())
-    train(params.train)
+    train(params.train, replace_runs)
     paths = report(params.report_config())
     # the run's last line: its result, for a log read from the end
     summary = summary_line(json.loads(paths.metrics_json.read_text()))
@@ -70,9 +75,9 @@ def preprocess_centre(center: int, params_file: Path = DEFAULT_PARAMS) -> None:
     run_preprocess(config.model_copy(update={"centers": [center]}))
 
 
-def print_findings(params: Params) -> int:
+def print_findings(params: Params, replace_runs: bool = False) -> int:
     """``--check``: every finding, one line each; 2 when any is an error."""
-    findings = preflight(params)
+    findings = preflight(params, replace_runs)
     for finding in findings:
         print(finding)
     count = Counter(finding.level for finding in findings)
@@ -88,16 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         help="only check what can be checked before any work (data root, centres, patches "
         "available per label, batch size against training sizes) and exit: 0, or 2 on errors",
     )  # fmt: skip
+    command.parser.add_argument(
+        "--replace-runs", action="store_true",
+        help="replace the runs in train.runs made with another configuration (each stays "
+        "until its successor has finished); without it the checks refuse them",
+    )  # fmt: skip
     args, _ = command.parse()  # --config only: the stages' keys are set in the file
     params = load_pipeline_params(command.params_file)
     if args.check:
-        return print_findings(params)
+        return print_findings(params, args.replace_runs)
     scheduler = params.preprocess.scheduler_address
     return run_flow_command(  # one server for the pipeline, its stages and their workers
-        lambda: pipeline(command.params_file),
+        lambda: pipeline(command.params_file, args.replace_runs),
         failures=(
             DatasetRootError,
             PreflightFailed,
+            Busy,
+            RunConflict,
             PreprocessFailed,
             TrainingJobFailed,
             ReportError,
@@ -107,5 +119,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    end_with_parent()
+    start_command()
     sys.exit(main())

@@ -38,7 +38,8 @@ from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters
-from plumbing.processes import end_with_parent
+from plumbing.locks import Busy, exclusive
+from plumbing.processes import start_command
 from tasks.data import require_dataset
 from tasks.preprocess import (
     center_store,
@@ -51,6 +52,7 @@ from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import record_failed_center
 from wsi.sampling import SlidePatches
+from wsi.store import store_path
 from wsi.summary import (
     TABLE_1_COLUMNS,
     TABLE_1_HEADER,
@@ -216,7 +218,9 @@ def task_runner(config: PreprocessConfig) -> TaskRunner:
             "n_workers": config.workers,
             "threads_per_worker": 1,
             "processes": True,
-            "dashboard_address": ":0",  # a free port: runs side by side would fight over :8787
+            # loopback only, every port free (runs side by side would fight over :8787)
+            "host": "127.0.0.1",
+            "dashboard_address": "127.0.0.1:0",
         }
     )
 
@@ -226,12 +230,15 @@ def run_preprocess(
 ) -> list[CenterReport]:
     """The preprocess flow on ``config``'s runner (:func:`task_runner`).
 
-    The flow and all its workers report to one Prefect API: the configured one, else a
-    server started for this run (:func:`flows.server.shared_prefect_api`); with a remote
-    Dask scheduler, that server listens on the address the scheduler's network reaches.
+    Another run building one of the same stores makes this one fail at once
+    (:class:`~plumbing.locks.Busy`). The flow and all its workers report to one Prefect
+    API: the configured one, else a server started for this run
+    (:func:`flows.server.shared_prefect_api`); with a remote Dask scheduler, that server
+    listens on the address the scheduler's network reaches.
     """
     host = address_towards(config.scheduler_address) if config.scheduler_address else "127.0.0.1"
-    with shared_prefect_api(host):
+    stores = [store_path(config.out, center) for center in config.centers]
+    with exclusive(stores, "building"), shared_prefect_api(host):  # one run per store
         flow_run = preprocess.with_options(task_runner=task_runner(config))
         return flow_run(config, redo_slides=tuple(redo_slides))
 
@@ -267,11 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = config.scheduler_address
     return run_flow_command(
         lambda: run_preprocess(config, redo_slides=redo_slides),
-        failures=(PreprocessFailed, DatasetRootError),
+        failures=(PreprocessFailed, DatasetRootError, Busy),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",
     )
 
 
 if __name__ == "__main__":
-    end_with_parent()
+    start_command()
     sys.exit(main())

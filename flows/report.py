@@ -10,10 +10,13 @@
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
     python -m flows.report --data data/patches      # the stores behind report.html's Table 1
 
-Defaults come from ``params.yaml`` (``report:``, and the runs, stores, methods and seeds
-of ``train:``).
-Prints both tables. Exits 1 when a requested run is missing or unfinished, 2 on a bad
-parameter.
+Defaults come from ``params.yaml`` (``report:``, and the runs, stores, methods, seeds,
+centres and options of ``train:``). Only runs made with those parameters are tabled: a
+listed run made with others (or stopped at another round) is refused by name with the
+difference, or with ``--other-configurations separate`` tabled apart, labelled with its
+parameters (``tables/other_configurations.md``); runs found but not listed are named in a
+note. Prints both tables. Exits 1 when a requested run is missing, unfinished or of other
+parameters, 2 on a bad parameter.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
 from flows.artifacts import publish_report
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
-from plumbing.processes import end_with_parent
+from plumbing.processes import start_command
+from proxyfl.config import TrainOptions
 from proxyfl.report import ReportError, ReportPaths
 from tasks.report import finished_runs, report_files
 
@@ -36,8 +40,8 @@ from tasks.report import finished_runs, report_files
 @flow(name="report")
 def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print both tables."""
-    runs = finished_runs(config.runs, config.algorithms, config.seeds)
-    paths = report_files(runs, config.out, config.data)
+    selection = finished_runs(config)
+    paths = report_files(selection, config.out, config.data)
     publish_report(paths)
     print_tables(paths)
     return paths
@@ -57,9 +61,13 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
     command = ParamsCommand("python -m flows.report", __doc__.split("\n")[0], argv)
     for option, key in (("--runs", ("train", "runs")), ("--data", ("train", "data")),
                         ("--algorithms", ("train", "algorithms")),
-                        ("--seeds", ("train", "seeds"))):  # fmt: skip
+                        ("--seeds", ("train", "seeds")),
+                        ("--centers", ("train", "centers"))):  # fmt: skip
         command.add_key(option, key)
     command.add_section(ReportSection, ("report",))
+    command.add_section(TrainOptions, ("train", "options"),
+                        group="the training options the runs must have been made with "
+                        "(train.options in params.yaml)")  # fmt: skip
     _, params = command.parse()
     return params.report_config()
 
@@ -71,5 +79,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    end_with_parent()
+    start_command()
     sys.exit(main())

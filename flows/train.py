@@ -8,8 +8,16 @@
 
 Methods, seeds, centres and directories come from ``params.yaml``'s ``train:`` section, the
 engine's options from ``train.options``; every flag overrides one. Jobs run one after
-another (each already occupies a process per client). Exits 1 when a job fails (the
-message names the rank and its last lines), 2 on a bad parameter.
+another (each already occupies a process per client).
+
+A run directory that holds a finished run of the same configuration and stores is kept;
+an unfinished one of the same configuration resumes; one of another configuration is
+refused (exit 2, naming it and the keys that differ) unless ``--replace`` is given, and a
+finished run replaced stays in place until the new one has finished
+(:mod:`proxyfl.rundir`). Before any server or job starts, the checks of
+:mod:`camelyon_proxyfl.training_checks` run on the stores (readable, batch size against
+every client's training size, PrivateKT's pool) and the run directories: exit 2 with every
+error. Exits 1 when a job fails (the message names the rank and its last lines).
 """
 
 from __future__ import annotations
@@ -19,38 +27,63 @@ from pathlib import Path
 
 from prefect import flow
 
+from camelyon_proxyfl.findings import Finding, errors
 from camelyon_proxyfl.params import ParamsCommand, TrainSection
+from camelyon_proxyfl.training_checks import check_training
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
-from plumbing.processes import end_with_parent
+from plumbing.locks import Busy
+from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
 from proxyfl.launch import TrainingJob, TrainingJobFailed
+from proxyfl.rundir import RunConflict
 from tasks.train import training_run
 
 
 @flow(name="train")
-def train(config: TrainSection) -> list[Path]:
-    """Run every (algorithm, seed) job of ``config``; the run directories, in order."""
+def train(config: TrainSection, replace: bool = False) -> list[Path]:
+    """Run every (algorithm, seed) job of ``config``; the run directories, in order.
+    ``replace``: runs of another configuration (or finished ones) are trained again."""
     run = training_run.with_options(retries=config.retries)
-    return [run(TrainingJob(job)) for job in config.job_configs()]
+    return [run(TrainingJob(job), replace) for job in config.job_configs()]
 
 
-def parse_config(argv: list[str] | None) -> TrainSection:
-    """The ``train:`` section of the parameters file with the flags given laid over it."""
+def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:
+    """The ``train:`` section of the parameters file with the flags given laid over it,
+    and whether ``--replace`` was given."""
     command = ParamsCommand("python -m flows.train", __doc__.split("\n")[0], argv)
+    command.parser.add_argument(
+        "--replace", action="store_true",
+        help="train again a run directory that holds a finished run, or a run of another "
+        "configuration (a finished run stays until the new one has finished); without it "
+        "such a run is kept, or the launch refused",
+    )  # fmt: skip
     command.add_section(TrainSection, ("train",), exclude=("options",))
     command.add_section(TrainOptions, ("train", "options"),
                         group="training options (train.options in params.yaml)")  # fmt: skip
-    _, params = command.parse()
-    return params.train
+    args, params = command.parse()
+    return params.train, args.replace
+
+
+def report_findings(findings: list[Finding]) -> int:
+    """Print the errors among ``findings`` to stderr, one a line: 2 if any, else 0."""
+    failed = errors(findings)
+    for finding in failed:
+        print(finding, file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} error(s): nothing was launched", file=sys.stderr)
+    return 2 if failed else 0
 
 
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(argv)
-    return run_flow_command(lambda: train(config), failures=(TrainingJobFailed,))
+    config, replace = parse_config(argv)
+    if report_findings(check_training(config, replace)):
+        return 2
+    return run_flow_command(lambda: train(config, replace),
+                            failures=(TrainingJobFailed, RunConflict, Busy))  # fmt: skip
 
 
 if __name__ == "__main__":
-    end_with_parent()
+    start_command()
     sys.exit(main())

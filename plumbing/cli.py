@@ -236,6 +236,7 @@ def config_error(
     """One :class:`ConfigError` for all of ``error``'s problems."""
     by_key = {flag.key: flag.option for flag in flags}
     reasons: dict[str, str] = {}  # key path -> reason; a union's other branches add nothing
+    from_flags: list[bool] = []
     for item in error.errors():
         loc = [str(part) for part in item["loc"] if not _is_union_branch(part)]
         key = ".".join(loc) or "(top level)"
@@ -248,9 +249,14 @@ def config_error(
             reason = str(item["msg"]).removeprefix("Value error, ")
             if isinstance(item.get("input"), str | int | float | bool):
                 reason += f", got {item['input']!r}"
-        option = by_key.get(tuple(loc))
+        # the flag that set this key, or the list or mapping it is an item of
+        option = next((by_key[tuple(loc[:n])] for n in range(len(loc), 0, -1)
+                       if tuple(loc[:n]) in by_key), None)  # fmt: skip
+        from_flags.append(option is not None)
         reasons[key] = f"{key} ({option}): {reason}" if option else f"{key}: {reason}"
-    return ConfigError(source, "; ".join(reasons.values()))
+    # every wrong value came from a flag: the file is not to blame
+    subject = "command line" if from_flags and all(from_flags) else source
+    return ConfigError(subject, "; ".join(reasons.values()))
 
 
 def _is_union_branch(part: int | str) -> bool:

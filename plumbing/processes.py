@@ -91,8 +91,30 @@ def stop_tree(pid: int, timeout_s: float = 8.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+def started_detached() -> bool:
+    """Whether this process was started to outlive the shell that ran it: under ``nohup``
+    (SIGHUP ignored) or ``setsid`` (a session leader)."""
+    hangup_ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    return hangup_ignored or os.getsid(0) == os.getpid()
+
+
 def end_with_parent() -> None:
-    """For a command's ``__main__``: SIGTERM when the process that ran it dies, so that a
-    ``dvc repro`` killed outright takes its stage's command (and, through their own
-    binding, that command's children) with it."""
-    die_with_parent(os.getppid(), signal.SIGTERM)
+    """SIGTERM when the process that ran this one dies, so that a ``dvc repro`` killed
+    outright takes its stage's command (and, through their own binding, that command's
+    children) with it; not for a process started detached (:func:`started_detached`),
+    whose parent is a shell meant to exit before it."""
+    if not started_detached():
+        die_with_parent(os.getppid(), signal.SIGTERM)
+
+
+def interruptible() -> None:
+    """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` even where it was inherited ignored (a
+    background job of a script), so that the command stops with everything it started."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def start_command() -> None:
+    """For a command's ``__main__``: interruptible wherever it was started, and ended with
+    the process that ran it unless started detached."""
+    interruptible()
+    end_with_parent()

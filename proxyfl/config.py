@@ -10,7 +10,10 @@ own patch size (512 px on the real data); nothing here assumes 512 px or two cla
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -223,13 +226,45 @@ class TrainConfig(TrainOptions):
         return list(self.centers) if self.centers is not None else list(range(world_size))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields that must not change when a run is resumed."""
-        ignored = {"resume", "stop_after_round", "device", "workers", "keep_checkpoints",
-                   "keep_final_checkpoints"}
+        """The configuration a run's result depends on: the fields that must not change
+        when it is resumed, and that a finished run is compared by. Where the run and its
+        stores are (``out``, ``data``: the stores are identified by their content, see
+        :func:`proxyfl.rundir.store_inputs`) and how it runs (device, workers,
+        checkpoints kept) are not part of it."""
+        ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them
             ignored |= set(PRIVATEKT_FIELDS)
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
+
+    def digest(self) -> str:
+        """SHA-256 of :meth:`fingerprint` (canonical JSON): equal digests, equal
+        configurations."""
+        return fingerprint_digest(self.fingerprint())
+
+
+# Where a run is and how it runs, not what it computes (TrainConfig.fingerprint).
+WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
+    "out", "data", "resume", "stop_after_round", "device", "workers", "keep_checkpoints",
+    "keep_final_checkpoints",
+)  # fmt: skip
+
+
+def fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:
+    """SHA-256 hex digest of a fingerprint as canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def fingerprint_changes(
+    recorded: Mapping[str, Any], current: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """``{key: (recorded value, current value)}`` for every key whose value differs, keys
+    of :data:`WHERE_AND_HOW_FIELDS` ignored (runs recorded before they were left out of
+    the fingerprint still hold ``out`` and ``data``)."""
+    keys = (set(recorded) | set(current)) - set(WHERE_AND_HOW_FIELDS)
+    return {key: (recorded.get(key), current.get(key))
+            for key in sorted(keys) if recorded.get(key) != current.get(key)}  # fmt: skip
 
 
 PRIVATEKT_FIELDS: tuple[str, ...] = (

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbing.atomic import write_text
 from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
 from proxyfl.progress import RoundFollower, RoundProgress
 from proxyfl.results import METRICS_FILE
+from proxyfl.rundir import CONFIG_FILE, Action, LaunchPlan, prepare, publish_staged, write_config
 from proxyfl.validation import RankFailure, clear_failures, read_failures
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,6 @@ def mpiexec_path() -> Path:
             f"no mpiexec next to {sys.executable} or on PATH: `pip install mpich` provides one"
         )
     return Path(found)
-
-
-CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -94,8 +91,11 @@ class TrainingJob:
 
     def write_config(self) -> Path:
         """``out/config.json``: the configuration the ranks will run with."""
-        write_text(self.config_file, self.config.model_dump_json(indent=2) + "\n")
-        return self.config_file
+        return write_config(self.config)
+
+    def in_directory(self, out: Path) -> TrainingJob:
+        """The same job training in ``out`` (a replacement's staging directory)."""
+        return self if out == self.out else TrainingJob(self.config.model_copy(update={"out": out}))
 
     def arguments(self) -> list[str]:
         """The ``proxyfl.run`` command-line arguments of this job."""
@@ -201,6 +201,23 @@ def run_job(
         first = failures[0] if failures else None
         lines = tails.lines_of(first.rank if first else None)
         raise TrainingJobFailed(job, exit_code, first, lines)
+
+
+def launch_planned(
+    job: TrainingJob,
+    plan: LaunchPlan,
+    on_line: Callable[[str], None] = logger.info,
+    on_round: Callable[[RoundProgress], None] | None = None,
+) -> None:
+    """Carry out ``plan`` (:func:`proxyfl.rundir.plan_launch` of ``job``): nothing for a
+    kept run; otherwise run the job in ``plan.work`` and, for a replacement, swap the
+    finished new run into place. A failed replacement leaves the finished run as it was."""
+    if plan.action is Action.KEEP:
+        return
+    prepare(plan, job.config)
+    run_job(job.in_directory(plan.work), on_line=on_line, on_round=on_round)
+    if plan.action is Action.REPLACE:
+        publish_staged(plan.run_dir)
 
 
 def _terminate(process: subprocess.Popen[str], grace_seconds: float = 10.0) -> None:

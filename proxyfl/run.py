@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from proxyfl.access import AccessLog
-from proxyfl.config import TrainConfig
+from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
+from proxyfl.rundir import store_inputs
 from proxyfl.validation import (
     RankFailure,
     SetupError,
@@ -42,7 +43,7 @@ from proxyfl.validation import (
     record_failure,
     run_phase,
 )
-from wsi.store import StoreError, read_store_info, store_path
+from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
 
 if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
     from proxyfl.trainer import ClientData, ClientTrainer
@@ -217,7 +218,8 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
             splits = ("train", "test") if c in train_centers else ("test",)
             infos[c] = read_store_info(store_path(data_dir, c), splits=splits)
         except StoreError as error:
-            raise SetupError(f"centre {c}: {error.path}: {error.reason}") from None
+            reason = f"centre {c}: {error.path}: {error.reason}; {rebuild_hint(c)}"
+            raise SetupError(reason) from None
     sizes = {c: info.attrs.patch_size for c, info in infos.items()}
     classes = {c: info.attrs.n_classes for c, info in infos.items()}
     if len(set(sizes.values())) != 1:
@@ -282,8 +284,8 @@ def check_resumable(config: TrainConfig, run_dir: Path) -> None:
         return
     saved = json.loads(run_file.read_text()).get("fingerprint")
     current = json.loads(json.dumps(config.fingerprint()))
-    if saved is not None and saved != current:
-        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    changed = fingerprint_changes(saved, current) if saved is not None else {}
+    if changed:
         raise SetupError(
             f"the checkpoints in {run_dir} were made with another configuration (changed: "
             f"{', '.join(changed)}); restore it, or delete {run_dir} to start over"
@@ -444,6 +446,10 @@ def _write_run_json(
         "algorithm": config.algorithm,
         "config": config.model_dump(mode="json"),
         "fingerprint": config.fingerprint(),
+        "config_digest": config.digest(),
+        # the stores it read, by content (proxyfl.rundir: a finished run is kept only while
+        # its configuration and these are unchanged)
+        "inputs": store_inputs(config),
         "world_size": size,
         "clients": records,
         "devices": [record["device"] for record in records],

@@ -5,18 +5,17 @@ from __future__ import annotations
 from prefect import task
 from prefect.logging import get_run_logger
 
+from camelyon_proxyfl.findings import LOG_LEVELS, Finding, raise_on_errors
 from camelyon_proxyfl.params import Params
-from camelyon_proxyfl.preflight import LOG_LEVELS, Finding, PreflightFailed, errors, preflight
+from camelyon_proxyfl.preflight import preflight
 
 
 @task(name="preflight checks")
-def preflight_checks(params: Params) -> list[Finding]:
+def preflight_checks(params: Params, replace_runs: bool = False) -> list[Finding]:
     """Every finding, logged at its level; a :class:`PreflightFailed` listing the errors."""
     logger = get_run_logger()
-    findings = preflight(params)
+    findings = preflight(params, replace_runs)
     for finding in findings:
         logger.log(LOG_LEVELS[finding.level], "%s: %s", finding.subject, finding.message)
-    failed = errors(findings)
-    if failed:
-        raise PreflightFailed(None, "; ".join(f"{f.subject}: {f.message}" for f in failed))
+    raise_on_errors(findings)
     return findings

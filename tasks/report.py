@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from prefect import task
 
-from proxyfl.report import ReportPaths, RunResult, load_runs, write_report
+from camelyon_proxyfl.params import ReportConfig
+from proxyfl.report import ReportPaths, write_report
+from proxyfl.report.select import RunSelection, select_runs
 
 
 @task(name="finished runs")
-def finished_runs(
-    runs_dir: Path, algorithms: Sequence[str], seeds: Sequence[int]
-) -> list[RunResult]:
-    """Every requested (algorithm, seed) run, finished; a ``ReportError`` names what is not."""
-    return load_runs(runs_dir, algorithms=algorithms, seeds=seeds)
+def finished_runs(config: ReportConfig) -> RunSelection:
+    """Every listed (algorithm, seed) run, finished and made with the listed parameters
+    (or, with ``other_configurations: separate``, set apart); a ``ReportError`` names what
+    is not."""
+    return select_runs(config.runs, config.algorithms, config.seeds,
+                       config.expected_fingerprints(), config.other_configurations)  # fmt: skip
 
 
 @task(name="report files")
-def report_files(
-    runs: Sequence[RunResult], out_dir: Path, stores_dir: Path | None
-) -> ReportPaths:
+def report_files(selection: RunSelection, out_dir: Path, stores_dir: Path | None) -> ReportPaths:
     """Tables (md, csv), metrics.json, per-method curves, the Figure 8 plots and
     report.html (with Table 1 and the failures of the stores in ``stores_dir``)."""
-    return write_report(runs, out_dir, stores_dir)
+    return write_report(selection.runs, out_dir, stores_dir, selection)

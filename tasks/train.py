@@ -11,9 +11,12 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.logging import get_run_logger
 
-from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
+from plumbing.locks import Busy, exclusive
+from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
 from proxyfl.progress import RankLineParser, RoundProgress
+from proxyfl.rundir import Action, LaunchPlan, RunConflict, plan_launch
 from proxyfl.validation import EXIT_BAD_INPUT
+from wsi.store import StoreError
 
 
 def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:
@@ -23,6 +26,8 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
         state.result()
     except TrainingJobFailed as error:
         return error.exit_code != EXIT_BAD_INPUT
+    except (RunConflict, StoreError, Busy):  # the same again
+        return False
     except Exception:
         return True
     return False
@@ -30,16 +35,29 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
 
 @task(name="training run", task_run_name="{job.algorithm} seed {job.seed}",
       retry_condition_fn=worth_retrying)  # fmt: skip
-def training_run(job: TrainingJob) -> Path:
-    """``job.out`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``. Its
-    job resumes (``job.config.resume``), so a retry continues where the last try stopped.
+def training_run(job: TrainingJob, replace: bool = False) -> Path:
+    """``job.out`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``, or
+    ``RunConflict`` for a run of another configuration there without ``replace``
+    (:func:`proxyfl.rundir.plan_launch`: a finished run of this configuration is kept, a
+    replaced one stays until its successor has finished). Its job resumes
+    (``job.config.resume``), so a retry continues where the last try stopped.
 
     The ranks' lines reach the run's log at their own level (one timestamp: Prefect's); a
     progress artifact (key ``training-{algorithm}-seed-{s}``) follows the rounds."""
     logger = get_run_logger()
     name = f"{job.algorithm} seed {job.seed}"
-    logger.info("%s: %d rank(s) -> %s", name, job.ranks, job.out)
-    logger.info("mpiexec command: %s", shlex.join(job.command()))
+    with exclusive([job.out], "training into"):  # one launch per run directory
+        plan = plan_launch(job.config, replace)
+        logger.info("%s: %s: %s", name, job.out, plan.reason)
+        if plan.action is not Action.KEEP:
+            _launch(job, plan, name)
+    return job.out
+
+
+def _launch(job: TrainingJob, plan: LaunchPlan, name: str) -> None:
+    logger = get_run_logger()
+    logger.info("%s: %d rank(s) -> %s", name, job.ranks, plan.work)
+    logger.info("mpiexec command: %s", shlex.join(job.in_directory(plan.work).command()))
     artifact = create_progress_artifact(
         0.0, key=f"training-{job.algorithm.lower()}-seed-{job.seed}",
         description=f"{name}: starting {job.ranks} rank(s)",
@@ -55,10 +73,9 @@ def training_run(job: TrainingJob) -> Path:
         update_progress_artifact(artifact, progress.percent, f"{name}: {progress.line()}")
 
     try:
-        run_job(job, on_line=forward, on_round=on_round)
+        launch_planned(job, plan, on_line=forward, on_round=on_round)
     except TrainingJobFailed as error:
         who = f"rank {error.rank}" if error.rank is not None else "the job"
         logger.error("%s: %s failed (exit code %d); see %s", name, who, error.exit_code,
-                     job.out / JOB_LOG)  # fmt: skip
+                     error.job.out / JOB_LOG)  # fmt: skip
         raise
-    return job.out

@@ -73,6 +73,12 @@ def test_a_bad_flag_value_names_the_flag(
     assert preprocess_main(["--config", str(params), "--patch-size", "3"]) == 2
     error = capsys.readouterr().err
     assert "preprocess.patch_size (--patch-size): Input should be greater than or equal" in error
+    # the file is not blamed for what a flag gave, an item of a list flag included
+    assert f"{params}:" not in error and "invalid parameters: command line: " in error
+    assert COMMANDS["train"](["--config", str(params), "--algorithms", "ProxyFL", "Foo"]) == 2
+    error = capsys.readouterr().err
+    assert "invalid parameters: command line: train.algorithms.1 (--algorithms): " in error
+    assert "got 'Foo'" in error and f"{params}:" not in error
 
 
 def test_the_training_job_takes_train_options_from_a_parameters_file(tmp_path: Path) -> None:

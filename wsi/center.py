@@ -6,8 +6,9 @@ being chosen from the catalogue before any pixel is read (:func:`catalogue_test_
 :func:`write_center_store` reads the planned pixels and writes ``center_{c}.h5``
 atomically. A slide whose pixels turn out to be unreadable at this stage is dropped and
 the centre re-planned without it: the stable sample replaces its patches with the next
-ones of the other slides, and no patient changes split, so one bad slide costs its own
-patches only.
+ones of the other slides of the same split, and no patient or patch changes split, so one
+bad slide costs its own patches only (its split shrinks only where its other slides run
+out).
 """
 
 from __future__ import annotations
@@ -136,20 +137,62 @@ def plan_center(
         seed=sampling.seed,
     )
     if test_patients is None:
-        test_patients = split_patients(
-            [slide.patient for slide in slides],
-            [set(np.unique(slide.labels).tolist()) & set(LABEL_NAMES) for slide in slides],
-            test_fraction=sampling.test_fraction,
-            seed=sampling.seed,
-        )
+        test_patients = slides_test_patients(slides, sampling)
     is_test = np.isin(selection.patients, sorted(test_patients))
-    plan = CenterPlan(center=center, selection=selection, is_test=is_test)
+    return _checked(CenterPlan(center=center, selection=selection, is_test=is_test))
+
+
+def _checked(plan: CenterPlan) -> CenterPlan:
     for name in ("train", "test"):
         counts = plan.split(name).label_counts(len(LABEL_NAMES))
         if min(counts) == 0:
-            log.warning("centre %d: the %s split has %s patches", center, name,
-                        dict(zip(LABEL_NAMES.values(), counts, strict=True)))
+            log.warning("centre %d: the %s split has %s patches", plan.center, name,
+                        dict(zip(LABEL_NAMES.values(), counts, strict=True)))  # fmt: skip
     return plan
+
+
+def slides_test_patients(
+    slides: Sequence[SlidePatches], sampling: SamplingParams
+) -> frozenset[str]:
+    """The test patients split from the labels ``slides`` offer (when no catalogue is
+    given: :func:`catalogue_test_patients` is the one to prefer)."""
+    return split_patients(
+        [slide.patient for slide in slides],
+        [set(np.unique(slide.labels).tolist()) & set(LABEL_NAMES) for slide in slides],
+        test_fraction=sampling.test_fraction,
+        seed=sampling.seed,
+    )
+
+
+def replan_within_splits(
+    planned: CenterPlan,
+    slides: Sequence[SlidePatches],
+    sampling: SamplingParams,
+    test_patients: Collection[str],
+) -> CenterPlan:
+    """``planned`` drawn again over ``slides`` (some of its slides dropped), each split
+    from its own patients' slides only: a split refills the patches of each label it had
+    from its other slides, in the stable order of :func:`wsi.sampling.sample_balanced` (so
+    every remaining slide keeps the patches it gave), and shrinks where they run out. No
+    patch moves between train and test, whichever split the dropped slide was in."""
+    test = set(test_patients)
+    parts, is_test = [], []
+    for name in ("train", "test"):
+        own = [slide for slide in slides if (slide.patient in test) == (name == "test")]
+        for label, count in enumerate(planned.split(name).label_counts(len(LABEL_NAMES))):
+            part = sample_balanced(
+                own, count, labels=(label,), max_per_slide=sampling.max_per_slide,
+                seed=sampling.seed,
+            )  # fmt: skip
+            if len(part) < count:
+                log.warning("centre %d: the %s split has %d of its %d %s patches left",
+                            planned.center, name, len(part), count, LABEL_NAMES[label])  # fmt: skip
+            parts.append(part)
+            is_test.append(np.full(len(part), name == "test"))
+    selection = PatchSelection.concatenate(parts)
+    order = selection.sorting_order()
+    return _checked(CenterPlan(planned.center, selection.subset(order),
+                               np.concatenate(is_test)[order]))  # fmt: skip
 
 
 def catalogue_test_patients(
@@ -216,14 +259,18 @@ def write_center_store(
 ) -> CenterResult:
     """Plan, read and write one centre's store, dropping slides whose pixels fail to read.
 
-    A dropped slide's patches are replaced by the next ones of the other slides (the
-    sample is stable, see :func:`wsi.sampling.sample_balanced`) and no patient changes
-    split, since ``test_patients`` is fixed up front.
+    A dropped slide's patches are replaced by the next ones of the other slides of its
+    split (the sample is stable, see :func:`replan_within_splits`): no patient changes
+    split, since ``test_patients`` is fixed up front, and no patch moves between splits.
     """
     remaining = list(slides)
     dropped: list[tuple[str, str]] = []
+    if test_patients is None:
+        test_patients = slides_test_patients(slides, sampling)
+    first = plan = plan_center(center, remaining, sampling, test_patients)
     while True:
-        plan = plan_center(center, remaining, sampling, test_patients)
+        if dropped:  # refill each split from its own slides: no patch changes split
+            plan = replan_within_splits(first, remaining, sampling, test_patients)
         paths = {slide.slide_id: slide.path for slide in remaining}
         attrs = StoreAttrs(
             center=center,

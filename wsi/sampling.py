@@ -49,10 +49,23 @@ class PatchSelection:
             self.slide_ids[mask], self.patients[mask], self.coords[mask], self.labels[mask]
         )
 
+    def sorting_order(self) -> np.ndarray:
+        """The indices that order the patches by slide, then row, then column."""
+        return np.lexsort((self.coords[:, 0], self.coords[:, 1], self.slide_ids))
+
     def sorted(self) -> PatchSelection:
         """Ordered by slide, then row, then column: reading order, and a stable store order."""
-        order = np.lexsort((self.coords[:, 0], self.coords[:, 1], self.slide_ids))
-        return self.subset(order)
+        return self.subset(self.sorting_order())
+
+    @staticmethod
+    def concatenate(parts: Sequence[PatchSelection]) -> PatchSelection:
+        """The patches of ``parts``, one after another."""
+        return PatchSelection(
+            np.concatenate([p.slide_ids for p in parts]).astype(str),
+            np.concatenate([p.patients for p in parts]).astype(str),
+            np.concatenate([p.coords.reshape(-1, 2) for p in parts]).astype(np.int64),
+            np.concatenate([p.labels for p in parts]).astype(np.int64),
+        )
 
     def label_counts(self, n_classes: int) -> list[int]:
         return np.bincount(self.labels, minlength=n_classes).tolist()

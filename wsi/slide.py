@@ -54,7 +54,48 @@ def _open_openslide(path: Path) -> Any:
 def _open_tiffslide(path: Path) -> Any:
     import tiffslide
 
+    problem = tiff_structure_problem(path)  # tiffslide would open what it can of it
+    if problem is not None:
+        raise ValueError(problem)
     return tiffslide.TiffSlide(str(path))
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def tiff_structure_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why a TIFF is cut short or damaged, or None: its chain of pages (IFDs) leads past
+    the end of the file, or a page's tile data does (a truncated copy or download). tifffile
+    only logs a broken chain and opens the pages before it, so a truncated slide would
+    otherwise look like one with fewer levels."""
+    import tifffile
+
+    path = Path(path)
+    size = path.stat().st_size
+    broken = _Messages()
+    tiff_log = logging.getLogger("tifffile")
+    tiff_log.addHandler(broken)
+    try:
+        with tifffile.TiffFile(path) as tif:
+            pages = list(tif.pages)
+            for index, page in enumerate(pages):
+                ends = [o + c for o, c in zip(page.dataoffsets, page.databytecounts, strict=False)]
+                if ends and max(ends) > size:
+                    return (f"truncated or corrupt TIFF: page {index}'s image data ends at byte "
+                            f"{max(ends)}, past the end of the file ({size} bytes)")  # fmt: skip
+    finally:
+        tiff_log.removeHandler(broken)
+    if broken.messages:
+        first = broken.messages[0].split("> ")[-1]
+        return (f"truncated or corrupt TIFF: {first} (the file has {size} bytes; only "
+                f"{len(pages)} page(s) before it could be read)")  # fmt: skip
+    return None
 
 
 _OPENERS: dict[str, Callable[[Path], Any]] = {

@@ -479,6 +479,12 @@ class SplitInfo:
         return np.bincount(self.labels, minlength=n_classes).tolist()
 
 
+def rebuild_hint(center: int) -> str:
+    """The commands that (re)build ``center``'s store, for an error about it."""
+    return (f"`dvc repro preprocess@{center}` (or `python -m flows.preprocess --centers "
+            f"{center}`) rebuilds it")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class StoreInfo:
     """A validated store's attributes, provenance (``None`` in a schema 1 store) and

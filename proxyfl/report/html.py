@@ -94,9 +94,13 @@ def report_html(
     runs_dir: str,
     preprocessing: Preprocessing | None,
     links: Sequence[str],
+    unlisted_note: str = "",
+    other_configurations: Mapping[str, Sequence[AccuracyRow]] | None = None,
 ) -> str:
     """The report page. ``links`` are the report's other files, relative to the page;
-    ``preprocessing`` is None when no store directory is known."""
+    ``preprocessing`` is None when no store directory is known; ``unlisted_note`` names
+    runs found but not listed; ``other_configurations`` are accuracy rows of runs made
+    with other parameters, by the label of those parameters, shown apart."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
     return _TEMPLATE.render(
@@ -114,6 +118,9 @@ def report_html(
         table_1=table_1(reports, roles),
         failures=failures_table(reports),
         links=links,
+        unlisted_note=unlisted_note,
+        other_configurations=[(label, result_table(rows))
+                              for label, rows in (other_configurations or {}).items() if rows],
     )
 
 
@@ -181,6 +188,16 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 {% if accuracy %}{{ render(accuracy, "accuracy-table") }}
 {% else %}<p class="empty">No runs.</p>{% endif %}
 <p class="note">{{ accuracy_note }}</p>
+{% if unlisted_note %}
+<p class="note" id="unlisted">{{ unlisted_note }}</p>
+{% endif %}
+{% if other_configurations %}
+<h2 id="other-configurations">Runs made with other parameters (not in the tables above)</h2>
+{% for label, table in other_configurations %}
+<h3>Made with {{ label }}</h3>
+{{ render(table, "other-configuration-" ~ loop.index) }}
+{% endfor %}
+{% endif %}
 
 <h2 id="privacy">Privacy</h2>
 {% if privacy %}{{ render(privacy, "privacy-table") }}

@@ -91,7 +91,7 @@ def load_runs(
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise ReportError(f"{runs_dir}: runs directory does not exist")
-    found = _discover(runs_dir)
+    found = discover_runs(runs_dir)
     if not found:
         raise ReportError(
             f"{runs_dir}: no runs found (expected {runs_dir}/ALGORITHM/seed_S/{RUN_FILE})"
@@ -102,7 +102,7 @@ def load_runs(
     return runs
 
 
-def _discover(runs_dir: Path) -> dict[tuple[str, int], Path]:
+def discover_runs(runs_dir: Path) -> dict[tuple[str, int], Path]:
     """(algorithm, seed) -> directory, for every ``ALGORITHM/seed_S`` directory."""
     found: dict[tuple[str, int], Path] = {}
     for algorithm_dir in sorted(runs_dir.iterdir()):

@@ -12,7 +12,7 @@ import csv
 import io
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -167,6 +167,16 @@ def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
         f"\nFinal round {', '.join(map(str, finals))}; mean ± population std (ddof=0) "
         "over clients × seeds of the reported model.\n"
     )
+
+
+def other_configurations_markdown(tables: Mapping[str, Sequence[AccuracyRow]]) -> str:
+    """Accuracy tables of runs made with other parameters than the report's, one per set
+    of parameters, each headed by them: never part of the report's own rows."""
+    parts = ["# Runs made with other parameters\n\nNot in accuracy.md: each table holds "
+             "runs made with the parameters in its heading (the report's own differ).\n"]
+    for label, rows in tables.items():
+        parts.append(f"\n## Made with {label}\n\n{format_table(rows)}{accuracy_note(rows)}")
+    return "".join(parts)
 
 
 def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plumbing import atomic
@@ -19,9 +19,11 @@ from proxyfl.report.render import (
     dvc_metrics,
     format_csv,
     format_table,
+    other_configurations_markdown,
     safe_name,
     summary_line,
 )
+from proxyfl.report.select import RunSelection
 from proxyfl.report.stats import (
     CurvePoint,
     accuracy_table,
@@ -49,21 +51,30 @@ class ReportPaths:
     macro_accuracy_png: Path
     curves_png: Path
     report_html: Path
+    other_configurations_md: Path | None = None  # runs of other parameters, tabled apart
 
     def all(self) -> list[Path]:
         fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv]
-        return [*fixed, self.metrics_json, *self.curves.values(), *self.plots(), self.report_html]
+        other = [self.other_configurations_md] if self.other_configurations_md else []
+        return [*fixed, *other, self.metrics_json, *self.curves.values(), *self.plots(),
+                self.report_html]  # fmt: skip
 
     def plots(self) -> list[Path]:
         return [self.accuracy_png, self.macro_accuracy_png, self.curves_png]
 
 
 def write_report(
-    runs: Sequence[RunResult], out_dir: Path, stores_dir: Path | None = None
+    runs: Sequence[RunResult],
+    out_dir: Path,
+    stores_dir: Path | None = None,
+    selection: RunSelection | None = None,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
     ``out_dir``; the page's Table 1 and failures come from the centre reports beside the
-    stores in ``stores_dir`` (none shown when it is None).
+    stores in ``stores_dir`` (none shown when it is None). ``selection`` (how ``runs`` were
+    chosen, :func:`~proxyfl.report.select.select_runs`) adds its note on runs not listed
+    and, in ``tables/other_configurations.md`` and on the page, the runs of other
+    parameters, each set apart and labelled with them.
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed.
     """
@@ -86,7 +97,16 @@ def write_report(
         curves_png=out_dir / "plots" / "curves.png",
         report_html=out_dir / "report.html",
     )
-    note = accuracy_note(accuracy)
+    unlisted = selection.unlisted_note() if selection is not None else ""
+    note = accuracy_note(accuracy) + (f"\n{unlisted}\n" if unlisted else "")
+    groups = selection.other_groups() if selection is not None else {}
+    others = {label: accuracy_table(group) for label, group in groups.items()}
+    other_md = tables / "other_configurations.md"
+    if others:
+        paths = replace(paths, other_configurations_md=other_md)
+        atomic.write_text(other_md, other_configurations_markdown(others))
+    elif other_md.exists():  # from an earlier report: these runs are no longer apart
+        other_md.unlink()
     atomic.write_text(paths.accuracy_md, format_table(accuracy) + note)
     atomic.write_text(paths.accuracy_csv, format_csv(accuracy))
     atomic.write_text(paths.privacy_md, format_table(privacy))
@@ -108,6 +128,7 @@ def write_report(
         preprocessing=None if stores_dir is None else read_preprocessing(Path(stores_dir)),
         links=[path.relative_to(out_dir).as_posix()
                for path in paths.all() if path != paths.report_html],
+        unlisted_note=unlisted, other_configurations=others,
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)

@@ -215,3 +215,25 @@ def test_a_killed_run_leaves_no_process_behind(
             kill_all(descendants.seen)
     assert descendants.most_servers == 1
     assert not list(out.glob("*.h5")), "the run was killed before any store was published"
+
+
+def test_the_local_dask_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
+    """The cluster the flow starts for ``runner: dask`` (scheduler, workers, dashboard):
+    every listening socket of this process and its workers is on 127.0.0.1."""
+    from distributed import LocalCluster
+
+    from camelyon_proxyfl.params import PreprocessConfig
+    from flows.preprocess import task_runner
+
+    config = PreprocessConfig(data_root=tmp_path, runner="dask", workers=2)
+    runner = task_runner(config)
+    with LocalCluster(**runner.cluster_kwargs) as cluster:
+        cluster.wait_for_workers(2, timeout=60)
+        me = psutil.Process()
+        listening = [
+            (process.pid, connection.laddr.ip)
+            for process in (me, *me.children(recursive=True))
+            for connection in process.net_connections(kind="inet")
+            if connection.status == psutil.CONN_LISTEN
+        ]
+    assert listening and all(ip == "127.0.0.1" for _, ip in listening), listening

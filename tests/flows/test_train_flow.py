@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from camelyon_proxyfl.params import TrainSection
@@ -19,6 +20,10 @@ OPTIONS = {
     "rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
     "device": "cpu", "input_size": 16,
 }  # fmt: skip
+# the same options as flags (the report compares each run with the parameters it is given)
+OPTION_FLAGS = ["--rounds", "1", "--batch-size", "4", "--proxy-model", "cnn1",
+                "--private-model", "mlp", "--device", "cpu", "--input-size", "16",
+                "--centers", "0", "1"]  # fmt: skip
 
 
 def _store(directory: Path, center: int, n: int = 12) -> None:
@@ -62,7 +67,10 @@ def test_each_job_is_a_task_run_that_writes_its_run(runs: Path) -> None:
 def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
     runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flags = ["--runs", str(runs), "--out", str(tmp_path / "results")]
+    # the parameters the runs were made with: the train section the fixture gave the flow
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": {"centers": [0, 1], "options": OPTIONS}}))
+    flags = ["--config", str(params), "--runs", str(runs), "--out", str(tmp_path / "results")]
     assert report_main([*flags, "--algorithms", "FedAvg", "Joint", "--seeds", "0"]) == 0
     accuracy = (tmp_path / "results" / "tables" / "accuracy.csv").read_text()
     assert "FedAvg" in accuracy and "Joint" in accuracy
@@ -84,6 +92,7 @@ def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> No
     assert "ProxyFL seed 0 failed with exit code 2" in message
     # every rank evaluates on centre 1's test split, so every rank reports the missing store
     assert "center_1.h5: no such patch store" in message
+    assert "`dvc repro preprocess@1`" in message  # and how to rebuild it
     assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
 
 
@@ -106,16 +115,97 @@ def test_privatekt_through_the_train_and_report_commands(
     runs, results = tmp_path / "runs", tmp_path / "results"
     common = ["--runs", str(runs), "--algorithms", "PrivateKT", "--seeds", "0"]
     options = ["--rounds", "2", "--batch-size", "4", "--proxy-model", "cnn1",
-               "--private-model", "mlp", "--device", "cpu", "--input-size", "16"]  # fmt: skip
-    trained = main([*common, "--data", str(tmp_path / "stores"), "--centers", "0", "1",
-                    "--public-center", "2", "--kt-samples", "3", *options])  # fmt: skip
+               "--private-model", "mlp", "--device", "cpu", "--input-size", "16",
+               "--centers", "0", "1", "--public-center", "2", "--kt-samples", "3"]  # fmt: skip
+    trained = main([*common, "--data", str(tmp_path / "stores"), *options])
     assert trained == 0, capsys.readouterr().err
     run = json.loads((runs / "PrivateKT" / "seed_0" / "run.json").read_text())
     assert run["status"] == "finished" and run["world_size"] == 2
     assert {record["notion"] for record in run["privacy"].values()} == {"label_ldp"}
 
-    assert report_main([*common, "--out", str(results)]) == 0
+    assert report_main([*common, "--out", str(results), *options]) == 0
     privacy = (results / "tables" / "privacy.md").read_text()
     rows = [line for line in privacy.splitlines() if line.endswith("| PrivateKT |")]
     assert len(rows) == 2 and all("label-level ε-LDP" in line for line in rows)
     assert "| PrivateKT |" in (results / "tables" / "accuracy.md").read_text()
+
+
+def _snapshot(runs: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(runs)): p.read_bytes() for p in sorted(runs.rglob("*"))
+            if p.is_file()}  # fmt: skip
+
+
+def test_a_variation_never_replaces_a_finished_run_and_the_report_never_mixes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26's sequence: finished runs, a variation launched into the same directory
+    (refused, nothing touched), the same configuration again (kept), a run not listed
+    (named), an explicit replacement (swapped in), then a report with the first
+    parameters (refused by name) and with the other runs tabled apart."""
+    for center in (0, 1):
+        _store(tmp_path / "stores", center)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    where = ["--data", str(tmp_path / "stores"), "--runs", str(runs)]
+    both = ["--algorithms", "FedAvg", "Joint", "--seeds", "0"]
+    assert main([*where, *both, *OPTION_FLAGS]) == 0, capsys.readouterr().err
+    finished = _snapshot(runs)
+    capsys.readouterr()
+
+    # a variation into the same directory: refused before any job, nothing written
+    assert main([*where, *both[:-1], "0", "1", *OPTION_FLAGS, "--rounds", "2"]) == 2
+    err = capsys.readouterr().err
+    for algorithm in ("FedAvg", "Joint"):
+        assert f"{runs / algorithm / 'seed_0'} holds a finished run made with another " \
+               "configuration (rounds 1 -> 2; recorded -> asked)" in err  # fmt: skip
+    assert "--runs DIR" in err and "--replace" in err and "nothing was launched" in err
+    assert _snapshot(runs) == finished and not (runs / "FedAvg" / "seed_1").exists()
+
+    # a bad option is caught by the same checks, before any server or job
+    assert main([*where, *both, *OPTION_FLAGS, "--batch-size", "450"]) == 2
+    err = capsys.readouterr().err
+    assert "train.options.batch_size: 450 is larger than the 12 training patches of centre 0" in err
+    assert _snapshot(runs) == finished
+
+    # a store that cannot be read is named with its centre and the fix, before any job
+    (tmp_path / "stores" / "center_2.h5").write_bytes(b"cut short")
+    assert main([*where, *both, *OPTION_FLAGS, "--centers", "0", "1", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"centre 2: {tmp_path / 'stores' / 'center_2.h5'}: not a readable HDF5" in err
+    assert "`dvc repro preprocess@2`" in err
+    assert _snapshot(runs) == finished
+
+    # the same configuration again: kept as it is
+    assert main([*where, *both, *OPTION_FLAGS]) == 0
+    assert _snapshot(runs) == finished
+
+    # a run that is not listed for the report is named, not silently left out
+    assert main([*where, "--algorithms", "FedAvg", "--seeds", "1", *OPTION_FLAGS]) == 0
+    report_flags = ["--runs", str(runs), "--out", str(results), *both, *OPTION_FLAGS]
+    assert report_main(report_flags) == 0, capsys.readouterr().err
+    accuracy = (results / "tables" / "accuracy.md").read_text()
+    assert "these tables: FedAvg/seed_1." in accuracy
+    assert "FedAvg/seed_1" in (results / "report.html").read_text()
+
+    # asked explicitly, the variation replaces FedAvg's run once it has finished
+    capsys.readouterr()
+    replace = ["--algorithms", "FedAvg", "--seeds", "0", *OPTION_FLAGS, "--rounds", "2"]
+    assert main([*where, *replace, "--replace"]) == 0, capsys.readouterr().err
+    run = json.loads((runs / "FedAvg" / "seed_0" / "run.json").read_text())
+    assert run["status"] == "finished" and run["fingerprint"]["rounds"] == 2
+    assert run["config"]["out"] == str(runs / "FedAvg" / "seed_0")
+    left = sorted(p.name for p in (runs / "FedAvg").iterdir() if not p.name.endswith(".lock"))
+    assert left == ["seed_0", "seed_1"]  # no staging or retired directory left
+
+    # the report with the first parameters refuses the replaced run by name ...
+    assert report_main(report_flags) == 1
+    err = capsys.readouterr().err
+    assert "FedAvg/seed_0" in err and "rounds 2, the parameters say 1" in err
+    assert "--other-configurations separate" in err
+    # ... or, asked, tables it apart, labelled with its parameters, never in a row
+    assert report_main([*report_flags, "--other-configurations", "separate"]) == 0
+    accuracy = (results / "tables" / "accuracy.md").read_text()
+    assert "| Joint |" in accuracy and "| FedAvg |" not in accuracy
+    other = (results / "tables" / "other_configurations.md").read_text()
+    assert "## Made with rounds=2" in other and "| FedAvg |" in other
+    assert "Final round 2" in other
+    assert "Made with rounds=2" in (results / "report.html").read_text()

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from camelyon_proxyfl.findings import Finding, errors
 from camelyon_proxyfl.params import DATA_ROOT_FIX, Params
-from camelyon_proxyfl.preflight import Finding, errors, preflight
+from camelyon_proxyfl.preflight import preflight
 from flows.pipeline import main as pipeline_main
 from tests.pipeline.conftest import tiny_params_under, write_params
 from wsi.cache import CandidateCache

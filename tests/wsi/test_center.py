@@ -4,6 +4,7 @@ its centre's store with a "pixels" failure, and the store is built from the othe
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import tifffile
@@ -83,3 +84,49 @@ def test_a_slide_failing_moves_no_patient_and_no_other_slides_patch(
         if slide_id != victim.slide_id:
             assert kept <= after[slide_id], f"{slide_id} lost patches it gave before"
     assert sum(map(len, after.values())) == sum(map(len, before.values())) == 16
+    # the victim's split refilled from its own slides; the other split is as it was
+    victim_split = "test" if victim.patient in split_before["test"] else "train"
+    other = {"train": "test", "test": "train"}[victim_split]
+    assert report.counts == whole.counts  # per split and label
+    patients_of = {s: split_before[s] for s in ("train", "test")}
+    for slide_id, kept in after.items():
+        patient = next(p.patient for p in patches if p.slide_id == slide_id)
+        if patient in patients_of[other]:
+            assert kept == before[slide_id], f"{slide_id} ({other}) changed"
+
+
+def test_a_failing_slide_never_moves_patches_between_splits(
+    synthetic_dataset: SynthManifest, tmp_path: Path
+) -> None:
+    """Whichever split the failing slide is in, every label of the other split keeps
+    exactly its patches, and its own split refills only from its own patients."""
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    params, sampling = PatchParams(patch_size=128), SamplingParams(patches_per_class=8)
+    records = [r for r in scan_camelyon(root).for_centers([0]) if r.node_label]
+    patches = [slide_patches(r, params, CandidateCache(tmp_path / "cache")) for r in records]
+    center_store(0, patches, params, sampling, tmp_path / "whole", records=records)
+    whole = read_store_info(store_path(tmp_path / "whole", 0))
+    test_patients = set(whole.splits["test"].patients)
+    for split in ("train", "test"):
+        victim = next(p for p in patches if p.slide_id in whole.splits[split].slides
+                      and (p.patient in test_patients) == (split == "test"))  # fmt: skip
+        copy = tmp_path / f"data-{split}"
+        shutil.copytree(root, copy)
+        bad = copy / victim.path.relative_to(root)
+        _corrupt_level0_tiles(bad)
+        moved = [replace(p, path=copy / p.path.relative_to(root)) for p in patches]
+        out = tmp_path / f"out-{split}"
+        center_store(0, moved, params, sampling, out, records=records)
+        after = read_store_info(store_path(out, 0))
+        other = "test" if split == "train" else "train"
+        assert _patches(after, other) == _patches(whole, other), f"{split} victim moved {other}"
+        assert set(after.splits["test"].patients) <= test_patients  # no patient moved
+        assert not set(after.splits["train"].patients) & test_patients
+        assert victim.slide_id not in after.splits[split].slides
+        assert len(after.splits[split].labels) <= len(whole.splits[split].labels)
+
+
+def _patches(info, split: str) -> set[tuple[str, int, int]]:
+    meta = info.splits[split]
+    return {(s, int(x), int(y)) for s, (x, y) in zip(meta.slides, meta.coords, strict=True)}

@@ -213,3 +213,23 @@ def test_composite_on_white_keeps_opaque_pixels_and_does_not_widen() -> None:
     rgb = composite_on_white(rgba)
     assert rgb.dtype == np.uint8 and rgb.flags.c_contiguous
     assert rgb[0, 0].tolist() == [255, 255, 255] and (rgb.reshape(-1, 3)[1:] == 90).all()
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.7, 0.95])
+def test_a_truncated_slide_says_truncated_not_fewer_levels(
+    synthetic_dataset, tmp_path: Path, keep: float  # type: ignore[no-untyped-def]
+) -> None:
+    """A slide cut short (a copy or download interrupted) is an error naming the file and
+    the truncation, with every backend; tiffslide alone would open the levels before the
+    cut and the slide would look like one with fewer levels."""
+    source = next(synthetic_dataset.root.glob("center_0/*/*.tif"))
+    path = tmp_path / source.name
+    data = source.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    for backend in ("auto", "tiffslide"):
+        with pytest.raises(SlideReadError) as caught:
+            open_slide(path, backend)  # type: ignore[arg-type]
+        assert caught.value.path == path
+        assert "truncated or corrupt TIFF" in caught.value.reasons["tiffslide"]
+    with open_slide(source, "tiffslide") as whole:  # the intact file is not suspected
+        assert whole.level_count > 1

@@ -2,9 +2,9 @@
 
 import sys
 
-from plumbing.processes import end_with_parent
+from plumbing.processes import start_command
 from wsi.synth.cli import main
 
 if __name__ == "__main__":
-    end_with_parent()
+    start_command()
     sys.exit(main())

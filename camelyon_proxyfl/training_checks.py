@@ -1,0 +1,90 @@
+"""What a training launch can check before it starts a server or an MPI job: the stores it
+reads, the batch size against every client's training size, PrivateKT's public pool, and
+the run directories it would write (:mod:`proxyfl.rundir`: never a finished run of another
+configuration without ``--replace``). The pipeline's preflight uses the same rules with
+the sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from camelyon_proxyfl.findings import CentreSize, Finding
+from camelyon_proxyfl.params import TrainSection
+from proxyfl.rundir import RunConflict, check_launch, read_centers
+from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
+
+
+def stored_sizes(train: TrainSection) -> tuple[dict[int, CentreSize], list[Finding]]:
+    """The sizes of every store the jobs of ``train`` read, from the stores themselves,
+    and an error naming the centre, the file and the fix for each that cannot be read."""
+    sizes: dict[int, CentreSize] = {}
+    findings: list[Finding] = []
+    centers = {c for config in train.job_configs() for c in read_centers(config)}
+    for center in sorted(centers):
+        path = store_path(train.data, center)
+        try:
+            info = read_store_info(path)
+        except StoreError as error:
+            findings.append(Finding("error", f"centre {center}",
+                                    f"{path}: {error.reason}; {rebuild_hint(center)}"))  # fmt: skip
+            continue
+        sizes[center] = CentreSize(len(info.splits["train"]), len(info.splits["test"]), "store")
+    return sizes, findings
+
+
+def training_findings(train: TrainSection, sizes: Mapping[int, CentreSize]) -> list[Finding]:
+    """Batch size against each client's training size (Joint: pooled), test splits, and
+    PrivateKT's public pool, for the centres whose ``sizes`` are known."""
+    findings = []
+    batch = train.options.batch_size
+    clients = [c for c in train.centers if c in sizes]
+    per_client = any(algorithm != "Joint" for algorithm in train.algorithms)
+    groups = [([c], f"centre {c}") for c in clients] if per_client else []
+    if "Joint" in train.algorithms:
+        groups.append((clients, f"Joint's pooled centres {clients}"))
+    for centres, name in groups:
+        n_train = sum(sizes[c].train for c in centres)
+        exact = all(sizes[c].source != "bound" for c in centres)
+        if batch > n_train:
+            what = "training patches" if exact else "patches at most (2 × patches_per_class)"
+            message = f"{batch} is larger than the {n_train} {what} of {name}"
+            findings.append(Finding("error", "train.options.batch_size", message))
+    for c in clients:
+        if sizes[c].test == 0:
+            findings.append(Finding("error", f"centre {c}", "its test split would be empty"))
+    if "PrivateKT" in train.algorithms:
+        findings += _public_pool(train, sizes)
+    return findings
+
+
+def _public_pool(train: TrainSection, sizes: Mapping[int, CentreSize]) -> list[Finding]:
+    options = train.options
+    size = sizes.get(options.public_center)
+    if size is None or size.test is None:
+        return []
+    pool = size.train + size.test
+    asked = {"kt_samples": options.kt_samples, "self_train_samples": options.self_train_samples}
+    return [
+        Finding("error", f"train.options.{key}", f"{value} is more than the {pool} items of "
+                f"the public pool (centre {options.public_center})")
+        for key, value in asked.items() if value is not None and value > pool
+    ]  # fmt: skip
+
+
+def run_directory_findings(train: TrainSection, replace: bool) -> list[Finding]:
+    """An error for each job that would replace a run of another configuration."""
+    findings = []
+    for config in train.job_configs():
+        try:
+            check_launch(config, replace)
+        except RunConflict as conflict:
+            findings.append(Finding("error", str(conflict.subject), conflict.reason))
+    return findings
+
+
+def check_training(train: TrainSection, replace: bool) -> list[Finding]:
+    """Every check of this module for the jobs of ``train``, on the stores as they are."""
+    findings = run_directory_findings(train, replace)
+    sizes, unreadable = stored_sizes(train)
+    return findings + unreadable + training_findings(train, sizes)

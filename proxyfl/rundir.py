@@ -1,0 +1,313 @@
+"""What a run directory holds, and what a launch may do with it.
+
+A run directory ``RUNS/{algorithm}/seed_{s}`` is one run: ``run.json`` records the
+configuration that made it (:meth:`~proxyfl.config.TrainConfig.fingerprint` and its
+digest) and its inputs (:func:`store_inputs`, the stores it read, by content). Before a job
+is launched into it, :func:`plan_launch` compares that record with the job:
+
+================================  ==================  ====================================
+the directory holds               without ``replace``  with ``replace``
+================================  ==================  ====================================
+nothing                           start               start
+an unfinished run, same config    resume              resume
+a finished run, same config and   keep it (no job)    train again beside it, then swap
+inputs
+a finished run, same config,      train again beside it, then swap (its inputs are stale)
+other inputs
+a run of another configuration    refuse              finished: train beside it, then
+                                  (:class:`RunConflict`) swap; unfinished: start over
+================================  ==================  ====================================
+
+"Beside it" is ``.seed_{s}.next`` in the same folder: the finished run stays whole and
+reportable until the new one has finished, and :func:`publish_staged` then swaps the two
+(a swap cut short is completed by the next :func:`plan_launch`). A launch that fails its
+checks therefore never touches a finished run. No torch here: the flows import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from plumbing.atomic import write_json, write_text
+from plumbing.errors import PipelineError
+from proxyfl.config import TrainConfig, fingerprint_changes
+from proxyfl.results import RUN_FILE, json_safe
+from wsi.store import read_store_info, store_path
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+
+
+class RunState(Enum):
+    ABSENT = "absent"
+    UNFINISHED = "unfinished"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """What a run directory says of itself: its state, the configuration fingerprint and
+    inputs it recorded (``None`` where it recorded none)."""
+
+    path: Path
+    state: RunState
+    fingerprint: dict[str, Any] | None = None
+    inputs: dict[str, str] | None = None
+
+
+class RunConflict(PipelineError):
+    """A launch would replace a run made with another configuration; the message names the
+    directory, the keys that differ and the two ways on."""
+
+
+class Action(Enum):
+    START = "start"  # nothing there: train from round 1
+    RESUME = "resume"  # the same configuration, unfinished: continue
+    KEEP = "keep"  # finished with this configuration and these inputs: nothing to do
+    REPLACE = "replace"  # train beside the finished run, swap on success
+    RESTART = "restart"  # an unfinished run of another configuration, replaced: start over
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What to do with ``run_dir``: ``action``, the directory the job trains in (``work``:
+    the run directory, or its staging directory for REPLACE) and why, in one sentence."""
+
+    run_dir: Path
+    action: Action
+    work: Path
+    reason: str
+
+
+def staging_dir(run_dir: Path) -> Path:
+    """Where a replacement of ``run_dir`` trains: ``.{name}.next`` beside it."""
+    return run_dir.parent / f".{run_dir.name}.next"
+
+
+def _retired_dir(run_dir: Path) -> Path:
+    return run_dir.parent / f".{run_dir.name}.old"
+
+
+def store_digest(path: Path) -> str:
+    """A store's identity by content: its attributes and provenance, and every split's
+    labels, patients, slides and coordinates (which patches it holds), hashed. The pixels
+    are not read, so it costs milliseconds on a 50 GB store."""
+    info = read_store_info(path)
+    digest = hashlib.sha256()
+    digest.update(json.dumps(info.attrs.scalars(), sort_keys=True).encode())
+    if info.provenance is not None:
+        digest.update(info.provenance.to_json().encode())
+    for name, split in sorted(info.splits.items()):
+        digest.update(name.encode())
+        digest.update(split.labels.astype("<i8").tobytes())
+        digest.update("\0".join(split.patients).encode())
+        digest.update("\0".join(split.slides).encode())
+        digest.update(split.coords.astype("<i8").tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def read_centers(config: TrainConfig) -> list[int]:
+    """Every centre whose store the job reads: the clients' (all listed centres'
+    test splits are evaluated on) and PrivateKT's public pool."""
+    centers = list(config.centers or [])
+    if config.algorithm == "PrivateKT" and config.public_center not in centers:
+        centers.append(config.public_center)
+    return centers
+
+
+def store_inputs(config: TrainConfig) -> dict[str, str]:
+    """``{"center_{c}": store_digest}`` of every store the job reads
+    (:class:`~wsi.store.StoreError` if one cannot be read)."""
+    data, _ = config.require_paths()
+    return {f"center_{c}": store_digest(store_path(data, c)) for c in read_centers(config)}
+
+
+def read_recorded_run(run_dir: Path) -> RecordedRun:
+    """The state of ``run_dir`` from its ``run.json`` (else its ``config.json``: a launch
+    whose ranks never started training); an empty or absent directory is ABSENT."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return RecordedRun(run_dir, RunState.ABSENT)
+    run = _json_object(run_dir / RUN_FILE)
+    if run is not None:
+        state = RunState.FINISHED if run.get("status") == "finished" else RunState.UNFINISHED
+        fingerprint = run.get("fingerprint")
+        inputs = run.get("inputs")
+        return RecordedRun(
+            run_dir,
+            state,
+            fingerprint if isinstance(fingerprint, dict) else None,
+            inputs if isinstance(inputs, dict) else None,
+        )
+    config = _json_object(run_dir / CONFIG_FILE)
+    fingerprint = None
+    if config is not None:
+        try:
+            fingerprint = TrainConfig.model_validate(config).fingerprint()
+        except ValueError:
+            fingerprint = None
+    return RecordedRun(run_dir, RunState.UNFINISHED, fingerprint)
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``rounds 10 -> 5, sigma 1.4 -> 1.0`` (recorded -> asked)."""
+    return ", ".join(f"{key} {json.dumps(old)} -> {json.dumps(new)}"
+                     for key, (old, new) in changes.items())  # fmt: skip
+
+
+def configuration_changes(recorded: RecordedRun, config: TrainConfig) -> dict[str, Any] | None:
+    """The keys in which ``config`` differs from the recorded run (``None``: the run
+    recorded no configuration that can be compared)."""
+    if recorded.fingerprint is None:
+        return None
+    current = json.loads(json.dumps(config.fingerprint()))
+    return fingerprint_changes(recorded.fingerprint, current)
+
+
+def conflict_message(run_dir: Path, state: RunState, changes: dict[str, Any] | None) -> str:
+    what = "a finished run" if state is RunState.FINISHED else "an unfinished run"
+    differs = (
+        f"made with another configuration ({describe_changes(changes)}; recorded -> asked)"
+        if changes
+        else "whose configuration was not recorded"
+    )
+    return (
+        f"{run_dir} holds {what} {differs}; it is left as it is. Either train into "
+        f"another runs directory (--runs DIR, train.runs), or replace it with --replace "
+        f"(a finished run stays until the new one has finished)"
+    )
+
+
+def check_launch(config: TrainConfig, replace: bool) -> RecordedRun:
+    """The run directory's record, or :class:`RunConflict` when the job would replace a
+    run of another configuration without ``replace``. Reads no store."""
+    _, run_dir = config.require_paths()
+    recorded = read_recorded_run(run_dir)
+    if recorded.state is RunState.ABSENT or replace:
+        return recorded
+    changes = configuration_changes(recorded, config)
+    if changes is None or changes:
+        raise RunConflict(run_dir, conflict_message(run_dir, recorded.state, changes))
+    return recorded
+
+
+def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
+    """What a launch of ``config`` does with its run directory (the table above).
+
+    Raises :class:`RunConflict` for a run of another configuration without ``replace``,
+    and :class:`~wsi.store.StoreError` when a store the job reads cannot be read."""
+    _, run_dir = config.require_paths()
+    _complete_interrupted_swap(run_dir)
+    recorded = check_launch(config, replace)
+    if recorded.state is RunState.ABSENT:
+        return LaunchPlan(run_dir, Action.START, run_dir, "no run there yet")
+    changes = configuration_changes(recorded, config)
+    same = changes == {}
+    if recorded.state is RunState.UNFINISHED:
+        if same:
+            return LaunchPlan(run_dir, Action.RESUME, run_dir, "an unfinished run of this "
+                              "configuration: resuming it")  # fmt: skip
+        return LaunchPlan(run_dir, Action.RESTART, run_dir, "an unfinished run of another "
+                          "configuration, replaced (--replace): starting over")  # fmt: skip
+    inputs = store_inputs(config)
+    if changes is None:
+        reason = "replacing a finished run whose configuration was not recorded"
+    elif changes:
+        reason = f"replacing a finished run of another configuration ({describe_changes(changes)})"
+    elif recorded.inputs != inputs:
+        stale = _changed_inputs(recorded.inputs, inputs)
+        reason = f"the stores it was trained on have changed since ({stale}): training it again"
+    elif replace:
+        reason = "finished with this configuration; training it again (--replace)"
+    else:
+        return LaunchPlan(run_dir, Action.KEEP, run_dir, "finished with this configuration "
+                          "and these stores: kept (--replace trains it again)")  # fmt: skip
+    reason += "; the finished run stays until the new one has finished"
+    return LaunchPlan(run_dir, Action.REPLACE, staging_dir(run_dir), reason)
+
+
+def _changed_inputs(recorded: dict[str, str] | None, current: dict[str, str]) -> str:
+    if recorded is None:
+        return "the run recorded none"
+    changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+    return ", ".join(changed)
+
+
+def prepare(plan: LaunchPlan, config: TrainConfig) -> None:
+    """Make ``plan.work`` ready for the job: emptied where the job starts over (RESTART; a
+    REPLACE whose staging directory holds anything but an unfinished run of ``config``,
+    which resumes: a replacement interrupted and launched again continues)."""
+    if plan.action is Action.RESTART:
+        shutil.rmtree(plan.work)
+    elif plan.action is Action.REPLACE and plan.work.exists():
+        staged = read_recorded_run(plan.work)
+        if staged.state is not RunState.UNFINISHED or configuration_changes(staged, config) != {}:
+            shutil.rmtree(plan.work)
+    plan.work.mkdir(parents=True, exist_ok=True)
+
+
+def write_config(config: TrainConfig) -> Path:
+    """``out/config.json``: the configuration the job's ranks run with."""
+    _, out = config.require_paths()
+    path = out / CONFIG_FILE
+    write_text(path, config.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def publish_staged(run_dir: Path) -> None:
+    """Swap a finished staged run into ``run_dir``: the old run is renamed aside, the new
+    one into place, then the old one removed. Its files are rewritten to name their
+    directory. A swap cut short is completed by :func:`plan_launch`."""
+    staged, retired = staging_dir(run_dir), _retired_dir(run_dir)
+    if retired.exists():
+        shutil.rmtree(retired)
+    if run_dir.exists():
+        os.replace(run_dir, retired)
+    os.replace(staged, run_dir)
+    _relocate(run_dir)
+    shutil.rmtree(retired, ignore_errors=True)
+    logger.info("%s: the new run is in place", run_dir)
+
+
+def _complete_interrupted_swap(run_dir: Path) -> None:
+    staged, retired = staging_dir(run_dir), _retired_dir(run_dir)
+    if not run_dir.exists() and staged.is_dir():
+        if read_recorded_run(staged).state is RunState.FINISHED:
+            logger.warning("%s: completing a replacement that was cut short", run_dir)
+            os.replace(staged, run_dir)
+            _relocate(run_dir)
+        elif retired.is_dir():  # the old run was moved aside before the new one finished
+            os.replace(retired, run_dir)
+    if run_dir.exists() and retired.exists():
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _relocate(run_dir: Path) -> None:
+    """Point a moved run's ``config.json`` and ``run.json`` at ``run_dir``."""
+    config = _json_object(run_dir / CONFIG_FILE)
+    if config is not None:
+        try:
+            write_config(TrainConfig.model_validate({**config, "out": str(run_dir)}))
+        except ValueError:
+            logger.warning("%s: not a job configuration, left as it is", run_dir / CONFIG_FILE)
+    run = _json_object(run_dir / RUN_FILE)
+    if run is not None and isinstance(run.get("config"), dict):
+        run["config"]["out"] = str(run_dir)
+        write_json(run_dir / RUN_FILE, json_safe(run))

@@ -1,0 +1,190 @@
+"""What a launch may do with a run directory (proxyfl.rundir): every row of its table, the
+staged replacement and its recovery, on real stores and run directories written the way
+proxyfl.run writes them (no MPI job: the launches themselves are tested in tests/flows)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxyfl.config import TrainConfig, fingerprint_changes
+from proxyfl.rundir import (
+    Action,
+    RunConflict,
+    RunState,
+    plan_launch,
+    prepare,
+    publish_staged,
+    read_recorded_run,
+    staging_dir,
+    store_digest,
+    store_inputs,
+    write_config,
+)
+from tests.proxyfl.conftest import write_stores
+from wsi.store import store_path
+
+
+def _config(data: Path, run_dir: Path, **options: Any) -> TrainConfig:
+    values = {"algorithm": "FedAvg", "seed": 0, "centers": [0, 1], "data": data,
+              "out": run_dir, "rounds": 3, "proxy_model": "cnn1", **options}  # fmt: skip
+    return TrainConfig(**values)
+
+
+def _record(config: TrainConfig, status: str, inputs: dict[str, str] | None = None) -> None:
+    """The run.json (and config.json) a job of ``config`` leaves, as proxyfl.run writes it."""
+    _, out = config.require_paths()
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(config)
+    run = {"status": status, "algorithm": config.algorithm,
+           "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
+           "config_digest": config.digest(),
+           "inputs": store_inputs(config) if inputs is None else inputs}  # fmt: skip
+    (out / "run.json").write_text(json.dumps(run))
+    (out / "metrics.jsonl").write_text(f'{{"status": "{status}"}}\n')
+
+
+@pytest.fixture()
+def data(tmp_path: Path) -> Path:
+    return write_stores(tmp_path / "stores", centers=(0, 1, 4))
+
+
+def test_nothing_there_starts_and_an_unfinished_run_of_the_same_configuration_resumes(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    assert plan_launch(config).action is Action.START
+    run_dir.mkdir(parents=True)  # an empty directory is nothing
+    assert plan_launch(config).action is Action.START
+    _record(config, "running")
+    for replace in (False, True):  # a resume is not a replacement
+        plan = plan_launch(config, replace)
+        assert (plan.action, plan.work) == (Action.RESUME, run_dir)
+
+
+def test_a_finished_run_of_the_same_configuration_and_stores_is_kept(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    _record(config, "finished")
+    plan = plan_launch(config)
+    assert plan.action is Action.KEEP and "--replace" in plan.reason
+    # where the run and its stores are, and how it runs, are not its configuration
+    elsewhere = _config(data, run_dir, device="cpu", workers=2, keep_final_checkpoints=True)
+    assert plan_launch(elsewhere).action is Action.KEEP
+    replaced = plan_launch(config, replace=True)
+    assert (replaced.action, replaced.work) == (Action.REPLACE, staging_dir(run_dir))
+
+
+def test_a_run_of_another_configuration_is_refused_naming_directory_keys_and_ways_on(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    finished = _config(data, run_dir)
+    _record(finished, "finished")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    variation = _config(data, run_dir, rounds=5, sigma=1.0)
+    with pytest.raises(RunConflict) as refused:
+        plan_launch(variation)
+    message = str(refused.value)
+    assert str(run_dir) in message and "a finished run" in message
+    assert "rounds 3 -> 5" in message and "sigma 1.4 -> 1.0" in message
+    assert "--runs" in message and "--replace" in message
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # untouched
+    plan = plan_launch(variation, replace=True)
+    assert (plan.action, plan.work) == (Action.REPLACE, staging_dir(run_dir))
+
+    unfinished = tmp_path / "runs" / "FedAvg" / "seed_1"
+    _record(_config(data, unfinished, seed=1), "running")
+    with pytest.raises(RunConflict, match="an unfinished run"):
+        plan_launch(_config(data, unfinished, seed=1, rounds=5))
+    restart = plan_launch(_config(data, unfinished, seed=1, rounds=5), replace=True)
+    assert (restart.action, restart.work) == (Action.RESTART, unfinished)
+    prepare(restart, _config(data, unfinished, seed=1, rounds=5))
+    assert list(unfinished.iterdir()) == []  # started over: no checkpoint of the other run
+
+
+def test_a_run_whose_configuration_was_not_recorded_is_not_taken_for_this_one(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # something, with no record of what
+    with pytest.raises(RunConflict, match="whose configuration was not recorded"):
+        plan_launch(_config(data, run_dir))
+
+
+def test_a_finished_run_whose_stores_changed_is_trained_again_beside_it(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    _record(config, "finished")
+    write_stores(data, centers=(1,), n_train=41)  # centre 1's store rebuilt, one more patch
+    plan = plan_launch(config)
+    assert plan.action is Action.REPLACE and "center_1" in plan.reason
+    assert "center_0" not in plan.reason
+
+
+def test_store_digest_is_the_content_not_the_file(data: Path, tmp_path: Path) -> None:
+    first = store_digest(store_path(data, 0))
+    copy = write_stores(tmp_path / "copy", centers=(0,))  # the same content, written again
+    os.utime(store_path(copy, 0), (0, 0))
+    assert store_digest(store_path(copy, 0)) == first
+    other_sample = write_stores(tmp_path / "other", centers=(0,), seed=1)  # labels reordered
+    assert store_digest(store_path(other_sample, 0)) != first
+    smaller = write_stores(tmp_path / "smaller", centers=(0,), n_train=39)
+    assert store_digest(store_path(smaller, 0)) != first
+    privatekt = _config(data, tmp_path / "r", algorithm="PrivateKT", public_center=4)
+    assert set(store_inputs(privatekt)) == {"center_0", "center_1", "center_4"}
+
+
+def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
+    data: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    _record(_config(data, run_dir), "finished")
+    variation = _config(data, run_dir, rounds=5)
+    plan = plan_launch(variation, replace=True)
+    prepare(plan, variation)
+    _record(variation.model_copy(update={"out": plan.work}), "running")  # the job, cut short
+    # the finished run is untouched and still what the directory holds
+    assert json.loads((run_dir / "run.json").read_text())["fingerprint"]["rounds"] == 3
+    # launched again with the same replacement: the staged run resumes, not restarts
+    again = plan_launch(variation, replace=True)
+    prepare(again, variation)
+    assert read_recorded_run(again.work).state is RunState.UNFINISHED
+    _record(variation.model_copy(update={"out": again.work}), "finished")
+    publish_staged(run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["fingerprint"]["rounds"] == 5 and run["config"]["out"] == str(run_dir)
+    assert json.loads((run_dir / "config.json").read_text())["out"] == str(run_dir)
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed_0"]
+    assert plan_launch(variation).action is Action.KEEP
+
+    # a swap cut between its two renames: the next launch completes it
+    newer = _config(data, run_dir, rounds=7)
+    plan = plan_launch(newer, replace=True)
+    prepare(plan, newer)
+    _record(newer.model_copy(update={"out": plan.work}), "finished")
+    os.replace(run_dir, run_dir.parent / ".seed_0.old")  # the first rename, then a crash
+    assert plan_launch(newer).action is Action.KEEP
+    assert json.loads((run_dir / "run.json").read_text())["fingerprint"]["rounds"] == 7
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed_0"]
+
+
+def test_fingerprints_ignore_where_and_how_even_when_an_old_record_holds_them() -> None:
+    config = TrainConfig(rounds=3, out=Path("a"), data=Path("b"))
+    recorded = {**config.fingerprint(), "out": "elsewhere", "data": "moved"}
+    assert fingerprint_changes(recorded, config.fingerprint()) == {}
+    assert fingerprint_changes({**recorded, "rounds": 4}, config.fingerprint()) == {
+        "rounds": (4, 3)
+    }
+    assert config.digest() == TrainConfig(rounds=3, device="cpu").digest()
+    assert config.digest() != TrainConfig(rounds=4).digest()
