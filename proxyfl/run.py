@@ -33,7 +33,6 @@ from proxyfl.access import AccessLog
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
-from proxyfl.rundir import store_inputs
 from proxyfl.validation import (
     RankFailure,
     SetupError,
@@ -447,9 +446,6 @@ def _write_run_json(
         "config": config.model_dump(mode="json"),
         "fingerprint": config.fingerprint(),
         "config_digest": config.digest(),
-        # the stores it read, by content (proxyfl.rundir: a finished run is kept only while
-        # its configuration and these are unchanged)
-        "inputs": store_inputs(config),
         "world_size": size,
         "clients": records,
         "devices": [record["device"] for record in records],

@@ -2,14 +2,18 @@
 
 A run directory ``RUNS/{algorithm}/seed_{s}`` is one run: ``run.json`` records the
 configuration that made it (:meth:`~proxyfl.config.TrainConfig.fingerprint` and its
-digest) and its inputs (:func:`store_inputs`, the stores it read, by content). Before a job
-is launched into it, :func:`plan_launch` compares that record with the job:
+digest), ``inputs.json`` the stores it was launched on, by content (:func:`store_inputs`,
+written by the launcher: no rank reads another centre's training split, nor any label of
+PrivateKT's public pool). Before a job is launched into it, :func:`plan_launch` compares
+that record with the job:
 
 ================================  ==================  ====================================
 the directory holds               without ``replace``  with ``replace``
 ================================  ==================  ====================================
 nothing                           start               start
 an unfinished run, same config    resume              resume
+and inputs (other inputs: start
+over)
 a finished run, same config and   keep it (no job)    train again beside it, then swap
 inputs
 a finished run, same config,      train again beside it, then swap (its inputs are stale)
@@ -31,7 +35,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -40,11 +44,12 @@ from plumbing.atomic import write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.results import RUN_FILE, json_safe
-from wsi.store import read_store_info, store_path
+from wsi.store import SPLITS, StoreError, read_store_info, rebuild_hint, store_path
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+INPUTS_FILE = "inputs.json"
 
 
 class RunState(Enum):
@@ -80,12 +85,14 @@ class Action(Enum):
 @dataclass(frozen=True)
 class LaunchPlan:
     """What to do with ``run_dir``: ``action``, the directory the job trains in (``work``:
-    the run directory, or its staging directory for REPLACE) and why, in one sentence."""
+    the run directory, or its staging directory for REPLACE), why, in one sentence, and
+    the job's inputs (:func:`store_inputs`), which :func:`prepare` records there."""
 
     run_dir: Path
     action: Action
     work: Path
     reason: str
+    inputs: dict[str, str] = field(default_factory=dict)
 
 
 def staging_dir(run_dir: Path) -> Path:
@@ -97,22 +104,40 @@ def _retired_dir(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.old"
 
 
-def store_digest(path: Path) -> str:
+def store_digest(path: Path, labels: bool = True) -> str:
     """A store's identity by content: its attributes and provenance, and every split's
-    labels, patients, slides and coordinates (which patches it holds), hashed. The pixels
-    are not read, so it costs milliseconds on a 50 GB store."""
-    info = read_store_info(path)
+    patients, slides, coordinates (which patches it holds) and, with ``labels``, labels,
+    hashed. The pixels are not read, so it costs milliseconds on a 50 GB store; neither are
+    the labels without ``labels`` (PrivateKT's public pool: they are never read)."""
+    info = read_store_info(path, splits=SPLITS if labels else ())
     digest = hashlib.sha256()
     digest.update(json.dumps(info.attrs.scalars(), sort_keys=True).encode())
     if info.provenance is not None:
         digest.update(info.provenance.to_json().encode())
-    for name, split in sorted(info.splits.items()):
+    for name in SPLITS:
         digest.update(name.encode())
-        digest.update(split.labels.astype("<i8").tobytes())
-        digest.update("\0".join(split.patients).encode())
-        digest.update("\0".join(split.slides).encode())
-        digest.update(split.coords.astype("<i8").tobytes())
+        if labels:
+            split = info.splits[name]
+            digest.update(split.labels.astype("<i8").tobytes())
+            digest.update("\0".join(split.patients).encode())
+            digest.update("\0".join(split.slides).encode())
+            digest.update(split.coords.astype("<i8").tobytes())
+        else:
+            digest.update(_unlabelled_identity(path, name))
     return "sha256:" + digest.hexdigest()
+
+
+def _unlabelled_identity(path: Path, split: str) -> bytes:
+    """A split's patients, slides and coordinates, read without its labels."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        group = h5[split]
+        return b"\0".join(
+            [*(bytes(v) if isinstance(v, bytes) else str(v).encode()
+               for name in ("patients", "slides") for v in group[name][()]),
+             group["coords"][()].astype("<i8").tobytes()]
+        )  # fmt: skip
 
 
 def read_centers(config: TrainConfig) -> list[int]:
@@ -125,10 +150,17 @@ def read_centers(config: TrainConfig) -> list[int]:
 
 
 def store_inputs(config: TrainConfig) -> dict[str, str]:
-    """``{"center_{c}": store_digest}`` of every store the job reads
-    (:class:`~wsi.store.StoreError` if one cannot be read)."""
+    """``{"center_{c}": store_digest}`` of every store the job reads, PrivateKT's public
+    pool without its labels (:class:`~wsi.store.StoreError` if one cannot be read)."""
     data, _ = config.require_paths()
-    return {f"center_{c}": store_digest(store_path(data, c)) for c in read_centers(config)}
+    public = config.public_center if config.algorithm == "PrivateKT" else None
+    inputs = {}
+    for center in read_centers(config):
+        try:
+            inputs[f"center_{center}"] = store_digest(store_path(data, center), center != public)
+        except StoreError as error:
+            raise StoreError(error.path, f"{error.reason}; {rebuild_hint(center)}") from None
+    return inputs
 
 
 def read_recorded_run(run_dir: Path) -> RecordedRun:
@@ -137,16 +169,13 @@ def read_recorded_run(run_dir: Path) -> RecordedRun:
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return RecordedRun(run_dir, RunState.ABSENT)
+    inputs = _json_object(run_dir / INPUTS_FILE)
     run = _json_object(run_dir / RUN_FILE)
     if run is not None:
         state = RunState.FINISHED if run.get("status") == "finished" else RunState.UNFINISHED
         fingerprint = run.get("fingerprint")
-        inputs = run.get("inputs")
         return RecordedRun(
-            run_dir,
-            state,
-            fingerprint if isinstance(fingerprint, dict) else None,
-            inputs if isinstance(inputs, dict) else None,
+            run_dir, state, fingerprint if isinstance(fingerprint, dict) else None, inputs
         )
     config = _json_object(run_dir / CONFIG_FILE)
     fingerprint = None
@@ -155,7 +184,7 @@ def read_recorded_run(run_dir: Path) -> RecordedRun:
             fingerprint = TrainConfig.model_validate(config).fingerprint()
         except ValueError:
             fingerprint = None
-    return RecordedRun(run_dir, RunState.UNFINISHED, fingerprint)
+    return RecordedRun(run_dir, RunState.UNFINISHED, fingerprint, inputs)
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:
@@ -217,16 +246,21 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
     _complete_interrupted_swap(run_dir)
     recorded = check_launch(config, replace)
     if recorded.state is RunState.ABSENT:
-        return LaunchPlan(run_dir, Action.START, run_dir, "no run there yet")
+        return LaunchPlan(run_dir, Action.START, run_dir, "no run there yet",
+                          store_inputs(config))  # fmt: skip
     changes = configuration_changes(recorded, config)
     same = changes == {}
-    if recorded.state is RunState.UNFINISHED:
-        if same:
-            return LaunchPlan(run_dir, Action.RESUME, run_dir, "an unfinished run of this "
-                              "configuration: resuming it")  # fmt: skip
-        return LaunchPlan(run_dir, Action.RESTART, run_dir, "an unfinished run of another "
-                          "configuration, replaced (--replace): starting over")  # fmt: skip
     inputs = store_inputs(config)
+    if recorded.state is RunState.UNFINISHED:
+        if same and recorded.inputs in (None, inputs):
+            return LaunchPlan(run_dir, Action.RESUME, run_dir, "an unfinished run of this "
+                              "configuration: resuming it", inputs)  # fmt: skip
+        if same:
+            stale = _changed_inputs(recorded.inputs, inputs)
+            reason = f"an unfinished run whose stores have changed since ({stale}): starting over"
+        else:
+            reason = "an unfinished run of another configuration, replaced: starting over"
+        return LaunchPlan(run_dir, Action.RESTART, run_dir, reason, inputs)
     if changes is None:
         reason = "replacing a finished run whose configuration was not recorded"
     elif changes:
@@ -238,9 +272,9 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
         reason = "finished with this configuration; training it again (--replace)"
     else:
         return LaunchPlan(run_dir, Action.KEEP, run_dir, "finished with this configuration "
-                          "and these stores: kept (--replace trains it again)")  # fmt: skip
+                          "and these stores: kept (--replace trains it again)", inputs)  # fmt: skip
     reason += "; the finished run stays until the new one has finished"
-    return LaunchPlan(run_dir, Action.REPLACE, staging_dir(run_dir), reason)
+    return LaunchPlan(run_dir, Action.REPLACE, staging_dir(run_dir), reason, inputs)
 
 
 def _changed_inputs(recorded: dict[str, str] | None, current: dict[str, str]) -> str:
@@ -258,9 +292,11 @@ def prepare(plan: LaunchPlan, config: TrainConfig) -> None:
         shutil.rmtree(plan.work)
     elif plan.action is Action.REPLACE and plan.work.exists():
         staged = read_recorded_run(plan.work)
-        if staged.state is not RunState.UNFINISHED or configuration_changes(staged, config) != {}:
+        resumable = staged.state is RunState.UNFINISHED and staged.inputs in (None, plan.inputs)
+        if not resumable or configuration_changes(staged, config) != {}:
             shutil.rmtree(plan.work)
     plan.work.mkdir(parents=True, exist_ok=True)
+    write_json(plan.work / INPUTS_FILE, plan.inputs, sort_keys=True)
 
 
 def write_config(config: TrainConfig) -> Path:

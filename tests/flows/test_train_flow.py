@@ -14,7 +14,7 @@ from camelyon_proxyfl.params import TrainSection
 from flows.report import main as report_main
 from flows.train import main, train
 from proxyfl.launch import TrainingJobFailed
-from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
+from wsi.store import PatchBatch, StoreAttrs, StoreError, store_path, write_patch_store
 
 OPTIONS = {
     "rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
@@ -82,18 +82,35 @@ def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
 
 
 def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> None:
-    _store(tmp_path / "stores", 0)  # centre 1's store is missing
-    config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"])
+    for center in (0, 1):
+        _store(tmp_path / "stores", center)
+    # the flow itself (unlike the command) leaves the batch size to the ranks
+    options = {**OPTIONS, "batch_size": 50}
+    config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"],
+                     options=options)  # fmt: skip
     state = train(config, return_state=True)
     assert state.is_failed()
     with pytest.raises(TrainingJobFailed) as failure:
         state.result()
     message = str(failure.value)
     assert "ProxyFL seed 0 failed with exit code 2" in message
-    # every rank evaluates on centre 1's test split, so every rank reports the missing store
+    assert "--batch-size 50 is larger than the 12 training patches of centre(s) [0]" in message
+    assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
+
+
+def test_a_missing_store_fails_the_flow_run_before_any_job_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    _store(tmp_path / "stores", 0)  # centre 1's store is missing
+    config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"])
+    state = train(config, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StoreError) as failure:
+        state.result()
+    message = str(failure.value)
     assert "center_1.h5: no such patch store" in message
     assert "`dvc repro preprocess@1`" in message  # and how to rebuild it
-    assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
+    assert not (tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log").exists()  # no job
 
 
 def test_bad_training_options_are_refused_before_any_job(tmp_path: Path) -> None:

@@ -35,15 +35,16 @@ def _config(data: Path, run_dir: Path, **options: Any) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def _record(config: TrainConfig, status: str, inputs: dict[str, str] | None = None) -> None:
-    """The run.json (and config.json) a job of ``config`` leaves, as proxyfl.run writes it."""
+def _record(config: TrainConfig, status: str) -> None:
+    """What a launch of ``config`` leaves (config.json, inputs.json: the launcher's) and
+    its job (run.json, as proxyfl.run writes it; a metrics file)."""
     _, out = config.require_paths()
     out.mkdir(parents=True, exist_ok=True)
     write_config(config)
+    (out / "inputs.json").write_text(json.dumps(store_inputs(config)))
     run = {"status": status, "algorithm": config.algorithm,
            "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
-           "config_digest": config.digest(),
-           "inputs": store_inputs(config) if inputs is None else inputs}  # fmt: skip
+           "config_digest": config.digest()}  # fmt: skip
     (out / "run.json").write_text(json.dumps(run))
     (out / "metrics.jsonl").write_text(f'{{"status": "{status}"}}\n')
 
@@ -107,7 +108,8 @@ def test_a_run_of_another_configuration_is_refused_naming_directory_keys_and_way
     restart = plan_launch(_config(data, unfinished, seed=1, rounds=5), replace=True)
     assert (restart.action, restart.work) == (Action.RESTART, unfinished)
     prepare(restart, _config(data, unfinished, seed=1, rounds=5))
-    assert list(unfinished.iterdir()) == []  # started over: no checkpoint of the other run
+    # started over: nothing of the other run, only the inputs of this launch
+    assert [p.name for p in unfinished.iterdir()] == ["inputs.json"]
 
 
 def test_a_run_whose_configuration_was_not_recorded_is_not_taken_for_this_one(
@@ -120,16 +122,41 @@ def test_a_run_whose_configuration_was_not_recorded_is_not_taken_for_this_one(
         plan_launch(_config(data, run_dir))
 
 
-def test_a_finished_run_whose_stores_changed_is_trained_again_beside_it(
-    data: Path, tmp_path: Path
-) -> None:
-    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
-    config = _config(data, run_dir)
-    _record(config, "finished")
+def test_a_run_whose_stores_changed_is_trained_again(data: Path, tmp_path: Path) -> None:
+    """Finished: beside it, then swapped in; unfinished: from round 1 (its checkpoints
+    were trained on the old stores). The launch records the stores it trains on."""
+    finished = tmp_path / "runs" / "FedAvg" / "seed_0"
+    unfinished = tmp_path / "runs" / "FedAvg" / "seed_1"
+    _record(_config(data, finished), "finished")
+    _record(_config(data, unfinished, seed=1), "running")
     write_stores(data, centers=(1,), n_train=41)  # centre 1's store rebuilt, one more patch
-    plan = plan_launch(config)
+    plan = plan_launch(_config(data, finished))
     assert plan.action is Action.REPLACE and "center_1" in plan.reason
     assert "center_0" not in plan.reason
+    restart = plan_launch(_config(data, unfinished, seed=1))
+    assert restart.action is Action.RESTART and "center_1" in restart.reason
+    prepare(restart, _config(data, unfinished, seed=1))
+    recorded = json.loads((unfinished / "inputs.json").read_text())
+    assert recorded == store_inputs(_config(data, unfinished, seed=1)) == restart.inputs
+
+
+def test_the_public_pools_labels_are_never_read(data: Path, tmp_path: Path) -> None:
+    """PrivateKT's public store is identified without its labels: a store whose labels
+    cannot be read at all (external data in a file that does not exist) still has one."""
+    import h5py
+    import numpy as np
+
+    path = store_path(data, 4)
+    with h5py.File(path, "r+") as h5:
+        for split in ("train", "test"):
+            n = h5[split]["labels"].shape[0]
+            del h5[split]["labels"]
+            absent = [(str(tmp_path / "absent.bin"), 0, 8 * n)]
+            h5[split].create_dataset("labels", shape=(n,), dtype=np.int64, external=absent)
+    config = _config(data, tmp_path / "r", algorithm="PrivateKT", public_center=4)
+    assert store_inputs(config)["center_4"].startswith("sha256:")
+    with pytest.raises(Exception, match="external"):
+        store_digest(path)  # with labels: the read fails, so the line above read none
 
 
 def test_store_digest_is_the_content_not_the_file(data: Path, tmp_path: Path) -> None:
