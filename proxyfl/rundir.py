@@ -7,20 +7,16 @@ written by the launcher: no rank reads another centre's training split, nor any 
 PrivateKT's public pool). Before a job is launched into it, :func:`plan_launch` compares
 that record with the job:
 
-================================  ==================  ====================================
-the directory holds               without ``replace``  with ``replace``
-================================  ==================  ====================================
-nothing                           start               start
-an unfinished run, same config    resume              resume
-and inputs (other inputs: start
-over)
-a finished run, same config and   keep it (no job)    train again beside it, then swap
-inputs
-a finished run, same config,      train again beside it, then swap (its inputs are stale)
-other inputs
-a run of another configuration    refuse              finished: train beside it, then
-                                  (:class:`RunConflict`) swap; unfinished: start over
-================================  ==================  ====================================
+- nothing there: **start**;
+- an unfinished run of the same configuration: **resume** it (its stores changed since:
+  start over, its checkpoints were trained on the old ones);
+- a finished run of the same configuration and stores: **keep** it, no job (with
+  ``replace``: train it again beside it, then swap);
+- a finished run of the same configuration whose stores changed: train it again beside
+  it, then swap (it is stale);
+- a run of another configuration, or one that recorded none: **refuse**
+  (:class:`RunConflict`); with ``replace``, a finished one is trained again beside it and
+  swapped, an unfinished one starts over.
 
 "Beside it" is ``.seed_{s}.next`` in the same folder: the finished run stays whole and
 reportable until the new one has finished, and :func:`publish_staged` then swaps the two
@@ -167,7 +163,8 @@ def read_recorded_run(run_dir: Path) -> RecordedRun:
     """The state of ``run_dir`` from its ``run.json`` (else its ``config.json``: a launch
     whose ranks never started training); an empty or absent directory is ABSENT."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+    # a launch cut short before its job wrote anything leaves its inputs.json alone
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {INPUTS_FILE}:
         return RecordedRun(run_dir, RunState.ABSENT)
     inputs = _json_object(run_dir / INPUTS_FILE)
     run = _json_object(run_dir / RUN_FILE)
@@ -210,7 +207,8 @@ def configuration_changes(recorded: RecordedRun, config: TrainConfig) -> dict[st
     return fingerprint_changes(recorded.fingerprint, current)
 
 
-def conflict_message(run_dir: Path, state: RunState, changes: dict[str, Any] | None) -> str:
+def conflict_message(state: RunState, changes: dict[str, Any] | None) -> str:
+    """Why a launch is refused (the subject, the run directory, is the error's)."""
     what = "a finished run" if state is RunState.FINISHED else "an unfinished run"
     differs = (
         f"made with another configuration ({describe_changes(changes)}; recorded -> asked)"
@@ -218,9 +216,9 @@ def conflict_message(run_dir: Path, state: RunState, changes: dict[str, Any] | N
         else "whose configuration was not recorded"
     )
     return (
-        f"{run_dir} holds {what} {differs}; it is left as it is. Either train into "
-        f"another runs directory (--runs DIR, train.runs), or replace it with --replace "
-        f"(a finished run stays until the new one has finished)"
+        f"holds {what} {differs}; it is left as it is. Either train into another runs "
+        f"directory (--runs DIR, train.runs), or replace it with --replace (a finished run "
+        f"stays until the new one has finished)"
     )
 
 
@@ -233,7 +231,7 @@ def check_launch(config: TrainConfig, replace: bool) -> RecordedRun:
         return recorded
     changes = configuration_changes(recorded, config)
     if changes is None or changes:
-        raise RunConflict(run_dir, conflict_message(run_dir, recorded.state, changes))
+        raise RunConflict(run_dir, conflict_message(recorded.state, changes))
     return recorded
 
 

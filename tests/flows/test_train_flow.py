@@ -172,8 +172,8 @@ def test_a_variation_never_replaces_a_finished_run_and_the_report_never_mixes_th
     assert main([*where, *both[:-1], "0", "1", *OPTION_FLAGS, "--rounds", "2"]) == 2
     err = capsys.readouterr().err
     for algorithm in ("FedAvg", "Joint"):
-        assert f"{runs / algorithm / 'seed_0'} holds a finished run made with another " \
-               "configuration (rounds 1 -> 2; recorded -> asked)" in err  # fmt: skip
+        assert f"error: {runs / algorithm / 'seed_0'}: holds a finished run made with " \
+               "another configuration (rounds 1 -> 2; recorded -> asked)" in err  # fmt: skip
     assert "--runs DIR" in err and "--replace" in err and "nothing was launched" in err
     assert _snapshot(runs) == finished and not (runs / "FedAvg" / "seed_1").exists()
 

@@ -62,6 +62,9 @@ def test_nothing_there_starts_and_an_unfinished_run_of_the_same_configuration_re
     assert plan_launch(config).action is Action.START
     run_dir.mkdir(parents=True)  # an empty directory is nothing
     assert plan_launch(config).action is Action.START
+    prepare(plan_launch(config), config)  # a launch killed before its job wrote anything
+    assert [p.name for p in run_dir.iterdir()] == ["inputs.json"]
+    assert plan_launch(config).action is Action.START
     _record(config, "running")
     for replace in (False, True):  # a resume is not a replacement
         plan = plan_launch(config, replace)
