@@ -424,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for label, ok in checks:
         print(f"{_verdict(ok)} {label}")
-    return 0
+    return 0 if all(ok for _, ok in checks) else 1  # a failed check fails the benchmark
 
 
 if __name__ == "__main__":

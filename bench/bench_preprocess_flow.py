@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nkept {scratch} (out/, candidates/, prefect_home/, flow.log)")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return 0 if all(ok for _, ok in checks) else 1  # a failed check fails the benchmark
 
 
 if __name__ == "__main__":

@@ -81,6 +81,15 @@ def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
     assert "seed" in capsys.readouterr().err
 
 
+def _failure(config: TrainSection, kind: type[Exception]) -> str:
+    """The message of the ``kind`` error that fails the train flow run of ``config``."""
+    state = train(config, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(kind) as failure:
+        state.result()
+    return str(failure.value)
+
+
 def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> None:
     for center in (0, 1):
         _store(tmp_path / "stores", center)
@@ -88,11 +97,7 @@ def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> No
     options = {**OPTIONS, "batch_size": 50}
     config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"],
                      options=options)  # fmt: skip
-    state = train(config, return_state=True)
-    assert state.is_failed()
-    with pytest.raises(TrainingJobFailed) as failure:
-        state.result()
-    message = str(failure.value)
+    message = _failure(config, TrainingJobFailed)
     assert "ProxyFL seed 0 failed with exit code 2" in message
     assert "--batch-size 50 is larger than the 12 training patches of centre(s) [0]" in message
     assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
@@ -103,11 +108,7 @@ def test_a_missing_store_fails_the_flow_run_before_any_job_naming_the_fix(
 ) -> None:
     _store(tmp_path / "stores", 0)  # centre 1's store is missing
     config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["ProxyFL"])
-    state = train(config, return_state=True)
-    assert state.is_failed()
-    with pytest.raises(StoreError) as failure:
-        state.result()
-    message = str(failure.value)
+    message = _failure(config, StoreError)
     assert "center_1.h5: no such patch store" in message
     assert "`dvc repro preprocess@1`" in message  # and how to rebuild it
     assert not (tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log").exists()  # no job

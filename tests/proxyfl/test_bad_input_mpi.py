@@ -22,7 +22,9 @@ def broken_dirs(helpers: Any, stores: Path, tmp_path_factory: pytest.TempPathFac
 
 
 CASES = {
-    "missing store": (2, "missing", {}, "centre 1: ", "no such patch store"),
+    # ... and how to rebuild it
+    "missing store": (2, "missing", {}, "centre 1: ", "no such patch store; `dvc repro "
+                      "preprocess@1` (or `python -m flows.preprocess --centers 1`) rebuilds it"),
     "malformed store": (2, "malformed", {}, "centre 1: ", "not a readable HDF5 patch store"),
     "centre listed twice": (2, None, {"centers": [0, 0]}, "", "listed more than once"),
     "more ranks than centres": (3, None, {"centers": [0, 1]}, "", "3 ranks but only 2 centre"),
