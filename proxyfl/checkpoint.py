@@ -56,9 +56,28 @@ def save_checkpoint(
 
 
 def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, Any]:
-    return torch.load(
-        checkpoint_path(run_dir, rank, round_number), map_location="cpu", weights_only=False
-    )
+    """A checkpoint as :func:`save_checkpoint` wrote it, read with ``weights_only=True``:
+    tensors, plain containers and numbers, NumPy arrays and the evaluation scores, nothing
+    else. A checkpoint holding any other object (a tampered run directory) is refused
+    instead of running its code."""
+    with torch.serialization.safe_globals(_checkpoint_globals()):
+        return torch.load(
+            checkpoint_path(run_dir, rank, round_number), map_location="cpu", weights_only=True
+        )
+
+
+def _checkpoint_globals() -> list[Any]:
+    """What a checkpoint may hold beyond tensors and plain data: NumPy arrays (PrivateKT's
+    item indices and buffer) and :class:`~proxyfl.evaluate.Scores`."""
+    import numpy as np
+
+    from proxyfl.evaluate import Scores
+
+    core = getattr(np, "_core", None) or np.core  # NumPy 2 renamed numpy.core
+    # numeric dtypes only: an object array could carry arbitrary pickles
+    numeric = [type(np.dtype(kind)) for kind in ("?", "i1", "i2", "i4", "i8", "u1", "u2",
+                                                 "u4", "u8", "f2", "f4", "f8")]  # fmt: skip
+    return [Scores, np.ndarray, np.dtype, core.multiarray._reconstruct, *numeric]
 
 
 def clear_checkpoints(run_dir: Path, rank: int) -> None:

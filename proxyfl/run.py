@@ -31,6 +31,7 @@ from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from proxyfl.access import AccessLog
 from proxyfl.config import TrainConfig, fingerprint_changes
+from proxyfl.control import gather_json
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
 from proxyfl.validation import (
@@ -370,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ckpt.clear_checkpoints(run_dir, rank)
         if rank == 0:
             (run_dir / METRICS_FILE).unlink(missing_ok=True)
-    records = comm.gather(_client_summary(trainer), root=0)
+    records = gather_json(comm, _client_summary(trainer), root=0)
     if rank == 0:
         _write_run_json(config, size, records, status="running")
     comm.Barrier()
@@ -387,8 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
-    records = comm.gather(trainer.rank_record(), root=0)
-    wall = comm.gather(time.perf_counter() - wall_start, root=0)
+    records = gather_json(comm, trainer.rank_record(), root=0)
+    wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
     if rank == 0:
         _write_run_json(config, size, records, status="finished", wall=wall)
     trainer.communicator.free()

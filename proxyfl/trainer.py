@@ -43,6 +43,7 @@ from proxyfl import checkpoint as ckpt
 from proxyfl.algorithms import Distribution, Exchange, Strategy
 from proxyfl.comm import SERVER_RANK, Communicator, assign_flat_parameters, flatten_parameters
 from proxyfl.config import TrainConfig
+from proxyfl.control import allgather_json, gather_json
 from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
 from proxyfl.dml import dml_losses
 from proxyfl.dp import (
@@ -422,7 +423,7 @@ def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
     """The newest round every rank has a complete checkpoint for (0: none). Rank 0 says
     what each rank has when they differ, so a fresh start is never a surprise."""
     mine = ckpt.available_rounds(run_dir, rank)
-    everyone = comm.allgather(mine)
+    everyone = allgather_json(comm, mine)
     common = min((rounds[-1] if rounds else 0) for rounds in everyone)
     if common and common not in mine:
         raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
@@ -453,7 +454,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
                 trainer.data.client, round_number, cfg.epsilon_budget,
             )  # fmt: skip
             trainer.active = False
-        flags = comm.allgather(trainer.active)
+        flags = allgather_json(comm, trainer.active)
         members = [rank for rank, active in enumerate(flags) if active]
         distribution = trainer.distribute_round(members, round_number)
 
@@ -471,9 +472,10 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         trainer.timings.eval_seconds += time.perf_counter() - started
 
         round_rows = trainer.metric_rows(round_number, trainer.last_scores, losses, comm_seconds)
-        gathered = comm.gather(round_rows, root=0)
+        gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
         if runtime.is_root:
-            rows.extend(row for part in gathered for row in part)
+            assert gathered is not None
+            rows.extend(MetricRow.model_validate(row) for part in gathered for row in part)
             write_metrics(metrics_path, rows)
         logger.info(
             "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",

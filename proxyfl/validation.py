@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from plumbing.atomic import write_text
 from plumbing.errors import PipelineError
+from proxyfl.control import allgather_json
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,8 +91,9 @@ def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:
 
 
 def agree(comm: Any, error: str | None, label: Callable[[int], str] | None = None) -> list[str]:
-    """All ranks' error messages (one ``allgather``), each prefixed with its rank."""
-    errors = comm.allgather(error)
+    """All ranks' error messages (one all-gather of JSON, :mod:`proxyfl.control`), each
+    prefixed with its rank."""
+    errors = allgather_json(comm, error)
     unique: list[str] = []
     for rank, message in enumerate(errors):
         if message is None:

@@ -1,17 +1,21 @@
-"""Checkpoints are written whole or not at all, and a write cut short leaves nothing."""
+"""Checkpoints are written whole or not at all, a write cut short leaves nothing, and a
+tampered one is refused rather than run."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from plumbing.atomic import remove_stale_temporaries, temporary_path
 from proxyfl.checkpoint import available_rounds, checkpoint_path, load_checkpoint, save_checkpoint
+from proxyfl.evaluate import Scores
 
 
 class _Unpicklable:
@@ -46,3 +50,31 @@ def test_a_temporary_of_a_killed_writer_is_swept_and_never_counted(tmp_path: Pat
     assert available_rounds(tmp_path, 0) == [1]
     assert remove_stale_temporaries(stale.parent) == [stale]
     assert live.exists()  # a live writer's file is never removed
+
+
+class _RunsCode:
+    """What a tampered checkpoint could hold: unpickling it would run a command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_tampered_checkpoint_is_refused_without_running_its_code(tmp_path: Path) -> None:
+    marker = tmp_path / "code-ran"
+    save_checkpoint(tmp_path, 0, 1, {"round": 1, "payload": _RunsCode(marker)})
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_checkpoint(tmp_path, 0, 1)
+    assert not marker.exists()
+    # what a checkpoint does hold loads: tensors, numbers, NumPy arrays, scores
+    scores = {"private": Scores(0.5, 0.5, 4, (0.5, None))}
+    state = {"round": 2, "model": {"w": torch.ones(2)}, "items": np.arange(3),
+             "scores": scores, "rng": {"state": 2**70}}  # fmt: skip
+    save_checkpoint(tmp_path, 0, 2, state)
+    loaded = load_checkpoint(tmp_path, 0, 2)
+    assert np.array_equal(loaded["items"], state["items"]) and loaded["scores"] == state["scores"]
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"]) and loaded["rng"] == state["rng"]
