@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from camelyon_proxyfl.params import TrainSection
 from flows.report import main as report_main
 from flows.train import main, train
+from plumbing.locks import Busy
 from proxyfl.launch import TrainingJobFailed
 from wsi.store import PatchBatch, StoreAttrs, StoreError, store_path, write_patch_store
 
@@ -227,3 +228,31 @@ def test_a_variation_never_replaces_a_finished_run_and_the_report_never_mixes_th
     assert "## Made with rounds=2" in other and "| FedAvg |" in other
     assert "Final round 2" in other
     assert "Made with rounds=2" in (results / "report.html").read_text()
+
+
+def test_a_second_launch_into_a_run_directory_in_use_is_refused_before_any_job(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the run directory (a launch under way): the task fails with
+    Busy naming it, before any plan or job (plumbing.locks)."""
+    import subprocess
+    import sys
+
+    for center in (0, 1):
+        _store(tmp_path / "stores", center)
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    hold = ("import sys, time; from plumbing.locks import exclusive\n"
+            "with exclusive([sys.argv[1]], 'training into'):\n"
+            "    print('held', flush=True); time.sleep(60)\n")  # fmt: skip
+    repo = Path(__file__).resolve().parents[2]
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], text=True,
+                              stdout=subprocess.PIPE, cwd=repo)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        config = _config(tmp_path / "stores", tmp_path / "runs", algorithms=["FedAvg"])
+        message = _failure(config, Busy)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(run_dir) in message and "another run is training into it" in message
+    assert not run_dir.exists()  # nothing planned, written or launched
