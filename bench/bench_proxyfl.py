@@ -200,13 +200,16 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
 
 
 def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    from proxyfl.launch import Placement
+
+    placement = Placement()  # the training jobs' own: this machine, ranks over shared memory
     command = [
-        str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m",
+        *placement.launcher(ranks), sys.executable, "-m", "mpi4py", "-m",
         "bench.bench_proxyfl", "--exchange-worker", "--repeats", str(repeats),
         "--modes", *modes,
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(placement.environment())
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
     result = subprocess.run(

@@ -14,11 +14,12 @@ demo's. Unknown sections and keys are errors, never silently ignored.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from plumbing.cli import (
     ConfigError,
@@ -161,11 +162,25 @@ class TrainSection(Section):
     options: TrainOptions = Field(
         default_factory=TrainOptions, description="how every client trains"
     )
+    hosts: list[str] = Field(
+        [],
+        description="machines the ranks run on (hydra's mpiexec -hosts, over ssh; NAME:N "
+        "puts N ranks on one; run directory and stores at the same paths on each). Empty: "
+        "this machine only, and nothing of a job listens on a network socket",
+    )
     retries: int = Field(
         1, ge=0,
         description="times a failed job is launched again, resuming from its last round "
         "that every rank completed (bad input, exit 2, is not retried)",
     )  # fmt: skip
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?", host):
+                raise ValueError(f"{host!r} is not a host name, or NAME:N with N ranks on it")
+        return hosts
 
     @model_validator(mode="after")
     def _every_job_is_valid(self) -> TrainSection:

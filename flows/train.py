@@ -35,7 +35,7 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
-from proxyfl.launch import TrainingJob, TrainingJobFailed
+from proxyfl.launch import Placement, TrainingJob, TrainingJobFailed
 from proxyfl.rundir import RunConflict
 from tasks.train import training_run
 
@@ -45,7 +45,8 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order.
     ``replace``: runs of another configuration (or finished ones) are trained again."""
     run = training_run.with_options(retries=config.retries)
-    return [run(TrainingJob(job), replace) for job in config.job_configs()]
+    placement = Placement(tuple(config.hosts))
+    return [run(TrainingJob(job, placement), replace) for job in config.job_configs()]
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:

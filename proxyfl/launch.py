@@ -4,6 +4,9 @@ A run is ``mpiexec -n K python -m mpi4py -m proxyfl.run ...`` with K = the numbe
 clients (one for Joint, which pools the clients' data). ``mpiexec`` is called by its full
 path next to the interpreter (pip's ``mpich`` installs it there), and ``-m mpi4py`` makes
 an exception in any rank abort the whole job instead of leaving the others waiting.
+Where the ranks run, and so what of the job listens on a network, is its
+:class:`Placement`: on this machine only (the default, no socket at all), or across named
+hosts.
 
 Every line the job prints is handed to a callback as it arrives (a Prefect task forwards
 them to the run's log) and appended to ``RUN_DIR/job.log``. When the job fails,
@@ -26,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from plumbing.output import passing_output
 from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
 from proxyfl.progress import RoundFollower, RoundProgress
@@ -53,6 +57,52 @@ def mpiexec_path() -> Path:
     return Path(found)
 
 
+# MPICH's launcher without a control port: it forks the ranks and talks to them through
+# pipes (hydra's ``mpiexec`` binds its control port to 0.0.0.0 whatever -iface says)
+FORK_LAUNCHER = "mpiexec.gforker"
+# the ranks' network module: libfabric with only its shared-memory provider, so a rank
+# opens no TCP listener (MPICH's default, UCX, listens on the external interface even
+# when every rank is on this machine; ranks on one machine talk through shared memory
+# either way)
+SHARED_MEMORY_ONLY = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's ranks run.
+
+    No ``hosts`` (the default): every rank on this machine, and nothing of the job listens
+    on a network socket, loopback or other (MPICH's fork launcher, ranks over shared
+    memory). ``hosts``: hydra's ``mpiexec -hosts`` starts the ranks across them, in turn
+    (``name:N`` puts N ranks on one), over ssh; the ranks then talk over the network,
+    and the hosts must share the run directory and stores at the same paths.
+    """
+
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def single_machine(self) -> bool:
+        return not self.hosts
+
+    def launcher(self, ranks: int) -> list[str]:
+        """The launcher's part of the command line, up to the program."""
+        mpiexec = mpiexec_path()
+        if not self.single_machine:
+            return [str(mpiexec), "-hosts", ",".join(self.hosts), "-n", str(ranks)]
+        fork_launcher = mpiexec.with_name(FORK_LAUNCHER)
+        if not fork_launcher.is_file():
+            logger.warning(
+                "no %s beside %s: its launcher may listen beyond this machine (pip's "
+                "mpich provides one)", FORK_LAUNCHER, mpiexec,
+            )  # fmt: skip
+            return [str(mpiexec), "-n", str(ranks)]
+        return [str(fork_launcher), "-n", str(ranks)]
+
+    def environment(self) -> dict[str, str]:
+        """What the launcher's environment must hold for this placement."""
+        return dict(SHARED_MEMORY_ONLY) if self.single_machine else {}
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """One training run: its validated configuration, whose ``data``, ``out`` (the run
@@ -60,6 +110,7 @@ class TrainingJob:
     (``proxyfl.run --config``), never from regenerated flags."""
 
     config: TrainConfig
+    placement: Placement = Placement()
 
     def __post_init__(self) -> None:
         missing = [name for name in ("data", "out", "centers")
@@ -95,7 +146,9 @@ class TrainingJob:
 
     def in_directory(self, out: Path) -> TrainingJob:
         """The same job training in ``out`` (a replacement's staging directory)."""
-        return self if out == self.out else TrainingJob(self.config.model_copy(update={"out": out}))
+        if out == self.out:
+            return self
+        return TrainingJob(self.config.model_copy(update={"out": out}), self.placement)
 
     def arguments(self) -> list[str]:
         """The ``proxyfl.run`` command-line arguments of this job."""
@@ -104,7 +157,7 @@ class TrainingJob:
     def command(self) -> list[str]:
         """The whole ``mpiexec`` command line."""
         return [
-            str(mpiexec_path()), "-n", str(self.ranks),
+            *self.placement.launcher(self.ranks),
             sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments(),
         ]  # fmt: skip
 
@@ -169,22 +222,27 @@ def run_job(
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
     rounds = RoundFollower(job.out / METRICS_FILE, job.config.rounds) if on_round else None
-    process_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    process_env = {
+        **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
+    }  # fmt: skip
+    # one pipe for every line: the launcher's, and the ranks' (which on this machine write
+    # to it themselves, around the fork launcher's relay: plumbing.output)
+    read_end, write_end = os.pipe()
+    if job.placement.single_machine:
+        process_env.update(passing_output(write_end, write_end))
     with (
+        open(read_end, encoding="utf-8", errors="replace") as output,
         open(job.out / JOB_LOG, "w", encoding="utf-8") as log_file,
-        subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            env=process_env,
-            start_new_session=True,
-        ) as process,
     ):
         try:
-            assert process.stdout is not None
-            for raw in process.stdout:
+            process = subprocess.Popen(
+                command, stdout=write_end, stderr=subprocess.STDOUT, pass_fds=(write_end,),
+                env=process_env, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            os.close(write_end)  # the job's processes hold it: the output ends when they do
+        try:
+            for raw in output:
                 line = raw.rstrip("\n")
                 log_file.write(raw)
                 tails.add(line)

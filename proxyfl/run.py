@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
+from plumbing.output import adopt_passed_output
 from proxyfl.access import AccessLog
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.control import gather_json
@@ -302,6 +303,7 @@ def _configure_logging(rank: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    adopt_passed_output()  # before any line: around the fork launcher's relay
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

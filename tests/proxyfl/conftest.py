@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from plumbing.output import passing_output
+from proxyfl.launch import Placement
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
 
 REPO = Path(__file__).resolve().parents[2]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
+PLACEMENT = Placement()  # the training jobs' launcher: this machine, shared memory
 PATCH = 16
 N_TRAIN = 40
 N_TEST = 10
@@ -81,6 +84,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mpi_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(PLACEMENT.environment())
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
@@ -93,12 +97,23 @@ def run_mpi(
     """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout."""
     target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
     command = [
-        str(MPIEXEC), "-n", str(n), sys.executable, "-m", "mpi4py", *target,
+        *PLACEMENT.launcher(n), sys.executable, "-m", "mpi4py", *target,
         *map(str, module_args),
     ]  # fmt: skip
-    return subprocess.run(
-        command, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=timeout
-    )
+    # appended to by the launcher and by every rank (proxyfl.run writes around the fork
+    # launcher's relay: plumbing.output), so each write lands at the end
+    with tempfile.TemporaryFile("a+b") as out, tempfile.TemporaryFile("a+b") as err:
+        env = {**mpi_env(), **passing_output(out.fileno(), err.fileno())}
+        status = subprocess.run(
+            command, cwd=REPO, env=env, stdout=out, stderr=err, timeout=timeout,
+            pass_fds=(out.fileno(), err.fileno()),
+        )  # fmt: skip
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(
+            command, status.returncode,
+            out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+        )  # fmt: skip
 
 
 def option_flags(options: dict[str, Any]) -> list[str]:
@@ -147,7 +162,6 @@ class Helpers:
     read_jsonl = staticmethod(read_jsonl)
     explain = staticmethod(explain)
     write_stores = staticmethod(write_stores)
-    mpiexec = MPIEXEC
     repo = REPO
 
 

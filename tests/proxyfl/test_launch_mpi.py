@@ -8,10 +8,11 @@ from typing import Any
 
 import h5py
 import numpy as np
+import psutil
 import pytest
 
 from proxyfl.config import TrainConfig
-from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, run_job
+from proxyfl.launch import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
 from proxyfl.validation import read_failures
 from wsi.store import store_path
 
@@ -21,10 +22,17 @@ OPTIONS = {
 }  # fmt: skip
 
 
-def _job(data: Path, out: Path, algorithm: str = "ProxyFL") -> TrainingJob:
-    return TrainingJob(
-        TrainConfig(algorithm=algorithm, seed=0, data=data, out=out, centers=[0, 1], **OPTIONS)
+def _job(
+    data: Path,
+    out: Path,
+    algorithm: str = "ProxyFL",
+    centers: tuple[int, ...] = (0, 1),
+    placement: Placement | None = None,
+) -> TrainingJob:
+    config = TrainConfig(
+        algorithm=algorithm, seed=0, data=data, out=out, centers=list(centers), **OPTIONS
     )
+    return TrainingJob(config, placement or Placement())
 
 
 def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Path) -> None:
@@ -76,3 +84,54 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
     assert "ProxyFL seed 0 failed with exit code" in message and "rank 1" in message
     assert "rank 1 (centre 1)" in message and "read data" in message  # HDF5's own reason
     assert str(job.out / JOB_LOG) in message
+
+
+class _JobSockets:
+    """The listening sockets of this process's descendants (the launcher and the ranks:
+    what ``ss -ltnp`` shows of the job), sampled each time a rank speaks, once all the
+    ranks have started MPI (a rank logs only after ``MPI_Init``)."""
+
+    def __init__(self) -> None:
+        self.rank_pids: set[int] = set()
+        self.listening: set[tuple[str, str, int]] = set()
+
+    def sample(self, line: str) -> None:
+        if "[rank " not in line:
+            return
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if "PMI_RANK" in process.environ():  # a rank, not the launcher
+                    self.rank_pids.add(process.pid)
+                self.listening |= {
+                    (process.name(), connection.laddr.ip, connection.laddr.port)
+                    for connection in process.net_connections(kind="inet")
+                    if connection.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)
+                }
+            except psutil.NoSuchProcess:
+                continue
+
+
+def test_a_job_on_this_machine_listens_on_no_network(helpers: Any, tmp_path: Path) -> None:
+    """Four ranks on one machine: neither the launcher nor a rank listens on any socket,
+    not even loopback (hydra's control port would be on 0.0.0.0, every rank's on the
+    external interface: the next test)."""
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1, 2, 3))
+    job = _job(data, tmp_path / "run", centers=(0, 1, 2, 3))
+    sockets = _JobSockets()
+    run_job(job, on_line=sockets.sample)
+    assert len(sockets.rank_pids) == 4, "sampled while every rank was running"
+    assert sockets.listening == set()
+    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: Path) -> None:
+    """``train.hosts``: hydra's mpiexec starts the ranks (here on this machine, by name),
+    and they train; its control port listens beyond loopback, as a multi-host job must."""
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
+    job = _job(data, tmp_path / "run", placement=Placement(("localhost",)))
+    assert job.command()[1:3] == ["-hosts", "localhost"]
+    sockets = _JobSockets()
+    run_job(job, on_line=sockets.sample)
+    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
+    beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
+    assert beyond_loopback, sockets.listening
