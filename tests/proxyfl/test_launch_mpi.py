@@ -87,18 +87,29 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
 
 
 class _JobSockets:
-    """The listening sockets of this process's descendants (the launcher and the ranks:
-    what ``ss -ltnp`` shows of the job), sampled each time a rank speaks, once all the
-    ranks have started MPI (a rank logs only after ``MPI_Init``)."""
+    """The listening sockets of the job's processes (the launcher, its helpers and the
+    ranks: what ``ss -ltnp`` shows of the job), sampled each time a rank speaks (a rank
+    logs only after ``MPI_Init``, which opens its listeners)."""
 
     def __init__(self) -> None:
         self.rank_pids: set[int] = set()
         self.listening: set[tuple[str, str, int]] = set()
 
+    @staticmethod
+    def _job_processes() -> list[psutil.Process]:
+        found = []
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if Path(process.cmdline()[0]).name.startswith("mpiexec"):
+                    found += [process, *process.children(recursive=True)]
+            except (psutil.NoSuchProcess, IndexError):
+                continue
+        return found
+
     def sample(self, line: str) -> None:
         if "[rank " not in line:
             return
-        for process in psutil.Process().children(recursive=True):
+        for process in self._job_processes():
             try:
                 if "PMI_RANK" in process.environ():  # a rank, not the launcher
                     self.rank_pids.add(process.pid)
