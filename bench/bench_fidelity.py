@@ -28,7 +28,7 @@ from typing import Any
 
 from scipy.stats import kendalltau
 
-from camelyon_proxyfl.params import load_params
+from camelyon_proxyfl.params.whole import load_params
 from proxyfl.config import TrainConfig
 from proxyfl.launch import TrainingJob, run_job
 from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.bench_fidelity import train_all
-from camelyon_proxyfl.params import load_params
+from camelyon_proxyfl.params.whole import load_params
 from proxyfl.report import accuracy_table, curves, load_runs, write_report
 from proxyfl.report.load import RunResult
 from proxyfl.results import PRIVACY_NOTIONS

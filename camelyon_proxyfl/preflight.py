@@ -27,7 +27,8 @@ when it will be).
 from __future__ import annotations
 
 from camelyon_proxyfl.findings import CentreSize, Finding
-from camelyon_proxyfl.params import DATA_ROOT_FIX, Params
+from camelyon_proxyfl.params.data import DATA_ROOT_FIX
+from camelyon_proxyfl.params.whole import Params
 from camelyon_proxyfl.training_checks import run_directory_findings, training_findings
 from wsi.cache import CandidateCache
 from wsi.catalogue import Catalogue, DatasetRootError, check_dataset_root, scan_camelyon

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from camelyon_proxyfl.findings import CentreSize, Finding
-from camelyon_proxyfl.params import TrainSection
+from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.rundir import RunConflict, check_launch, read_centers
 from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
 

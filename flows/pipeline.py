@@ -26,7 +26,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from camelyon_proxyfl.findings import PreflightFailed, errors
-from camelyon_proxyfl.params import DEFAULT_PARAMS, Params, ParamsCommand, load_params
+from camelyon_proxyfl.params.base import DEFAULT_PARAMS, ParamsCommand
+from camelyon_proxyfl.params.whole import Params, load_params
 from camelyon_proxyfl.preflight import preflight
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
@@ -87,7 +88,7 @@ def print_findings(params: Params, replace_runs: bool = False) -> int:
 
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    command = ParamsCommand("python -m flows.pipeline", __doc__.split("\n")[0], argv)
+    command = ParamsCommand(Params, "python -m flows.pipeline", __doc__.split("\n")[0], argv)
     command.parser.add_argument(
         "--check", action="store_true",
         help="only check what can be checked before any work (data root, centres, patches "

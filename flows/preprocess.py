@@ -32,7 +32,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from camelyon_proxyfl.params import ParamsCommand, PreprocessConfig, PreprocessSection
+from camelyon_proxyfl.params.base import ParamsCommand
+from camelyon_proxyfl.params.preprocess import (
+    PreprocessConfig,
+    PreprocessParams,
+    PreprocessSection,
+)
 from flows.artifacts import publish_failures, publish_table_1
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
@@ -246,7 +251,9 @@ def run_preprocess(
 def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, ...]]:
     """The ``preprocess:`` section (and ``data.root``) of the parameters file with the flags
     given laid over it, and the slides to redo."""
-    command = ParamsCommand("python -m flows.preprocess", __doc__.split("\n")[0], argv)
+    command = ParamsCommand(
+        PreprocessParams, "python -m flows.preprocess", __doc__.split("\n")[0], argv
+    )
     command.add_section(PreprocessSection, ("preprocess",))
     command.add_key("--data-root", ("data", "root"))
     command.parser.add_argument(
@@ -258,7 +265,7 @@ def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, .
         "of --centers (an action, not a parameter: not in params.yaml)",
     )
     args, params = command.parse()
-    return params.preprocess_config(), tuple(args.redo_slides)
+    return params.config(), tuple(args.redo_slides)
 
 
 @exit_on_bad_parameters

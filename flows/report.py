@@ -27,7 +27,8 @@ from prefect import flow
 from rich.console import Console
 from rich.markdown import Markdown
 
-from camelyon_proxyfl.params import ParamsCommand, ReportConfig, ReportSection
+from camelyon_proxyfl.params.base import ParamsCommand
+from camelyon_proxyfl.params.report import ReportConfig, ReportParams, ReportSection
 from flows.artifacts import publish_report
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
@@ -58,7 +59,7 @@ def print_tables(paths: ReportPaths) -> None:
 
 def parse_config(argv: list[str] | None) -> ReportConfig:
     """``report.out`` and the runs ``train:`` describes, with the flags given laid over."""
-    command = ParamsCommand("python -m flows.report", __doc__.split("\n")[0], argv)
+    command = ParamsCommand(ReportParams, "python -m flows.report", __doc__.split("\n")[0], argv)
     for option, key in (("--runs", ("train", "runs")), ("--data", ("train", "data")),
                         ("--algorithms", ("train", "algorithms")),
                         ("--seeds", ("train", "seeds")),
@@ -69,7 +70,7 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
                         group="the training options the runs must have been made with "
                         "(train.options in params.yaml)")  # fmt: skip
     _, params = command.parse()
-    return params.report_config()
+    return params.config()
 
 
 @exit_on_bad_parameters

@@ -28,7 +28,8 @@ from pathlib import Path
 from prefect import flow
 
 from camelyon_proxyfl.findings import Finding, errors
-from camelyon_proxyfl.params import ParamsCommand, TrainSection
+from camelyon_proxyfl.params.base import ParamsCommand
+from camelyon_proxyfl.params.train import TrainParams, TrainSection
 from camelyon_proxyfl.training_checks import check_training
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
@@ -52,7 +53,7 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:
     """The ``train:`` section of the parameters file with the flags given laid over it,
     and whether ``--replace`` was given."""
-    command = ParamsCommand("python -m flows.train", __doc__.split("\n")[0], argv)
+    command = ParamsCommand(TrainParams, "python -m flows.train", __doc__.split("\n")[0], argv)
     command.parser.add_argument(
         "--replace", action="store_true",
         help="train again a run directory that holds a finished run, or a run of another "

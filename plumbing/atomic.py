@@ -26,13 +26,15 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _TEMPORARY = re.compile(r"\.(?P<target>.+)\.(?P<pid>[0-9]+)\.tmp")
 
 PID_REUSE_MARGIN_S = 2.0
 """Slack when comparing a process's start with a file's modification: the kernel gives
-the boot time in whole seconds, so a start time read from ``/proc`` is off by up to 1 s."""
+the boot time in whole seconds, so a process's start time is off by up to 1 s."""
 
 
 def temporary_path(path: str | os.PathLike[str], pid: int | None = None) -> Path:
@@ -51,37 +53,16 @@ def parse_temporary(path: str | os.PathLike[str]) -> tuple[str, int] | None:
 
 def process_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists on this machine (any user's; a zombie counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 def process_start_time(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch, to within about a second),
-    from Linux's ``/proc``; ``None`` where that cannot be read (no such process, no /proc)."""
+    """When process ``pid`` started (seconds since the epoch, to within about a second:
+    psutil's ``create_time``); ``None`` where that cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError, IndexError):
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
         return None
-    # Field 22 (starttime, clock ticks since boot) counts from after the command name,
-    # which is in parentheses and may itself hold spaces or parentheses.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    try:
-        ticks = int(fields[19])
-    except (IndexError, ValueError):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def may_be_written(path: Path, pid: int) -> bool:

@@ -209,7 +209,8 @@ def _known_keys(model: type[BaseModel], path: Sequence[Any]) -> list[str] | None
             return None
         current = info.annotation
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
+        # a model that reads only part of its input names all it accepts (StageParams)
+        return list(getattr(current, "KNOWN_KEYS", None) or current.model_fields)
     return None
 
 

@@ -5,7 +5,8 @@ Each DP-SGD step is a sampled Gaussian mechanism: Poisson sampling with rate ``q
 order λ is ``RDP_λ(q, σ)`` (Mironov, Talwar & Zhang 2019); ``T`` steps compose to
 ``T · RDP_λ(q, σ)``, and a history of ``(σ, q, T)`` segments sums. The (ε, δ) guarantee is
 ``ε = min_λ [RDP_λ + log((λ-1)/λ) - (log δ + log λ)/(λ-1)]`` (Balle et al. 2020), the
-conversion of Opacus' :class:`~opacus.accountants.RDPAccountant`, over its default orders.
+conversion of Opacus' :class:`~opacus.accountants.RDPAccountant`, over its default orders:
+that accountant computes every ε here.
 
 Sampling convention (Opacus' ``PrivacyEngine.make_private``, which this project uses): a
 client with ``N`` examples and batch size ``B`` draws ``⌈N/B⌉`` Poisson batches per epoch,
@@ -23,7 +24,6 @@ import math
 from collections.abc import Sequence
 
 from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 RDP_ORDERS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS)
 
@@ -46,18 +46,16 @@ def planned_history(n_train: int, batch_size: int, sigma: float, epochs: int) ->
 
 
 def epsilon_from_history(history: Sequence[HistoryEntry], delta: float) -> float:
-    """ε spent by the DP-SGD steps in ``history`` at ``delta`` (0 for no steps, inf for σ=0)."""
+    """ε spent by the DP-SGD steps in ``history`` at ``delta``: Opacus'
+    :meth:`RDPAccountant.get_epsilon` over that history (0 for no steps, inf for σ = 0)."""
     steps = [(float(s), float(q), int(t)) for s, q, t in history if int(t) > 0]
     if not steps:
         return 0.0
     if any(sigma <= 0 for sigma, _, _ in steps):
         return math.inf
-    rdp = sum(
-        compute_rdp(q=q, noise_multiplier=sigma, steps=count, orders=list(RDP_ORDERS))
-        for sigma, q, count in steps
-    )
-    epsilon, _ = get_privacy_spent(orders=list(RDP_ORDERS), rdp=rdp, delta=delta)
-    return float(epsilon)
+    accountant = RDPAccountant()
+    accountant.history = steps
+    return float(accountant.get_epsilon(delta))
 
 
 def planned_epsilon(

@@ -15,13 +15,13 @@ import math
 import platform
 import sys
 from collections.abc import Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing import atomic
+from plumbing.versions import library_versions
 
 SAMPLE_DP = "sample_dp"  # proxyfl.ledger's notions (kept import-free here for the report)
 LABEL_LDP = "label_ldp"
@@ -32,6 +32,8 @@ PRIVACY_NOTIONS: dict[str, str] = {
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
+
+TRAINING_LIBRARIES = ("torch", "torchvision", "opacus", "mpi4py", "mpich", "numpy", "h5py")
 
 
 class MetricRow(BaseModel):
@@ -131,18 +133,17 @@ def read_metrics(path: Path) -> list[MetricRow]:
     ]
 
 
-def library_versions() -> dict[str, str]:
-    """Versions of the interpreter, the MPI library and the packages training depends on."""
-    versions = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for package in ("torch", "torchvision", "opacus", "mpi4py", "mpich", "numpy", "h5py"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
+def training_library_versions() -> dict[str, str | None]:
+    """Versions of the interpreter, the MPI library and the packages training depends on
+    (``None`` for one that is not installed)."""
+    versions: dict[str, str | None] = {
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        **library_versions(TRAINING_LIBRARIES),
+    }  # fmt: skip
     try:
         from mpi4py import MPI
 
         versions["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
     except Exception:  # pragma: no cover - MPI missing
-        versions["mpi_library"] = "unknown"
+        versions["mpi_library"] = None
     return versions

@@ -34,7 +34,7 @@ from proxyfl.access import AccessLog
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.control import gather_json
 from proxyfl.names import JOINT_CENTER
-from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, library_versions
+from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, training_library_versions
 from proxyfl.validation import (
     RankFailure,
     SetupError,
@@ -76,24 +76,26 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[Flag]]:
     )
     parser.add_argument(
         "--config", type=Path,
-        help="a job's RUN_DIR/config.json (as the flows write it), or a parameters file "
-        "whose train: section (options, centers, data) gives the defaults; flags override",
+        help="a job's RUN_DIR/config.json, as `python -m flows.train` writes it from a "
+        "parameters file; flags override",
     )  # fmt: skip
     return parser, add_model_flags(parser, TrainConfig)
 
 
 def config_file_values(path: Path) -> dict[str, Any]:
-    """A job's ``config.json`` as it is, or a parameters file's ``train:`` section (the
-    whole file validated) as the fields of :class:`TrainConfig` it sets."""
-    if path.suffix == ".json":
-        try:
-            return dict(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as error:
-            raise ConfigError(path, f"not a job configuration ({error})") from None
-    from camelyon_proxyfl.params import load_params
-
-    train = load_params(path).train
-    return {**train.options.model_dump(), "centers": train.centers, "data": train.data}
+    """A job's ``config.json`` as it is. A parameters file is refused: its ``train:``
+    section becomes jobs' configurations in one place only, ``TrainSection.job_config``
+    (``python -m flows.train``), which writes each job's ``config.json``."""
+    if path.suffix != ".json":
+        raise ConfigError(
+            path, "not a job configuration: proxyfl.run reads a RUN_DIR/config.json; a "
+            "parameters file's train: section is launched by `python -m flows.train --config "
+            f"{path}` (which writes one per job)",
+        )  # fmt: skip
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as error:
+        raise ConfigError(path, f"not a job configuration ({error})") from None
 
 
 def parse_config(argv: Sequence[str] | None) -> TrainConfig:
@@ -452,7 +454,7 @@ def _write_run_json(
         "world_size": size,
         "clients": records,
         "devices": [record["device"] for record in records],
-        "versions": library_versions(),
+        "versions": training_library_versions(),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if status == "finished":

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from camelyon_proxyfl.findings import LOG_LEVELS, Finding, raise_on_errors
-from camelyon_proxyfl.params import Params
+from camelyon_proxyfl.params.whole import Params
 from camelyon_proxyfl.preflight import preflight
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from camelyon_proxyfl.params import DATA_ROOT_FIX, DataSection
+from camelyon_proxyfl.params.data import DATA_ROOT_FIX, DataSection
 from wsi.catalogue import DatasetRootError, check_dataset_root
 
 

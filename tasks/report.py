@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import task
 
-from camelyon_proxyfl.params import ReportConfig
+from camelyon_proxyfl.params.report import ReportConfig
 from proxyfl.report import ReportPaths, write_report
 from proxyfl.report.select import RunSelection, select_runs
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from camelyon_proxyfl.params import PreprocessConfig
+from camelyon_proxyfl.params.preprocess import PreprocessConfig
 from flows.preprocess import run_preprocess
 from plumbing.locks import Busy, exclusive, lock_path
 

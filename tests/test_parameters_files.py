@@ -12,27 +12,31 @@ import pytest
 
 from flows.pipeline import main as pipeline_main
 from flows.preprocess import main as preprocess_main
+from flows.preprocess import parse_config as preprocess_parse
 from flows.report import main as report_main
+from flows.report import parse_config as report_parse
 from flows.train import main as train_main
+from flows.train import parse_config as train_parse
 from plumbing.cli import ConfigError
 from proxyfl.run import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = (REPO / "params.yaml").read_text()
 
-# (name, how the demo's file is broken, what the message must say)
-BAD_FILES: list[tuple[str, Callable[[str], str], tuple[str, ...]]] = [
-    ("not YAML", lambda t: t.replace("train:\n", "train:\n  - x\n : y\n", 1),
+# (name, how the demo's file is broken, the section broken (None: the whole file), what the
+# message must say)
+BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] = [
+    ("not YAML", lambda t: t.replace("train:\n", "train:\n  - x\n : y\n", 1), None,
      ("not valid YAML", "line ")),
-    ("unknown section", lambda t: t.replace("preprocess:\n", "preprocesss:\n", 1),
+    ("unknown section", lambda t: t.replace("preprocess:\n", "preprocesss:\n", 1), None,
      ("preprocesss: unknown key", "known: data, preprocess, train, report")),
     ("unknown key under data", lambda t: t.replace("  root: data/synthetic", "  rooot: x"),
-     ("data.rooot: unknown key",)),
-    ("unknown training option", lambda t: t.replace("rounds: 10", "roundz: 10"),
+     "data", ("data.rooot: unknown key",)),
+    ("unknown training option", lambda t: t.replace("rounds: 10", "roundz: 10"), "train",
      ("train.options.roundz: unknown key",)),
-    ("wrong type", lambda t: t.replace("rounds: 10", "rounds: ten"),
+    ("wrong type", lambda t: t.replace("rounds: 10", "rounds: ten"), "train",
      ("train.options.rounds", "valid integer", "'ten'")),
-    ("not a mapping", lambda t: "- a\n- b\n", ("must hold a mapping",)),
+    ("not a mapping", lambda t: "- a\n- b\n", None, ("must hold a mapping",)),
 ]  # fmt: skip
 COMMANDS = {
     "preprocess": preprocess_main,
@@ -40,20 +44,34 @@ COMMANDS = {
     "report": report_main,
     "pipeline": pipeline_main,
 }
+# the sections each command validates (its stage's own: camelyon_proxyfl.params.base)
+READS = {
+    "preprocess": {"data", "preprocess"},
+    "train": {"train"},
+    "report": {"train", "report"},
+    "pipeline": {"data", "preprocess", "train", "report"},
+}
+PARSERS = {
+    "preprocess": preprocess_parse,
+    "train": train_parse,
+    "report": report_parse,
+}  # the pipeline reads every section
+FAILING = [(command, case) for case in BAD_FILES for command in sorted(COMMANDS)
+           if case[2] is None or case[2] in READS[command]]  # fmt: skip
+UNREAD = [(command, case) for case in BAD_FILES for command in sorted(COMMANDS)
+          if case[2] is not None and case[2] not in READS[command]]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize(
-    ("case", "break_file", "expected"), BAD_FILES, ids=[case[0] for case in BAD_FILES]
+    ("command", "bad"), FAILING, ids=[f"{command}-{bad[0]}" for command, bad in FAILING]
 )
 def test_a_bad_parameters_file_exits_2_naming_file_and_key(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     command: str,
-    case: str,
-    break_file: Callable[[str], str],
-    expected: tuple[str, ...],
+    bad: tuple[str, Callable[[str], str], str | None, tuple[str, ...]],
 ) -> None:
+    _, break_file, _, expected = bad
     params = tmp_path / "params.yaml"
     params.write_text(break_file(DEMO))
     runs = tmp_path / "runs"
@@ -63,6 +81,24 @@ def test_a_bad_parameters_file_exits_2_naming_file_and_key(
     for text in expected:
         assert text in error, error
     assert "Traceback" not in error and not runs.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "bad"), UNREAD, ids=[f"{command}-{bad[0]}" for command, bad in UNREAD]
+)
+def test_a_command_does_not_read_the_sections_of_other_stages(
+    tmp_path: Path,
+    command: str,
+    bad: tuple[str, Callable[[str], str], str | None, tuple[str, ...]],
+) -> None:
+    """A broken section another stage reads does not stop this stage: preprocessing does
+    not validate (or import the code of) the training options, nor training the data's."""
+    _, break_file, section, _ = bad
+    params = tmp_path / "params.yaml"
+    params.write_text(break_file(DEMO))
+    parsed = PARSERS[command](["--config", str(params)])
+    config = parsed[0] if isinstance(parsed, tuple) else parsed
+    assert config is not None and section not in READS[command]
 
 
 def test_a_bad_flag_value_names_the_flag(
@@ -81,23 +117,15 @@ def test_a_bad_flag_value_names_the_flag(
     assert "got 'Foo'" in error and f"{params}:" not in error
 
 
-def test_the_training_job_takes_train_options_from_a_parameters_file(tmp_path: Path) -> None:
-    """``proxyfl.run --config params.yaml`` trains with ``train.options`` (it used to drop
-    the nested section and train with the paper's 30 rounds at batch 32)."""
+def test_the_training_job_refuses_a_parameters_file(tmp_path: Path) -> None:
+    """``proxyfl.run --config`` takes a job's ``config.json`` only: a parameters file's
+    ``train:`` section becomes a job's configuration in one place, ``flows.train``."""
     params = tmp_path / "params.yaml"
-    demo = DEMO.replace("rounds: 10", "rounds: 4").replace("batch_size: 32", "batch_size: 8")
-    params.write_text(demo)
-    config = parse_config(["--config", str(params), "--out", str(tmp_path / "run"),
-                           "--algorithm", "fedavg", "--lr", "0.5"])  # fmt: skip
-    assert (config.rounds, config.batch_size, config.lr) == (4, 8, 0.5)
-    assert config.private_model == ["cnn2"] and config.proxy_model == "cnn1"
-    assert config.centers == [0, 1, 2, 3] and config.data == Path("data/patches")
-    assert config.algorithm == "FedAvg"
-    for case, break_file, expected in BAD_FILES:
-        params.write_text(break_file(DEMO))
-        with pytest.raises(ConfigError) as caught:
-            parse_config(["--config", str(params), "--out", str(tmp_path / "run")])
-        assert str(params) in str(caught.value) and expected[0] in str(caught.value), case
+    params.write_text(DEMO)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["--config", str(params), "--out", str(tmp_path / "run")])
+    message = str(caught.value)
+    assert str(params) in message and "python -m flows.train --config" in message
 
 
 def test_a_job_configuration_file_round_trips(tmp_path: Path) -> None:

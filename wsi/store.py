@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.metadata
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ import numpy as np
 
 from plumbing.atomic import commit, remove_stale_temporaries, temporary_path
 from plumbing.errors import PipelineError
+from plumbing.versions import distribution_version, library_versions
 
 log = logging.getLogger(__name__)
 
@@ -118,25 +118,16 @@ def source_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[SourceFile, .
     return tuple(sorted((SourceFile.of(path) for path in unique), key=lambda f: f.name))
 
 
-def _distribution_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def project_version() -> str | None:
     """This project's installed version, ``None`` when it is run from a tree that is not
     installed."""
-    return _distribution_version(PROJECT)
+    return distribution_version(PROJECT)
 
 
-def library_versions() -> dict[str, str | None]:
+def pixel_library_versions() -> dict[str, str | None]:
     """The installed version of each of :data:`PIXEL_AND_FILE_LIBRARIES` (``None`` for one
     that is not installed), plus the HDF5 C library's under ``"libhdf5"``."""
-    versions = {name: _distribution_version(name) for name in PIXEL_AND_FILE_LIBRARIES}
-    versions["libhdf5"] = h5py.version.hdf5_version
-    return versions
+    return {**library_versions(PIXEL_AND_FILE_LIBRARIES), "libhdf5": h5py.version.hdf5_version}
 
 
 @dataclass(frozen=True)
@@ -151,7 +142,7 @@ class Provenance:
     @classmethod
     def current(cls, sources: Sequence[SourceFile] = ()) -> Provenance:
         """This process's versions, with ``sources``."""
-        return cls(project_version(), library_versions(), tuple(sources))
+        return cls(project_version(), pixel_library_versions(), tuple(sources))
 
     def to_json(self) -> str:
         """Compact JSON with sorted keys: the same provenance always gives the same bytes."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from camelyon_proxyfl.params import PreprocessConfig
+from camelyon_proxyfl.params.preprocess import PreprocessConfig
 from flows.preprocess import UnknownSlidesError, main, preprocess
 from wsi.annotations import read_asap
 from wsi.catalogue import scan_camelyon

@@ -222,7 +222,7 @@ def test_the_local_dask_cluster_listens_on_loopback_only(tmp_path: Path) -> None
     every listening socket of this process and its workers is on 127.0.0.1."""
     from distributed import LocalCluster
 
-    from camelyon_proxyfl.params import PreprocessConfig
+    from camelyon_proxyfl.params.preprocess import PreprocessConfig
     from flows.preprocess import task_runner
 
     config = PreprocessConfig(data_root=tmp_path, runner="dask", workers=2)

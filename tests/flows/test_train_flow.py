@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from camelyon_proxyfl.params import TrainSection
+from camelyon_proxyfl.params.train import TrainSection
 from flows.report import main as report_main
 from flows.train import main, train
 from plumbing.locks import Busy

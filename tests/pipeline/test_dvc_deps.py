@@ -118,11 +118,30 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     report = code_closure(ENTRY_POINTS["report"])
     assert "proxyfl/results.py" in report
     assert not {path for path in train if path.startswith("proxyfl/report")}
-    # reading params.yaml imports the parameter models only, and the report the centre
-    # reports (wsi/summary.py): no image code
-    light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/summary.py",
-             "wsi/synth/__init__.py", "wsi/synth/config.py"}  # fmt: skip
+    # the report reads the centre reports (wsi/summary.py): no image code
+    light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/summary.py"}
     assert {path for path in report if path.startswith("wsi/")} <= light
+    # each stage reads its own sections of params.yaml: no training code in the stores'
+    # stages, no synthetic-data settings in training's
+    preprocess = code_closure(ENTRY_POINTS["preprocess"])
+    assert not {path for path in preprocess if path.startswith("proxyfl/")}
+    assert not {path for path in train | report if path.startswith("wsi/synth/")}
+
+
+# the packages in layers: a module imports its own layer's and those below, never above
+LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks": 4, "flows": 5}
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    upward = []
+    for package, layer in LAYERS.items():
+        for path in sorted((REPO / package).rglob("*.py")):
+            relative = path.relative_to(REPO).with_suffix("")
+            name = ".".join(relative.parts).removesuffix(".__init__")
+            above = {imported for imported in _imports(name, path)
+                     if LAYERS.get(imported.split(".")[0], -1) > layer}  # fmt: skip
+            upward += [f"{name} -> {module}" for module in sorted(above)]
+    assert not upward, upward
 
 
 def test_per_centre_parameters_are_per_centre_in_both_parameter_files() -> None:
@@ -197,4 +216,10 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     assert edit("proxyfl/trainer.py") == trains
     # the masks: the stores only
     assert edit("wsi/masks.py") == preprocess
+    # each stage validates only its own sections of params.yaml: the PushSum graphs (the
+    # train section's) leave the stores up to date, the synthetic data's settings (the
+    # data section's) every training run and the report
+    assert edit("proxyfl/graphs.py") == trains | {"report"}
+    assert not edit("wsi/synth/config.py") & (trains | {"report"})
+    assert edit("camelyon_proxyfl/params/preprocess.py") == preprocess
     assert _stale(recorded, tool_env) == set()

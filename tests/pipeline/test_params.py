@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from camelyon_proxyfl.params import load_params
+from camelyon_proxyfl.params.whole import load_params
 from flows.pipeline import main
 from tests.pipeline.conftest import REPO, tiny_params, tiny_params_under, write_params
 from wsi.synth import SynthManifest

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from camelyon_proxyfl.findings import Finding, errors
-from camelyon_proxyfl.params import DATA_ROOT_FIX, Params
+from camelyon_proxyfl.params.data import DATA_ROOT_FIX
+from camelyon_proxyfl.params.whole import Params
 from camelyon_proxyfl.preflight import preflight
 from flows.pipeline import main as pipeline_main
 from tests.pipeline.conftest import tiny_params_under, write_params

@@ -31,7 +31,7 @@ from wsi.store import (
     StoreError,
     disk_full_errno,
     free_bytes,
-    library_versions,
+    pixel_library_versions,
     project_version,
     read_store_info,
     source_files,
@@ -272,7 +272,7 @@ def test_provenance_round_trip(tmp_path: Path) -> None:
     assert set(PIXEL_AND_FILE_LIBRARIES) | {"libhdf5"} == set(libraries)
     assert libraries["numpy"] == np.__version__ and libraries["h5py"] == h5py.__version__
     assert libraries["libhdf5"] == h5py.version.hdf5_version
-    assert libraries == library_versions()
+    assert libraries == pixel_library_versions()
     with h5py.File(path, "r") as h5:
         text = h5.attrs["provenance"]
     assert isinstance(text, str)

@@ -1,0 +1,139 @@
+"""What every section and every command of the parameters file shares: the section base
+class, a stage's own view of the file, and the command whose flags set the file's keys."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from plumbing.cli import (
+    ConfigError,
+    Flag,
+    KeyPath,
+    add_field_flag,
+    add_model_flags,
+    given,
+    layered,
+    read_yaml,
+    validate,
+)
+
+DEFAULT_PARAMS = Path("params.yaml")
+# every section of a parameters file (camelyon_proxyfl.params.whole.Params' fields)
+SECTIONS = ("data", "preprocess", "train", "report")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageParams(Section):
+    """The sections of a parameters file one stage reads, as its fields. The file's other
+    sections are left unread (another stage validates them); a section that no stage
+    knows is an error."""
+
+    KNOWN_KEYS: ClassVar[tuple[str, ...]] = SECTIONS  # for the error naming an unknown one
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_own_sections(cls, document: Any) -> Any:
+        if not isinstance(document, Mapping):
+            return document
+        others = set(SECTIONS) - set(cls.model_fields)
+        return {key: value for key, value in document.items() if key not in others}
+
+
+Stage = TypeVar("Stage", bound=StageParams)
+
+
+def config_option(argv: Sequence[str] | None) -> tuple[Path, bool]:
+    """The ``--config`` file of ``argv`` (default ``params.yaml``) and whether it was given."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--config", type=Path, default=None)
+    known, _ = early.parse_known_args(argv)
+    return (known.config or DEFAULT_PARAMS), known.config is not None
+
+
+class ParamsCommand(Generic[Stage]):
+    """A command whose flags set keys of a parameters file, and which validates the
+    sections its stage reads (``stage``: a :class:`StageParams`, or the whole file).
+
+    >>> command = ParamsCommand(PreprocessParams, "python -m flows.preprocess", doc, argv)
+    >>> command.add_section(PreprocessSection, ("preprocess",))
+    >>> command.add_key("--data-root", ("data", "root"))
+    >>> args, params = command.parse()
+    """
+
+    def __init__(
+        self, stage: type[Stage], prog: str, description: str, argv: Sequence[str] | None
+    ) -> None:
+        self.stage, self.argv = stage, argv
+        self.params_file, explicit = config_option(argv)
+        asking_for_help = argv is not None and bool({"-h", "--help"} & set(argv))
+        try:
+            self.document = read_yaml(self.params_file, required=explicit)
+        except ConfigError:
+            if not asking_for_help:
+                raise
+            self.document = {}
+        self.parser = argparse.ArgumentParser(prog=prog, description=description)
+        self.parser.add_argument(
+            "--config", type=Path, default=DEFAULT_PARAMS, metavar="PARAMS",
+            help="parameters file; flags override its keys (default: params.yaml where it "
+            "exists, else the built-in defaults, the paper's)",
+        )  # fmt: skip
+        self.flags: list[Flag] = []
+
+    def add_section(
+        self,
+        model: type[BaseModel],
+        key: KeyPath,
+        *,
+        exclude: Sequence[str] = (),
+        group: str | None = None,
+    ) -> None:
+        """A flag for each field of ``model``, the section at ``key``."""
+        parser = self.parser.add_argument_group(group) if group else self.parser
+        self.flags += add_model_flags(
+            parser,
+            model,
+            key,
+            exclude=exclude,
+            current=self.section(*key),
+            source=str(self.params_file),
+        )
+
+    def add_key(self, option: str, key: KeyPath) -> None:
+        """A flag for one key of another section (``--data-root`` for ``data.root``)."""
+        model: Any = self.stage
+        for part in key[:-1]:
+            model = model.model_fields[part].annotation
+        self.flags.append(add_field_flag(self.parser, option, key, model.model_fields[key[-1]],
+                                         current=self.section(*key[:-1]),
+                                         source=str(self.params_file)))  # fmt: skip
+
+    def section(self, *key: str) -> Mapping[str, Any]:
+        """The file's values at ``key`` (for the help texts)."""
+        level: Any = self.document
+        for part in key:
+            level = level.get(part) if isinstance(level, Mapping) else None
+        return level if isinstance(level, Mapping) else {}
+
+    def parse(self) -> tuple[argparse.Namespace, Stage]:
+        """The parsed flags and the stage's sections validated with them laid over it."""
+        args = self.parser.parse_args(self.argv)
+        values = given(args, self.flags)
+        merged = layered(self.document, values)
+        return args, validate(self.stage, merged, self.params_file, values)
+
+
+def load_sections(
+    stage: type[Stage], path: Path = DEFAULT_PARAMS, *, required: bool = True
+) -> Stage:
+    """The sections ``stage`` reads of the parameters file at ``path``, validated; a
+    :class:`~plumbing.cli.ConfigError` otherwise."""
+    return validate(stage, read_yaml(path, required=required), path)

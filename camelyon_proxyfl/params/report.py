@@ -1,0 +1,69 @@
+"""``report:``: where the tables, metrics, curves and plots go; and the report stage's view
+of the file (``train``, for the runs to report on, and ``report``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from camelyon_proxyfl.params.base import Section, StageParams
+from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.names import Algorithm
+
+
+class ReportSection(Section):
+    """``report:``: where the tables, metrics, curves and plots go."""
+
+    out: Path = Field(Path("results"), description="tables/, metrics.json, curves/, plots/")
+    other_configurations: Literal["refuse", "separate"] = Field(
+        "refuse",
+        description="a listed run made with other parameters than train's (or stopped at "
+        "another round): refuse the report, naming it, or table it apart, labelled with its "
+        "parameters (separate); never mixed into a row",
+    )
+
+
+class ReportConfig(Section):
+    """What the report flow runs with: the runs ``train:`` describes (and the parameters
+    they must have been made with), and ``report:``."""
+
+    train: TrainSection = Field(description="the runs to report on, and their parameters")
+    out: Path = Field(description="tables, metrics.json, curves and plots (report.out)")
+    other_configurations: Literal["refuse", "separate"] = Field(
+        "refuse", description="report.other_configurations"
+    )
+
+    @property
+    def runs(self) -> Path:
+        return self.train.runs
+
+    @property
+    def algorithms(self) -> list[Algorithm]:
+        return self.train.algorithms
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.train.seeds
+
+    @property
+    def data(self) -> Path:
+        """The centre stores: their reports give report.html's Table 1 and failures."""
+        return self.train.data
+
+    def expected_fingerprints(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """The configuration each listed run must have been made with."""
+        return {(algorithm, seed): self.train.job_config(algorithm, seed).fingerprint()
+                for algorithm in self.algorithms for seed in self.seeds}  # fmt: skip
+
+
+class ReportParams(StageParams):
+    """What ``python -m flows.report`` reads of a parameters file."""
+
+    train: TrainSection = Field(default_factory=TrainSection)
+    report: ReportSection = Field(default_factory=ReportSection)
+
+    def config(self) -> ReportConfig:
+        return ReportConfig(train=self.train, out=self.report.out,
+                            other_configurations=self.report.other_configurations)  # fmt: skip
