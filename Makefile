@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PREFECT_HOME := $(CURDIR)/.prefect
 
-.PHONY: setup test demo serve bench fidelity privatekt lint clean
+.PHONY: setup test test-fast demo serve bench fidelity privatekt lint clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,12 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The tests that run in one process (~2 minutes on 2 cores): the loop while editing.
+# `make test` (CI's) runs them all.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not slow"
 
 # The whole DAG of dvc.yaml with params.yaml (synthetic slides -> stores -> 7 methods ->
 # tables); a second run is a no-op. Both tables are printed either way.

@@ -154,6 +154,7 @@ def test_help_shows_each_value_once_and_no_internals(module: str) -> None:
     assert "default: params.yaml, else" not in text
 
 
+@pytest.mark.slow
 def test_the_console_command_runs_every_subcommand() -> None:
     from camelyon_proxyfl.cli import COMMANDS as SUBCOMMANDS
 

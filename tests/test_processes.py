@@ -29,6 +29,7 @@ def _started_from_a_shell_that_exits(prefix: str, marker: Path) -> None:
     subprocess.run(["bash", "-c", script], cwd=REPO, check=True, timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
 @pytest.mark.parametrize(("prefix", "survives"), [("nohup", True), ("setsid", True), ("", False)])
 def test_detached_commands_outlive_their_shell_and_bound_ones_do_not(

@@ -88,6 +88,7 @@ def test_a_missing_real_data_root_is_named_with_its_fix_before_any_work(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_centre_that_falls_short_stops_the_pipeline_before_training(
     synthetic_dataset: SynthManifest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

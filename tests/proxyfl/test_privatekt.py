@@ -183,6 +183,7 @@ def test_public_labels_are_unreadable_and_the_pool_never_reads_them(data: Path) 
     assert len(pool) == 60 and pool.images([0, 59]).shape == (2, 16, 16, 3)
 
 
+@pytest.mark.slow  # an MPI job
 def test_every_round_records_every_client_with_label_ldp(helpers: Any, run_dir: Path) -> None:
     rows = helpers.read_jsonl(run_dir / "metrics.jsonl")
     assert {(r["client"], r["round"]) for r in rows} == {
@@ -206,6 +207,7 @@ def test_every_round_records_every_client_with_label_ldp(helpers: Any, run_dir: 
         assert "shuffl" in privacy["assumption_not_computed"]
 
 
+@pytest.mark.slow  # an MPI job
 def test_a_client_sends_nothing_but_k_labels(run_dir: Path, data: Path) -> None:
     for rank in range(len(CLIENTS)):
         record = _record(run_dir, rank)
@@ -234,6 +236,7 @@ def test_a_client_sends_nothing_but_k_labels(run_dir: Path, data: Path) -> None:
         assert digest(flatten_parameters(model)) not in {e["digest"] for e in sent}
 
 
+@pytest.mark.slow  # an MPI job
 def test_global_model_learns_from_the_clients_labels(
     helpers: Any, run_dir: Path, data: Path
 ) -> None:
@@ -251,6 +254,7 @@ def test_global_model_learns_from_the_clients_labels(
     assert any(not torch.equal(final[k], v) for k, v in initial.state_dict().items())
 
 
+@pytest.mark.slow  # an MPI job
 def test_resumed_from_a_checkpoint_matches_uninterrupted(
     helpers: Any, data: Path, run_dir: Path, tmp_path: Path
 ) -> None:
