@@ -35,7 +35,7 @@ IN_DEFAULT_RUN = False  # needs the demo's stores: run it after `make demo`
 def _tensors(data: Path, center: int, split: str) -> tuple[Any, Any]:  # torch tensors
     import torch
 
-    from proxyfl.data import prepare_images
+    from proxyfl.engine.data import prepare_images
 
     reader = PatchSplitReader(store_path(data, center), split)
     images = torch.from_numpy(np.ascontiguousarray(reader.images(slice(0, len(reader)))))
@@ -50,8 +50,8 @@ def train_and_score(
     import torch
     import torch.nn.functional as F
 
-    from proxyfl.evaluate import confusion_matrix, scores_from_confusion
-    from proxyfl.models import build_model
+    from proxyfl.engine.evaluate import confusion_matrix, scores_from_confusion
+    from proxyfl.engine.models import build_model
 
     x = torch.cat([t[0] for t in train_sets])
     y = torch.cat([t[1] for t in train_sets])

@@ -30,7 +30,7 @@ from scipy.stats import kendalltau
 
 from camelyon_proxyfl.params.whole import load_params
 from proxyfl.config import TrainConfig
-from proxyfl.launch import TrainingJob, run_job
+from proxyfl.launch.job import TrainingJob, run_job
 from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from proxyfl.results import RUN_FILE
 from wsi.store import store_path

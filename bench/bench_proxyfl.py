@@ -44,10 +44,10 @@ def bench_dml_step(device_name: str, input_size: int, batch: int, repeats: int) 
     import torch
     from torch.utils.data import TensorDataset
 
-    from proxyfl.dml import dml_losses
-    from proxyfl.dp import make_private, quiet_opacus
-    from proxyfl.models import build_model
-    from proxyfl.runtime import choose_device
+    from proxyfl.algorithms.dml import dml_losses
+    from proxyfl.engine.models import build_model
+    from proxyfl.engine.runtime import choose_device
+    from proxyfl.privacy.dp import make_private, quiet_opacus
 
     device = choose_device(device_name, 0)
     if device.type == "cpu":
@@ -142,9 +142,14 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
     import torch
     from mpi4py import MPI
 
-    from proxyfl.comm import Communicator, SendLog, assign_flat_parameters, flatten_parameters
-    from proxyfl.graphs import parse_schedule_spec
-    from proxyfl.models import build_model
+    from proxyfl.comm.exchange import (
+        Communicator,
+        SendLog,
+        assign_flat_parameters,
+        flatten_parameters,
+    )
+    from proxyfl.comm.graphs import parse_schedule_spec
+    from proxyfl.engine.models import build_model
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -200,7 +205,7 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
 
 
 def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float) -> dict:
-    from proxyfl.launch import Placement
+    from proxyfl.launch.job import Placement
 
     placement = Placement()  # the training jobs' own: this machine, ranks over shared memory
     command = [

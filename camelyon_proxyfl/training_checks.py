@@ -1,6 +1,6 @@
 """What a training launch can check before it starts a server or an MPI job: the stores it
 reads, the batch size against every client's training size, PrivateKT's public pool, and
-the run directories it would write (:mod:`proxyfl.rundir`: never a finished run of another
+the run directories it would write (:mod:`proxyfl.launch.rundir`: never a finished run of another
 configuration without ``--replace``). The pipeline's preflight uses the same rules with
 the sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
-from proxyfl.rundir import RunConflict, check_launch, read_centers
+from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
 from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
 
 

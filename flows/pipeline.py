@@ -36,10 +36,10 @@ from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
-from proxyfl.launch import TrainingJobFailed
+from proxyfl.launch.job import TrainingJobFailed
+from proxyfl.launch.rundir import RunConflict
 from proxyfl.report import ReportError, ReportPaths
 from proxyfl.report.render import summary_line
-from proxyfl.rundir import RunConflict
 from tasks.checks import preflight_checks
 from tasks.data import dataset
 from wsi.catalogue import DatasetRootError

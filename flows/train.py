@@ -14,7 +14,7 @@ A run directory that holds a finished run of the same configuration and stores i
 an unfinished one of the same configuration resumes; one of another configuration is
 refused (exit 2, naming it and the keys that differ) unless ``--replace`` is given, and a
 finished run replaced stays in place until the new one has finished
-(:mod:`proxyfl.rundir`). Before any server or job starts, the checks of
+(:mod:`proxyfl.launch.rundir`). Before any server or job starts, the checks of
 :mod:`camelyon_proxyfl.training_checks` run on the stores (readable, batch size against
 every client's training size, PrivateKT's pool) and the run directories: exit 2 with every
 error. Exits 1 when a job fails (the message names the rank and its last lines).
@@ -36,8 +36,8 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
-from proxyfl.launch import Placement, TrainingJob, TrainingJobFailed
-from proxyfl.rundir import RunConflict
+from proxyfl.launch.job import Placement, TrainingJob, TrainingJobFailed
+from proxyfl.launch.rundir import RunConflict
 from tasks.train import training_run
 
 

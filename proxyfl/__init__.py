@@ -6,21 +6,27 @@ One MPI rank is one client (one centre's HDF5 patch store). The entry point is
 ``--algorithm ALG --data DIR --out RUN_DIR ...``);
 ``python -m proxyfl.privacy`` prints the (ε, δ) each client will spend.
 
-Modules, one idea each: :mod:`~proxyfl.config` (validated run configuration),
-:mod:`~proxyfl.models` (model registry), :mod:`~proxyfl.data` (patch stores as datasets),
-:mod:`~proxyfl.dml` (mutual-learning losses), :mod:`~proxyfl.dp` (Opacus DP-SGD wiring),
-:mod:`~proxyfl.accounting` (the one ε function), :mod:`~proxyfl.graphs` (communication
-schedules), :mod:`~proxyfl.comm` (model exchange over mpi4py buffers),
-:mod:`~proxyfl.algorithms` (the eight strategies), :mod:`~proxyfl.trainer` (the shared
-loop), :mod:`~proxyfl.local_training` (training without DP), :mod:`~proxyfl.ledger` (a
-client's ε in its notion), :mod:`~proxyfl.ldp` (randomized response, Lemma 1, Eq. 3),
-:mod:`~proxyfl.knowledge` (entropy sampling, knowledge buffer), :mod:`~proxyfl.public_pool`
-(public images, never labels), :mod:`~proxyfl.privatekt` (PrivateKT's exchange),
-:mod:`~proxyfl.access` (the stores a rank opened), :mod:`~proxyfl.evaluate` (accuracy,
-macro-accuracy), :mod:`~proxyfl.checkpoint`,
-:mod:`~proxyfl.results` (metrics.jsonl / run.json), :mod:`~proxyfl.report` (tables,
-curves, figures), :mod:`~proxyfl.runtime` (MPI, devices, seeds), :mod:`~proxyfl.validation`
-(agreeing on bad input across ranks, failure records).
+Rooms, by role (each module one idea):
+
+- contracts every role shares: :mod:`~proxyfl.config` (the validated run configuration),
+  :mod:`~proxyfl.names`, :mod:`~proxyfl.results` (metrics.jsonl / run.json);
+- :mod:`proxyfl.launch` (the launcher the flows import, torch-free): ``job`` (one run as
+  an MPI job), ``rundir`` (what a launch does with a run directory), ``progress``;
+- :mod:`proxyfl.engine` (what a rank runs): ``access`` and ``data`` (the stores a rank
+  opened, as datasets), ``models``, ``runtime`` (MPI, devices, seeds),
+  ``local_training``, ``evaluate`` (accuracy, macro-accuracy), ``checkpoint``,
+  ``validation`` (agreeing on bad input across ranks, failure records);
+- :mod:`proxyfl.comm`: ``exchange`` (models over mpi4py buffers), ``graphs``
+  (communication schedules), ``control`` (JSON control messages, never pickles);
+- :mod:`proxyfl.privacy`: ``dp`` (Opacus DP-SGD wiring), ``accounting`` (the one ε
+  function), ``ldp`` (randomized response, Lemma 1, Eq. 3), ``ledger`` (a client's ε in
+  its notion), ``planned`` (``python -m proxyfl.privacy``);
+- :mod:`proxyfl.algorithms`: ``strategies`` (the eight strategies), ``dml``
+  (mutual-learning losses), ``privatekt`` (``strategy``, ``knowledge``: entropy sampling
+  and the knowledge buffer, ``public_pool``: public images, never labels);
+- :mod:`~proxyfl.trainer` (the shared loop) and :mod:`~proxyfl.run` (a rank's entry
+  point), which wire the rooms together;
+- :mod:`proxyfl.report` (tables, curves, figures, report.html).
 """
 
 __all__: list[str] = []

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plumbing.cli import ConfigError
-from proxyfl.graphs import parse_schedule_spec
+from proxyfl.comm.graphs import parse_schedule_spec
 from proxyfl.names import ALGORITHMS, MODEL_NAMES, Algorithm
 
 logger = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class TrainConfig(TrainOptions):
         """The configuration a run's result depends on: the fields that must not change
         when it is resumed, and that a finished run is compared by. Where the run and its
         stores are (``out``, ``data``: the stores are identified by their content, see
-        :func:`proxyfl.rundir.store_inputs`) and how it runs (device, workers,
+        :func:`proxyfl.launch.rundir.store_inputs`) and how it runs (device, workers,
         checkpoints kept) are not part of it."""
         ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them

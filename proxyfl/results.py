@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from plumbing import atomic
 from plumbing.versions import library_versions
 
-SAMPLE_DP = "sample_dp"  # proxyfl.ledger's notions (kept import-free here for the report)
+SAMPLE_DP = "sample_dp"  # proxyfl.privacy.ledger's notions (kept import-free here for the report)
 LABEL_LDP = "label_ldp"
 PRIVACY_NOTIONS: dict[str, str] = {
     SAMPLE_DP: "sample-level (ε, δ)-DP",

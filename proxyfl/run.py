@@ -30,12 +30,10 @@ from typing import TYPE_CHECKING, Any
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from plumbing.output import adopt_passed_output
-from proxyfl.access import AccessLog
+from proxyfl.comm.control import gather_json
 from proxyfl.config import TrainConfig, fingerprint_changes
-from proxyfl.control import gather_json
-from proxyfl.names import JOINT_CENTER
-from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, training_library_versions
-from proxyfl.validation import (
+from proxyfl.engine.access import AccessLog
+from proxyfl.engine.validation import (
     RankFailure,
     SetupError,
     agree,
@@ -44,6 +42,8 @@ from proxyfl.validation import (
     record_failure,
     run_phase,
 )
+from proxyfl.names import JOINT_CENTER
+from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, training_library_versions
 from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
 
 if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
@@ -174,8 +174,9 @@ class StorePlan:
 
 def check_public_pool(config: TrainConfig, patch_size: int, n_classes: int) -> int:
     """PrivateKT's public store: present, like the clients' stores, large enough for K and
-    M. Returns its number of items. Its labels are not read (:mod:`proxyfl.public_pool`)."""
-    from proxyfl.public_pool import PublicPool
+    M. Returns its number of items. Its labels are not read
+    (:mod:`~proxyfl.algorithms.privatekt.public_pool`)."""
+    from proxyfl.algorithms.privatekt.public_pool import PublicPool
 
     data_dir, _ = config.require_paths()
     center = config.public_center
@@ -260,8 +261,8 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
 
 def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
     """Open this rank's training split(s) and every listed centre's test split."""
-    from proxyfl.data import PatchDataset, open_split
-    from proxyfl.public_pool import PublicPool
+    from proxyfl.algorithms.privatekt.public_pool import PublicPool
+    from proxyfl.engine.data import PatchDataset, open_split
     from proxyfl.trainer import ClientData
 
     data_dir, _ = config.require_paths()
@@ -325,10 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _fail_if_any(comm, error, label, run_dir)
     assert plan is not None
 
-    from proxyfl import checkpoint as ckpt
-    from proxyfl.algorithms import strategy_for
-    from proxyfl.graphs import parse_schedule_spec
-    from proxyfl.runtime import make_runtime
+    from proxyfl.algorithms.strategies import strategy_for
+    from proxyfl.comm.graphs import parse_schedule_spec
+    from proxyfl.engine import checkpoint as ckpt
+    from proxyfl.engine.runtime import make_runtime
     from proxyfl.trainer import ClientTrainer, StopAfterRound, latest_common_round, run_training
 
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
@@ -412,7 +413,7 @@ def _fail_if_any(comm: Any, error: str | None, label: Any, run_dir: Path) -> Non
 
 
 def _client_summary(trainer: ClientTrainer) -> dict[str, Any]:
-    from proxyfl.runtime import environment_summary
+    from proxyfl.engine.runtime import environment_summary
 
     return {
         "rank": trainer.runtime.rank,

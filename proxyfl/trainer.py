@@ -5,18 +5,18 @@ Round t = 1..T at client k:
 1. participation: a client whose ε after this round would exceed ``--epsilon-budget``
    stops for good (no more training, no more sharing); the ranks agree on the round's
    members with one small ``allgather`` of flags;
-2. distribution, by the algorithm's strategy (:mod:`proxyfl.algorithms`): only
+2. distribution, by the algorithm's strategy (:mod:`proxyfl.algorithms.strategies`): only
    PrivateKT's server hands anything out here (the round's clients and knowledge-transfer
-   items, :mod:`proxyfl.privatekt`); a client it does not select skips step 3;
+   items, :mod:`proxyfl.algorithms.privatekt.strategy`); a client it does not select skips step 3;
 3. local training (members only): ``local_epochs`` epochs of Poisson batches from the
    DP data loader. With mutual learning both models take a step on every batch (DML
-   losses, :mod:`proxyfl.dml`): the private model with Adam, the DP model with DP-Adam.
+   losses, :mod:`proxyfl.algorithms.dml`): the private model with Adam, the DP model with DP-Adam.
    An empty batch gives the DP model a noise-only step and the private model none.
    PrivateKT trains its shared model without DP, on shuffled mini-batches
-   (:mod:`proxyfl.local_training`);
+   (:mod:`proxyfl.engine.local_training`);
 4. exchange of the shared model, by the algorithm's strategy;
 5. evaluation of the strategy's models on the merged test splits of all listed centres;
-6. ε from the client's privacy ledger (:mod:`proxyfl.ledger`: the RDP accountant's
+6. ε from the client's privacy ledger (:mod:`proxyfl.privacy.ledger`: the RDP accountant's
    sample-level (ε, δ), or PrivateKT's label-level ε-LDP), metrics gathered to rank 0 and
    written, checkpoint written.
 
@@ -39,27 +39,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from proxyfl import checkpoint as ckpt
-from proxyfl.algorithms import Distribution, Exchange, Strategy
-from proxyfl.comm import SERVER_RANK, Communicator, assign_flat_parameters, flatten_parameters
+from proxyfl.algorithms.dml import dml_losses
+from proxyfl.algorithms.privatekt.public_pool import PublicPool
+from proxyfl.algorithms.strategies import Distribution, Exchange, Strategy
+from proxyfl.comm.control import allgather_json, gather_json
+from proxyfl.comm.exchange import (
+    SERVER_RANK,
+    Communicator,
+    assign_flat_parameters,
+    flatten_parameters,
+)
+from proxyfl.comm.graphs import Schedule
 from proxyfl.config import TrainConfig
-from proxyfl.control import allgather_json, gather_json
-from proxyfl.data import ACCESS_LOG, PatchDataset, prepare_images
-from proxyfl.dml import dml_losses
-from proxyfl.dp import (
+from proxyfl.engine import checkpoint as ckpt
+from proxyfl.engine.data import ACCESS_LOG, PatchDataset, prepare_images
+from proxyfl.engine.evaluate import Scores, evaluate_models
+from proxyfl.engine.local_training import PlainTraining, make_plain
+from proxyfl.engine.models import build_model, count_parameters
+from proxyfl.engine.runtime import Runtime, derived_seed, seeded_generator
+from proxyfl.privacy.dp import (
     PrivateTraining,
     check_dp_compatible,
     make_private,
     noise_only_step,
     quiet_opacus,
 )
-from proxyfl.evaluate import Scores, evaluate_models
-from proxyfl.graphs import Schedule
-from proxyfl.ldp import LDPLedger
-from proxyfl.ledger import PRIVACY_NOTIONS, DPSGDLedger, PrivacyLedger
-from proxyfl.local_training import PlainTraining, make_plain
-from proxyfl.models import build_model, count_parameters
-from proxyfl.public_pool import PublicPool
+from proxyfl.privacy.ldp import LDPLedger
+from proxyfl.privacy.ledger import PRIVACY_NOTIONS, DPSGDLedger, PrivacyLedger
 from proxyfl.results import (
     METRICS_FILE,
     MetricRow,
@@ -67,7 +73,6 @@ from proxyfl.results import (
     read_metrics,
     write_metrics,
 )
-from proxyfl.runtime import Runtime, derived_seed, seeded_generator
 from wsi.store import PatchSplitReader
 
 logger = logging.getLogger(__name__)
@@ -194,7 +199,7 @@ class ClientTrainer:
 
     def _knowledge_transfer(self) -> Exchange:
         """PrivateKT's exchange: the client role here, the server's too on rank 0."""
-        from proxyfl.privatekt import (
+        from proxyfl.algorithms.privatekt.strategy import (
             KnowledgeServer,
             KTSettings,
             PrivateKTExchange,

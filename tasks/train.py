@@ -12,10 +12,10 @@ from prefect.client.schemas.objects import State, TaskRun
 from prefect.logging import get_run_logger
 
 from plumbing.locks import Busy, exclusive
-from proxyfl.launch import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
-from proxyfl.progress import RankLineParser, RoundProgress
-from proxyfl.rundir import Action, LaunchPlan, RunConflict, plan_launch
-from proxyfl.validation import EXIT_BAD_INPUT
+from proxyfl.engine.validation import EXIT_BAD_INPUT
+from proxyfl.launch.job import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
+from proxyfl.launch.progress import RankLineParser, RoundProgress
+from proxyfl.launch.rundir import Action, LaunchPlan, RunConflict, plan_launch
 from wsi.store import StoreError
 
 
@@ -38,7 +38,7 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
 def training_run(job: TrainingJob, replace: bool = False) -> Path:
     """``job.out`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``, or
     ``RunConflict`` for a run of another configuration there without ``replace``
-    (:func:`proxyfl.rundir.plan_launch`: a finished run of this configuration is kept, a
+    (:func:`proxyfl.launch.rundir.plan_launch`: a finished run of this configuration is kept, a
     replaced one stays until its successor has finished). Its job resumes
     (``job.config.resume``), so a retry continues where the last try stopped.
 

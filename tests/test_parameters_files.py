@@ -130,7 +130,7 @@ def test_the_training_job_refuses_a_parameters_file(tmp_path: Path) -> None:
 
 def test_a_job_configuration_file_round_trips(tmp_path: Path) -> None:
     from proxyfl.config import TrainConfig
-    from proxyfl.launch import TrainingJob
+    from proxyfl.launch.job import TrainingJob
 
     config = TrainConfig(algorithm="CWT", seed=3, data=tmp_path / "d", out=tmp_path / "run",
                          centers=[2, 0], rounds=2, private_model=["mlp"])  # fmt: skip

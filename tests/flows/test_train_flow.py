@@ -14,7 +14,7 @@ from camelyon_proxyfl.params.train import TrainSection
 from flows.report import main as report_main
 from flows.train import main, train
 from plumbing.locks import Busy
-from proxyfl.launch import TrainingJobFailed
+from proxyfl.launch.job import TrainingJobFailed
 from wsi.store import PatchBatch, StoreAttrs, StoreError, store_path, write_patch_store
 
 OPTIONS = {

@@ -114,7 +114,7 @@ def test_each_stage_depends_on_exactly_the_code_it_runs(stage: str) -> None:
 def test_the_closure_follows_imports_inside_functions() -> None:
     train = code_closure(ENTRY_POINTS["train"])
     # proxyfl.run imports the trainer inside main(), and the trainer imports the rest
-    assert {"proxyfl/trainer.py", "proxyfl/algorithms.py", "wsi/store.py"} <= train
+    assert {"proxyfl/trainer.py", "proxyfl/algorithms/strategies.py", "wsi/store.py"} <= train
     report = code_closure(ENTRY_POINTS["report"])
     assert "proxyfl/results.py" in report
     assert not {path for path in train if path.startswith("proxyfl/report")}
@@ -130,17 +130,46 @@ def test_the_closure_follows_imports_inside_functions() -> None:
 
 # the packages in layers: a module imports its own layer's and those below, never above
 LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks": 4, "flows": 5}
+# and proxyfl's rooms (a module of the package itself is its own room)
+ROOMS = {
+    "comm": 0, "names": 0, "results": 1, "config": 1, "privacy": 2, "engine": 2,
+    "algorithms": 3, "launch": 3, "report": 3, "trainer": 4, "run": 5,
+}  # fmt: skip
+
+
+def _modules(package: str) -> list[tuple[str, Path]]:
+    return [(".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"),
+             path) for path in sorted((REPO / package).rglob("*.py"))]  # fmt: skip
+
+
+def _room(name: str) -> int | None:
+    parts = name.split(".")
+    return ROOMS.get(parts[1]) if parts[0] == "proxyfl" and len(parts) > 1 else None
 
 
 def test_no_module_imports_from_a_layer_above_it() -> None:
     upward = []
     for package, layer in LAYERS.items():
-        for path in sorted((REPO / package).rglob("*.py")):
-            relative = path.relative_to(REPO).with_suffix("")
-            name = ".".join(relative.parts).removesuffix(".__init__")
+        for name, path in _modules(package):
             above = {imported for imported in _imports(name, path)
                      if LAYERS.get(imported.split(".")[0], -1) > layer}  # fmt: skip
             upward += [f"{name} -> {module}" for module in sorted(above)]
+    assert not upward, upward
+
+
+def test_every_proxyfl_room_imports_only_rooms_below_it() -> None:
+    """contracts (names, results, config) and comm; privacy and the engine; algorithms,
+    the launcher and the report; the loop; a rank's entry point."""
+    modules = _modules("proxyfl")
+    assert all(_room(name) is not None for name, _ in modules if name != "proxyfl")
+    upward = []
+    for name, path in modules:
+        room = _room(name)
+        if room is None:
+            continue
+        above = {imported for imported in _imports(name, path)
+                 if (other := _room(imported)) is not None and other > room}  # fmt: skip
+        upward += [f"{name} -> {module}" for module in sorted(above)]
     assert not upward, upward
 
 
@@ -219,7 +248,7 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     # each stage validates only its own sections of params.yaml: the PushSum graphs (the
     # train section's) leave the stores up to date, the synthetic data's settings (the
     # data section's) every training run and the report
-    assert edit("proxyfl/graphs.py") == trains | {"report"}
+    assert edit("proxyfl/comm/graphs.py") == trains | {"report"}
     assert not edit("wsi/synth/config.py") & (trains | {"report"})
     assert edit("camelyon_proxyfl/params/preprocess.py") == preprocess
     assert _stale(recorded, tool_env) == set()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from plumbing.output import passing_output
-from proxyfl.launch import Placement
+from proxyfl.launch.job import Placement
 from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
 
 REPO = Path(__file__).resolve().parents[2]

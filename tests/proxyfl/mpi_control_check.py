@@ -1,4 +1,4 @@
-"""Run under mpiexec: control messages through proxyfl.control, written per rank as JSON.
+"""Run under mpiexec: control messages through proxyfl.comm.control, written per rank as JSON.
 
 Usage: ``mpiexec -n K python -m mpi4py mpi_control_check.py OUT_DIR``. Each rank sends a
 value of its own (strings, NaN, inf, NumPy scalars, nesting, a tuple, a size that differs
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from proxyfl.control import allgather_json, gather_json
+from proxyfl.comm.control import allgather_json, gather_json
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()

@@ -3,7 +3,7 @@
 Usage: ``mpiexec -n K python -m mpi4py mpi_pushsum_check.py OUT_DIR NAME=SCHEDULE@ROUNDS ...``.
 For each case, each rank starts from its own random vector θ_k (seeded by its rank) and
 weight 1, runs ROUNDS PushSum rounds of SCHEDULE through
-:class:`proxyfl.algorithms.PushSumExchange` (the same object training uses) and saves
+:class:`proxyfl.algorithms.strategies.PushSumExchange` (the same object training uses) and saves
 ``NAME/rank_{k}.npz`` with the initial vector, the de-biased vector and weight after every
 round, and the sizes of the model buffers it sent.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from proxyfl.algorithms import PushSumExchange
-from proxyfl.comm import Communicator
-from proxyfl.graphs import parse_schedule_spec
+from proxyfl.algorithms.strategies import PushSumExchange
+from proxyfl.comm.exchange import Communicator
+from proxyfl.comm.graphs import parse_schedule_spec
 
 DIMENSION = 1000
 

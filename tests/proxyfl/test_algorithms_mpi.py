@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from proxyfl.checkpoint import load_checkpoint
-from proxyfl.comm import digest, flatten_parameters
-from proxyfl.models import build_model
+from proxyfl.comm.exchange import digest, flatten_parameters
+from proxyfl.engine.checkpoint import load_checkpoint
+from proxyfl.engine.models import build_model
 from proxyfl.results import METRIC_FIELDS
 
 ALGORITHMS = ("ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Joint")

@@ -14,8 +14,13 @@ import pytest
 import torch
 
 from plumbing.atomic import remove_stale_temporaries, temporary_path
-from proxyfl.checkpoint import available_rounds, checkpoint_path, load_checkpoint, save_checkpoint
-from proxyfl.evaluate import Scores
+from proxyfl.engine.checkpoint import (
+    available_rounds,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
+from proxyfl.engine.evaluate import Scores
 
 
 class _Unpicklable:

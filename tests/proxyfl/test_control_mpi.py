@@ -1,4 +1,4 @@
-"""Ranks exchange control messages as JSON in buffers, never pickles (proxyfl.control):
+"""Ranks exchange control messages as JSON in buffers, never pickles (proxyfl.comm.control):
 the values arrive whole on every rank under real mpiexec, and no module of proxyfl/
 uses mpi4py's pickling calls (the source is scanned, as test_dvc_deps scans imports)."""
 
@@ -41,4 +41,4 @@ def test_no_module_uses_a_pickling_mpi_call() -> None:
                     and node.func.attr in PICKLING and "comm" in ast.unparse(node.func.value)):
                 found.append(f"{path.relative_to(PROXYFL.parent)}:{node.lineno}: "
                              f"{ast.unparse(node)}")  # fmt: skip
-    assert not found, "pickling MPI calls (use proxyfl.control):\n" + "\n".join(found)
+    assert not found, "pickling MPI calls (use proxyfl.comm.control):\n" + "\n".join(found)

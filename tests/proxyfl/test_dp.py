@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from proxyfl.accounting import epsilon_from_history, planned_epsilon, poisson_schedule
-from proxyfl.dp import accountant_after, make_private, noise_only_step
-from proxyfl.models import build_model
-from proxyfl.privacy import privacy_report
+from proxyfl.engine.models import build_model
+from proxyfl.privacy.accounting import epsilon_from_history, planned_epsilon, poisson_schedule
+from proxyfl.privacy.dp import accountant_after, make_private, noise_only_step
+from proxyfl.privacy.planned import privacy_report
 
 
 def _dataset(n: int = 24, size: int = 16, seed: int = 0) -> TensorDataset:
@@ -155,11 +155,11 @@ def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: A
     """Train one ProxyFL client in-process with tiny Poisson batches (many are empty)."""
     from mpi4py import MPI
 
-    from proxyfl.algorithms import strategy_for
+    from proxyfl.algorithms.strategies import strategy_for
+    from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.config import TrainConfig
-    from proxyfl.data import PatchDataset, open_split
-    from proxyfl.graphs import parse_schedule_spec
-    from proxyfl.runtime import make_runtime
+    from proxyfl.engine.data import PatchDataset, open_split
+    from proxyfl.engine.runtime import make_runtime
     from proxyfl.trainer import ClientData, ClientTrainer
 
     stores = helpers.write_stores(tmp_path / "stores", centers=(0,), n_train=30, n_test=4)

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from proxyfl.config import TrainConfig
-from proxyfl.launch import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
-from proxyfl.validation import read_failures
+from proxyfl.engine.validation import read_failures
+from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
 from wsi.store import store_path
 
 OPTIONS = {

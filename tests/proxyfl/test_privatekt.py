@@ -18,27 +18,27 @@ import numpy as np
 import pytest
 import torch
 
-from proxyfl.checkpoint import available_rounds, checkpoint_path, load_checkpoint
-from proxyfl.comm import digest, flatten_parameters
-from proxyfl.evaluate import evaluate_models
-from proxyfl.knowledge import (
+from proxyfl.algorithms.privatekt.knowledge import (
     KnowledgeBuffer,
     entropy,
     kt_weights,
     self_training_weights,
     weighted_sample,
 )
-from proxyfl.ldp import (
+from proxyfl.algorithms.privatekt.public_pool import PublicPool
+from proxyfl.comm.exchange import digest, flatten_parameters
+from proxyfl.engine.checkpoint import available_rounds, checkpoint_path, load_checkpoint
+from proxyfl.engine.evaluate import evaluate_models
+from proxyfl.engine.models import build_model
+from proxyfl.engine.runtime import derived_seed
+from proxyfl.privacy.ldp import (
     LDPLedger,
     keep_probability,
     one_hot,
     randomized_response,
     unbiased_estimate,
 )
-from proxyfl.models import build_model
-from proxyfl.public_pool import PublicPool
 from proxyfl.results import MetricRow
-from proxyfl.runtime import derived_seed
 from wsi.store import PatchSplitReader, store_path
 
 CLIENTS = (0, 1)
@@ -332,8 +332,8 @@ def test_rows_written_before_privatekt_load_as_sample_level_dp() -> None:
 
 
 def test_ablations_and_client_fraction_map_to_the_settings() -> None:
+    from proxyfl.algorithms.privatekt.strategy import KTSettings, selection_size
     from proxyfl.config import TrainConfig
-    from proxyfl.privatekt import KTSettings, selection_size
 
     base = KTSettings.from_config(TrainConfig(algorithm="PrivateKT"), n_classes=2, pool_size=95)
     assert (base.kt_samples, base.epsilon, base.buffer_size) == (2, 5.0, 25)
@@ -360,7 +360,7 @@ def test_soft_self_training_keeps_the_guesses_and_argmax_sharpens_them(data: Pat
     probabilities as targets (the default, the authors' code) the predictions stay near
     where they were; with its argmax labels the model grows surer of each guess, which is
     what pulls a model near chance towards one class."""
-    from proxyfl.privatekt import PublicItems
+    from proxyfl.algorithms.privatekt.strategy import PublicItems
 
     items = PublicItems(PublicPool(store_path(data, PUBLIC)), torch.device("cpu"), 16)
     everything = np.arange(len(items.pool))

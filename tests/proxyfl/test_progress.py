@@ -1,4 +1,4 @@
-"""proxyfl.progress: a job's lines at their level, and its rounds as they complete."""
+"""proxyfl.launch.progress: a job's lines at their level, and its rounds as they complete."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxyfl.progress import RankLineParser, RoundFollower
+from proxyfl.launch.progress import RankLineParser, RoundFollower
 from proxyfl.results import MetricRow, write_metrics
 from tests.proxyfl.test_results import values
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from proxyfl.accounting import planned_epsilon
-from proxyfl.checkpoint import available_rounds, load_checkpoint
+from proxyfl.engine.checkpoint import available_rounds, load_checkpoint
+from proxyfl.privacy.accounting import planned_epsilon
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""What a launch may do with a run directory (proxyfl.rundir): every row of its table, the
+"""What a launch may do with a run directory (proxyfl.launch.rundir): every row of its table, the
 staged replacement and its recovery, on real stores and run directories written the way
 proxyfl.run writes them (no MPI job: the launches themselves are tested in tests/flows)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxyfl.config import TrainConfig, fingerprint_changes
-from proxyfl.rundir import (
+from proxyfl.launch.rundir import (
     Action,
     RunConflict,
     RunState,

@@ -11,14 +11,14 @@ from opacus.validators import ModuleValidator
 from pydantic import ValidationError
 from torch import nn
 
-from proxyfl.comm import assign_flat_parameters, flatten_parameters
+from proxyfl.algorithms.dml import dml_losses
+from proxyfl.comm.exchange import assign_flat_parameters, flatten_parameters
+from proxyfl.comm.graphs import check_column_stochastic, exponential_offset, parse_schedule_spec
 from proxyfl.config import TrainConfig
-from proxyfl.dml import dml_losses
-from proxyfl.evaluate import confusion_matrix, scores_from_confusion
-from proxyfl.graphs import check_column_stochastic, exponential_offset, parse_schedule_spec
-from proxyfl.models import ModelInputError, build_model, count_parameters
+from proxyfl.engine.evaluate import confusion_matrix, scores_from_confusion
+from proxyfl.engine.models import ModelInputError, build_model, count_parameters
+from proxyfl.engine.runtime import DeviceError, choose_device, derived_seed
 from proxyfl.names import MODEL_NAMES
-from proxyfl.runtime import DeviceError, choose_device, derived_seed
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from proxyfl.access import ACCESS_LOG, AccessLog
+from proxyfl.engine.access import ACCESS_LOG, AccessLog
 from wsi.store import SPLITS, StoreError, StoreInfo, read_store_info, store_path
 
 

@@ -3,9 +3,9 @@
 Two notions, never mixed in one number (docs/design.md §4):
 
 - ``sample_dp``: sample-level (record-level) (ε, δ)-DP of DP-SGD with respect to one
-  training patch of the client, from the RDP accountant (:mod:`proxyfl.accounting`): every
+  training patch of the client, from the RDP accountant (:mod:`proxyfl.privacy.accounting`): every
   method but PrivateKT. ε after a round is cumulative (RDP composition, not per-round sums).
-- ``label_ldp``: label-level ε-LDP of PrivateKT's randomized response (:mod:`proxyfl.ldp`):
+- ``label_ldp``: label-level ε-LDP of PrivateKT's randomized response (:mod:`proxyfl.privacy.ldp`):
   ε per round, and ``releases · ε`` over the rounds by basic sequential composition.
 
 A ledger answers the trainer's three questions (ε so far, ε after one more round, for a
@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 from opacus.accountants import RDPAccountant
 
-from proxyfl.accounting import epsilon_from_history
-from proxyfl.dp import accountant_after
-from proxyfl.ldp import LABEL_LDP, LDPLedger
+from proxyfl.privacy.accounting import epsilon_from_history
+from proxyfl.privacy.dp import accountant_after
+from proxyfl.privacy.ldp import LABEL_LDP, LDPLedger
 from proxyfl.results import PRIVACY_NOTIONS, SAMPLE_DP
 
 

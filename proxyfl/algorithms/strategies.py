@@ -8,7 +8,7 @@ algorithm of the ProxyFL paper trains exactly one model with DP-SGD — the one 
 could be) shared: the proxy of ProxyFL and FML, the local/central model of the baselines
 (docs/design.md §4, after the paper). PrivateKT trains the global model locally without DP
 and protects what leaves the client instead: K randomized-response labels a round
-(:mod:`proxyfl.privatekt`).
+(:mod:`proxyfl.algorithms.privatekt.strategy`).
 
 | algorithm | private model | exchange of the DP model      | evaluated (primary first) |
 |-----------|---------------|-------------------------------|---------------------------|
@@ -34,8 +34,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from proxyfl.comm import SERVER_RANK, Communicator
-from proxyfl.graphs import Schedule
+from proxyfl.comm.exchange import SERVER_RANK, Communicator
+from proxyfl.comm.graphs import Schedule
 
 ExchangeKind = Literal["none", "push_sum", "server_average", "ring", "knowledge_transfer"]
 

@@ -9,10 +9,10 @@ Round t (Algorithm 1, lines 5–19), in the loop's three steps (:mod:`proxyfl.tr
    the global model Θ_1 it initialised (later, every client already holds Θ_t from the
    previous round's broadcast). Clients outside G_t do not train.
 2. local training (line 8): each selected client trains Θ_t on its own training split,
-   without DP (:mod:`proxyfl.local_training`).
+   without DP (:mod:`proxyfl.engine.local_training`).
 3. ``exchange`` (lines 10–19): each selected client labels the K KT items with its locally
    trained model (argmax, a one-hot label), perturbs the labels by randomized response
-   with β from Lemma 1 (Eq. 2; :mod:`proxyfl.ldp`) and sends the server exactly those K
+   with β from Lemma 1 (Eq. 2; :mod:`proxyfl.privacy.ldp`) and sends the server exactly those K
    int64 labels. The server forms the unbiased estimate of the clients' mean prediction
    (Eq. 3), pushes it into the FIFO knowledge buffer of B rounds, fine-tunes Θ_t on the
    buffer (targets: each item's class of largest estimate) giving Θ'_t, self-trains Θ'_t
@@ -26,7 +26,8 @@ The first KT items (line 3) are drawn uniformly. Ablations (the paper's Fig. 3):
 ``--uniform-sampling`` draws every round's KT items uniformly.
 
 Public items cross ranks as indices into the public pool (every rank opens the public
-store's images, :mod:`proxyfl.public_pool`); a client's only upload is its K labels.
+store's images, :mod:`~proxyfl.algorithms.privatekt.public_pool`); a client's only upload
+is its K labels.
 """
 
 from __future__ import annotations
@@ -41,19 +42,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from proxyfl.algorithms import Distribution
-from proxyfl.comm import Communicator, flatten_parameters
-from proxyfl.config import TrainConfig
-from proxyfl.data import prepare_images
-from proxyfl.knowledge import (
+from proxyfl.algorithms.privatekt.knowledge import (
     KnowledgeBuffer,
     kt_weights,
     self_training_weights,
     weighted_sample,
 )
-from proxyfl.ldp import LDPLedger, keep_probability, randomized_response
-from proxyfl.ldp import unbiased_estimate as estimate_mean_prediction
-from proxyfl.public_pool import PublicPool
+from proxyfl.algorithms.privatekt.public_pool import PublicPool
+from proxyfl.algorithms.strategies import Distribution
+from proxyfl.comm.exchange import Communicator, flatten_parameters
+from proxyfl.config import TrainConfig
+from proxyfl.engine.data import prepare_images
+from proxyfl.privacy.ldp import LDPLedger, keep_probability, randomized_response
+from proxyfl.privacy.ldp import unbiased_estimate as estimate_mean_prediction
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from proxyfl.data import iterate_batches, prepare_images
+from proxyfl.engine.data import iterate_batches, prepare_images
 from wsi.store import PatchSplitReader
 
 

@@ -1,10 +1,10 @@
 """Local training without DP: PrivateKT's clients train the global model plainly.
 
 PrivateKT protects what leaves a client (the randomized-response labels,
-:mod:`proxyfl.ldp`), not the local training itself, so a client trains Θ_t with Adam on
+:mod:`proxyfl.privacy.ldp`), not the local training itself, so a client trains Θ_t with Adam on
 shuffled mini-batches of its training split (``⌈N/B⌉`` batches per epoch, the last one
 smaller, the order drawn from a seeded generator). :class:`PlainTraining` offers the
-attributes of :class:`proxyfl.dp.PrivateTraining` that the training loop uses, so the
+attributes of :class:`proxyfl.privacy.dp.PrivateTraining` that the training loop uses, so the
 loop is the same for both.
 """
 

@@ -1,10 +1,10 @@
-"""``python -m proxyfl.privacy``: the (ε, δ) each client and Joint will spend, before training.
+"""The (ε, δ) each client and Joint will spend, before training (``python -m proxyfl.privacy``).
 
     python -m proxyfl.privacy --train-sizes 2338 2726 2937 2841 --sigma 1.4 \\
         --batch-size 32 --epochs 30 --delta 1e-5 [--json]
 
 ``--epochs`` is the number of passes over a client's data (rounds × local epochs). Joint's
-ε is for the pooled size. The figures come from :func:`proxyfl.accounting.planned_epsilon`,
+ε is for the pooled size. The figures come from :func:`proxyfl.privacy.accounting.planned_epsilon`,
 the same function training reads its ε through.
 """
 
@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing.cli import add_model_flags, exit_on_bad_parameters, given, validate
-from proxyfl.accounting import planned_epsilon, poisson_schedule
 from proxyfl.config import TrainOptions
+from proxyfl.privacy.accounting import planned_epsilon, poisson_schedule
 
 
 def privacy_report(
@@ -110,6 +109,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_format_table(report))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from proxyfl.accounting import poisson_schedule
+from proxyfl.privacy.accounting import poisson_schedule
 
 # Expected with seeded noise, and harmless (the first layer's input needs no gradient).
 _QUIET = ("Secure RNG turned off", "Full backward hook is firing")

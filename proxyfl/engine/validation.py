@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from plumbing.atomic import write_text
 from plumbing.errors import PipelineError
-from proxyfl.control import allgather_json
+from proxyfl.comm.control import allgather_json
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,7 +39,7 @@ FAILURES_DIR = "failures"
 
 class RankFailure(BaseModel):
     """What a rank that fails leaves in ``RUN_DIR/failures/rank_{k}.json`` for the launcher
-    (:mod:`proxyfl.launch`) to name it: which rank, at which phase, and why."""
+    (:mod:`proxyfl.launch.job`) to name it: which rank, at which phase, and why."""
 
     rank: int = Field(ge=0)
     client: str = Field(description="the rank as the user knows it: 'rank 1 (centre 1)'")
@@ -91,7 +91,7 @@ def run_phase(action: Callable[[], T]) -> tuple[T | None, str | None]:
 
 
 def agree(comm: Any, error: str | None, label: Callable[[int], str] | None = None) -> list[str]:
-    """All ranks' error messages (one all-gather of JSON, :mod:`proxyfl.control`), each
+    """All ranks' error messages (one all-gather of JSON, :mod:`proxyfl.comm.control`), each
     prefixed with its rank."""
     errors = allgather_json(comm, error)
     unique: list[str] = []

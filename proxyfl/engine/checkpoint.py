@@ -68,10 +68,10 @@ def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, An
 
 def _checkpoint_globals() -> list[Any]:
     """What a checkpoint may hold beyond tensors and plain data: NumPy arrays (PrivateKT's
-    item indices and buffer) and :class:`~proxyfl.evaluate.Scores`."""
+    item indices and buffer) and :class:`~proxyfl.engine.evaluate.Scores`."""
     import numpy as np
 
-    from proxyfl.evaluate import Scores
+    from proxyfl.engine.evaluate import Scores
 
     core = getattr(np, "_core", None) or np.core  # NumPy 2 renamed numpy.core
     # numeric dtypes only: an object array could carry arbitrary pickles

@@ -11,7 +11,7 @@ hosts.
 Every line the job prints is handed to a callback as it arrives (a Prefect task forwards
 them to the run's log) and appended to ``RUN_DIR/job.log``. When the job fails,
 :class:`TrainingJobFailed` carries the exit code, the rank that failed first and why (from
-the record it left in ``RUN_DIR/failures/``, :class:`proxyfl.validation.RankFailure`), and
+the record it left in ``RUN_DIR/failures/``, :class:`proxyfl.engine.validation.RankFailure`), and
 its last lines.
 """
 
@@ -32,10 +32,17 @@ from pathlib import Path
 from plumbing.output import passing_output
 from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
-from proxyfl.progress import RoundFollower, RoundProgress
+from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
+from proxyfl.launch.progress import RoundFollower, RoundProgress
+from proxyfl.launch.rundir import (
+    CONFIG_FILE,
+    Action,
+    LaunchPlan,
+    prepare,
+    publish_staged,
+    write_config,
+)
 from proxyfl.results import METRICS_FILE
-from proxyfl.rundir import CONFIG_FILE, Action, LaunchPlan, prepare, publish_staged, write_config
-from proxyfl.validation import RankFailure, clear_failures, read_failures
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +215,7 @@ def run_job(
     on_round: Callable[[RoundProgress], None] | None = None,
 ) -> None:
     """Run ``job`` to completion, passing each output line to ``on_line`` and, after each
-    round every client has finished, its :class:`~proxyfl.progress.RoundProgress` to
+    round every client has finished, its :class:`~proxyfl.launch.progress.RoundProgress` to
     ``on_round``.
 
     Raises :class:`TrainingJobFailed` when the job exits non-zero. If the caller is
@@ -267,7 +274,7 @@ def launch_planned(
     on_line: Callable[[str], None] = logger.info,
     on_round: Callable[[RoundProgress], None] | None = None,
 ) -> None:
-    """Carry out ``plan`` (:func:`proxyfl.rundir.plan_launch` of ``job``): nothing for a
+    """Carry out ``plan`` (:func:`proxyfl.launch.rundir.plan_launch` of ``job``): nothing for a
     kept run; otherwise run the job in ``plan.work`` and, for a replacement, swap the
     finished new run into place. A failed replacement leaves the finished run as it was."""
     if plan.action is Action.KEEP:

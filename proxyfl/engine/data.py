@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from proxyfl.access import ACCESS_LOG, AccessLog
+from proxyfl.engine.access import ACCESS_LOG, AccessLog
 from wsi.store import PatchSplitReader, store_path
 
 

@@ -21,7 +21,7 @@ class AccessLog:
 
     def record(self, path: Path, split: str, images_only: bool = False) -> None:
         """Note an opened split; ``images_only`` marks a reader that never reads labels
-        (PrivateKT's public pool, :mod:`proxyfl.public_pool`)."""
+        (PrivateKT's public pool, :mod:`proxyfl.algorithms.privatekt.public_pool`)."""
         entry: dict[str, Any] = {"path": str(Path(path).resolve()), "split": split}
         if images_only:
             entry["images_only"] = True
