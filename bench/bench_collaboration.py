@@ -26,7 +26,8 @@ import numpy as np
 import yaml
 
 from proxyfl.config import TrainConfig
-from wsi.store import PatchSplitReader, store_path
+from wsi.store.reader import PatchSplitReader
+from wsi.store.schema import store_path
 
 REPO = Path(__file__).resolve().parents[1]
 IN_DEFAULT_RUN = False  # needs the demo's stores: run it after `make demo`

@@ -33,7 +33,7 @@ from proxyfl.config import TrainConfig
 from proxyfl.launch.job import TrainingJob, run_job
 from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from proxyfl.results import RUN_FILE
-from wsi.store import store_path
+from wsi.store.schema import store_path
 
 REPO = Path(__file__).resolve().parents[1]
 IN_DEFAULT_RUN = False  # half an hour: `make fidelity`, not part of `make bench`

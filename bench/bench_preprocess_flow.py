@@ -362,7 +362,8 @@ def mask_lines(output: str) -> list[dict[str, object]]:
 def check_stores(out: Path, centers: Sequence[int]) -> list[tuple[str, bool]]:
     """Per centre: is its store published (readable, report complete, no temporary left)?"""
     from plumbing.atomic import parse_temporary
-    from wsi.store import StoreError, read_store_info, store_path
+    from wsi.store.reader import read_store_info
+    from wsi.store.schema import StoreError, store_path
 
     leftovers = [p.name for p in out.iterdir() if parse_temporary(p.name)] if out.is_dir() else []
     checks = []

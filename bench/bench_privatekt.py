@@ -33,7 +33,7 @@ from camelyon_proxyfl.params.whole import load_params
 from proxyfl.report import accuracy_table, curves, load_runs, write_report
 from proxyfl.report.load import RunResult
 from proxyfl.results import PRIVACY_NOTIONS
-from wsi.store import store_path
+from wsi.store.schema import store_path
 
 REPO = Path(__file__).resolve().parents[1]
 IN_DEFAULT_RUN = False  # training for half an hour: named only

@@ -39,7 +39,8 @@ from wsi.center import (
     plan_center,
 )
 from wsi.patches import LABEL_NAMES
-from wsi.store import StoreError, read_store_info, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import StoreError, store_path
 
 
 def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:

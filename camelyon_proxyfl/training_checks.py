@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
-from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import StoreError, rebuild_hint, store_path
 
 
 def stored_sizes(train: TrainSection) -> tuple[dict[int, CentreSize], list[Finding]]:

@@ -57,7 +57,7 @@ from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, patches_to_take
 from wsi.preprocess import record_failed_center
 from wsi.sampling import SlidePatches
-from wsi.store import store_path
+from wsi.store.schema import store_path
 from wsi.summary import (
     TABLE_1_COLUMNS,
     TABLE_1_HEADER,

@@ -44,7 +44,8 @@ from proxyfl.engine.validation import (
 )
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, training_library_versions
-from wsi.store import StoreError, read_store_info, rebuild_hint, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import StoreError, rebuild_hint, store_path
 
 if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
     from proxyfl.trainer import ClientData, ClientTrainer

@@ -73,7 +73,7 @@ from proxyfl.results import (
     read_metrics,
     write_metrics,
 )
-from wsi.store import PatchSplitReader
+from wsi.store.reader import PatchSplitReader
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from wsi.preprocess import (
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend
-from wsi.store import StoreError
+from wsi.store.schema import StoreError
 from wsi.summary import CenterReport, SlideFailure, write_summary
 
 

@@ -16,7 +16,7 @@ from proxyfl.engine.validation import EXIT_BAD_INPUT
 from proxyfl.launch.job import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
 from proxyfl.launch.progress import RankLineParser, RoundProgress
 from proxyfl.launch.rundir import Action, LaunchPlan, RunConflict, plan_launch
-from wsi.store import StoreError
+from wsi.store.schema import StoreError
 
 
 def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:

@@ -35,7 +35,9 @@ from wsi.sampling import (
     split_patients,
 )
 from wsi.slide import SlideReadError
-from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs, source_files
+from wsi.store.provenance import source_files
+from wsi.store.schema import PatchBatch, StoreAttrs
+from wsi.store.writer import PatchStoreWriter
 
 log = logging.getLogger(__name__)
 

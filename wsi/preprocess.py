@@ -35,7 +35,7 @@ from wsi.patches import (
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend, SlideReadError, open_slide
-from wsi.store import store_path
+from wsi.store.schema import store_path
 from wsi.summary import CenterReport, SlideFailure, report_path
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from proxyfl.engine.access import ACCESS_LOG, AccessLog
-from wsi.store import PatchSplitReader, store_path
+from wsi.store.reader import PatchSplitReader
+from wsi.store.schema import store_path
 
 
 def open_split(

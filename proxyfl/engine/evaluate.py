@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from proxyfl.engine.data import iterate_batches, prepare_images
-from wsi.store import PatchSplitReader
+from wsi.store.reader import PatchSplitReader
 
 
 @dataclass(frozen=True)

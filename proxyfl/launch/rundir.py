@@ -40,7 +40,8 @@ from plumbing.atomic import write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.results import RUN_FILE, json_safe
-from wsi.store import SPLITS, StoreError, read_store_info, rebuild_hint, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import SPLITS, StoreError, rebuild_hint, store_path
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def read_centers(config: TrainConfig) -> list[int]:
 
 def store_inputs(config: TrainConfig) -> dict[str, str]:
     """``{"center_{c}": store_digest}`` of every store the job reads, PrivateKT's public
-    pool without its labels (:class:`~wsi.store.StoreError` if one cannot be read)."""
+    pool without its labels (:class:`~wsi.store.schema.StoreError` if one cannot be read)."""
     data, _ = config.require_paths()
     public = config.public_center if config.algorithm == "PrivateKT" else None
     inputs = {}
@@ -239,7 +240,7 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
     """What a launch of ``config`` does with its run directory (the table above).
 
     Raises :class:`RunConflict` for a run of another configuration without ``replace``,
-    and :class:`~wsi.store.StoreError` when a store the job reads cannot be read."""
+    and :class:`~wsi.store.schema.StoreError` when a store the job reads cannot be read."""
     _, run_dir = config.require_paths()
     _complete_interrupted_swap(run_dir)
     recorded = check_launch(config, replace)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from flows.preprocess import main
 from wsi.catalogue import scan_camelyon
-from wsi.store import read_store_info, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import store_path
 from wsi.synth import SynthManifest
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ from flows.preprocess import UnknownSlidesError, main, preprocess
 from wsi.annotations import read_asap
 from wsi.catalogue import scan_camelyon
 from wsi.slide import open_slide
-from wsi.store import read_store_info, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import store_path
 from wsi.synth import SynthManifest
 
 REPO = Path(__file__).resolve().parents[2]

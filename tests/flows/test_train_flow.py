@@ -15,7 +15,8 @@ from flows.report import main as report_main
 from flows.train import main, train
 from plumbing.locks import Busy
 from proxyfl.launch.job import TrainingJobFailed
-from wsi.store import PatchBatch, StoreAttrs, StoreError, store_path, write_patch_store
+from wsi.store.schema import PatchBatch, StoreAttrs, StoreError, store_path
+from wsi.store.writer import write_patch_store
 
 OPTIONS = {
     "rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],

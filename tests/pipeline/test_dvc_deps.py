@@ -114,7 +114,7 @@ def test_each_stage_depends_on_exactly_the_code_it_runs(stage: str) -> None:
 def test_the_closure_follows_imports_inside_functions() -> None:
     train = code_closure(ENTRY_POINTS["train"])
     # proxyfl.run imports the trainer inside main(), and the trainer imports the rest
-    assert {"proxyfl/trainer.py", "proxyfl/algorithms/strategies.py", "wsi/store.py"} <= train
+    assert {"proxyfl/trainer.py", "proxyfl/algorithms/strategies.py", "wsi/store/reader.py"} <= train
     report = code_closure(ENTRY_POINTS["report"])
     assert "proxyfl/results.py" in report
     assert not {path for path in train if path.startswith("proxyfl/report")}
@@ -239,8 +239,10 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     preprocess = {"preprocess@0", "preprocess@1"}
     # the report's formatting: the report alone, no training run
     assert edit("proxyfl/report/render.py") == {"report"}
-    # the store reader: every training run (and the stores' writers)
-    assert edit("wsi/store.py") == trains | preprocess
+    # the store schema: every training run (and the stores' writers); its writer: the
+    # stores only
+    assert edit("wsi/store/schema.py") == trains | preprocess
+    assert edit("wsi/store/writer.py") == preprocess
     # the trainer: training only
     assert edit("proxyfl/trainer.py") == trains
     # the masks: the stores only

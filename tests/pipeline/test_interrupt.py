@@ -16,7 +16,7 @@ import pytest
 
 from tests.pipeline.conftest import processes_of, tiny_params_under, write_params
 from tests.proxyfl.conftest import write_stores
-from wsi.store import read_store_info
+from wsi.store.reader import read_store_info
 from wsi.synth import SynthManifest
 
 # command -> (what must be under way when Ctrl-C is pressed: a line of its output)

@@ -16,7 +16,8 @@ import pytest
 
 from plumbing.output import passing_output
 from proxyfl.launch.job import Placement
-from wsi.store import PatchBatch, StoreAttrs, store_path, write_patch_store
+from wsi.store.schema import PatchBatch, StoreAttrs, store_path
+from wsi.store.writer import write_patch_store
 
 REPO = Path(__file__).resolve().parents[2]
 PLACEMENT = Placement()  # the training jobs' launcher: this machine, shared memory

@@ -14,7 +14,7 @@ import pytest
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import read_failures
 from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
-from wsi.store import store_path
+from wsi.store.schema import store_path
 
 OPTIONS = {
     "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wsi.store import PatchSplitReader, store_path
+from wsi.store.reader import PatchSplitReader
+from wsi.store.schema import store_path
 
 ALGORITHMS = ("ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Joint")
 CENTERS = (0, 1, 2, 3)

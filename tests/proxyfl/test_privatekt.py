@@ -39,7 +39,8 @@ from proxyfl.privacy.ldp import (
     unbiased_estimate,
 )
 from proxyfl.results import MetricRow
-from wsi.store import PatchSplitReader, store_path
+from wsi.store.reader import PatchSplitReader
+from wsi.store.schema import store_path
 
 CLIENTS = (0, 1)
 PUBLIC = 4

@@ -26,7 +26,7 @@ from proxyfl.launch.rundir import (
     write_config,
 )
 from tests.proxyfl.conftest import write_stores
-from wsi.store import store_path
+from wsi.store.schema import store_path
 
 
 def _config(data: Path, run_dir: Path, **options: Any) -> TrainConfig:

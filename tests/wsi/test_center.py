@@ -14,7 +14,8 @@ from wsi.catalogue import scan_camelyon
 from wsi.center import SamplingParams
 from wsi.patches import PatchParams
 from wsi.preprocess import center_store, slide_patches
-from wsi.store import read_store_info, store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import store_path
 from wsi.synth import SynthManifest
 
 

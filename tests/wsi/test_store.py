@@ -18,27 +18,19 @@ import numpy as np
 import pytest
 
 from plumbing.atomic import temporary_path
-from wsi import store
-from wsi.store import (
+from wsi.store import writer as store_writer
+from wsi.store.provenance import (
     PIXEL_AND_FILE_LIBRARIES,
-    SCHEMA_VERSION,
-    PatchBatch,
-    PatchSplitReader,
-    PatchStoreWriter,
     Provenance,
     SourceFile,
-    StoreAttrs,
-    StoreError,
-    disk_full_errno,
-    free_bytes,
     pixel_library_versions,
     project_version,
-    read_store_info,
     source_files,
-    store_bytes_needed,
-    store_path,
-    write_patch_store,
 )
+from wsi.store.reader import PatchSplitReader, read_store_info
+from wsi.store.schema import SCHEMA_VERSION, PatchBatch, StoreAttrs, StoreError, store_path
+from wsi.store.space import disk_full_errno, free_bytes, store_bytes_needed
+from wsi.store.writer import PatchStoreWriter, write_patch_store
 
 ATTRS = StoreAttrs(center=2, patch_size=8, level=0, mpp=0.25, n_classes=2, params_hash="abc")
 
@@ -418,7 +410,7 @@ def test_preflight_refuses_a_store_that_cannot_fit(small_disk: Path) -> None:
 def test_disk_filling_up_during_the_write(small_disk: Path) -> None:
     before = (small_disk / "center_2.h5").read_bytes()
     free_before = free_bytes(small_disk)
-    unclosable = len(store._UNCLOSABLE)
+    unclosable = len(store_writer._UNCLOSABLE)
     with pytest.raises(StoreError) as caught, PatchStoreWriter(
         small_disk / "center_2.h5", BIG, BIG_SIZES
     ) as writer:
@@ -432,14 +424,14 @@ def test_disk_filling_up_during_the_write(small_disk: Path) -> None:
     assert "\n" not in message
     cause = caught.value.__cause__
     assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC  # h5py's, chained
-    assert len(store._UNCLOSABLE) == unclosable  # the HDF5 file was closed cleanly
+    assert len(store_writer._UNCLOSABLE) == unclosable  # the HDF5 file was closed cleanly
     _only_the_old_store_is_left(small_disk, before, free_before)
 
 
 def test_disk_full_when_the_store_is_flushed(small_disk: Path) -> None:
     before = (small_disk / "center_2.h5").read_bytes()
     free_before = free_bytes(small_disk)
-    unclosable = len(store._UNCLOSABLE)
+    unclosable = len(store_writer._UNCLOSABLE)
     with pytest.raises(StoreError, match="no space left on device") as caught, PatchStoreWriter(
         small_disk / "center_2.h5", BIG, BIG_SIZES
     ) as writer:
@@ -447,14 +439,15 @@ def test_disk_full_when_the_store_is_flushed(small_disk: Path) -> None:
         _fill(small_disk)  # the patches are on disk; HDF5's metadata is not yet
     # h5py gives a RuntimeError here, its errno only in HDF5's message
     assert disk_full_errno(caught.value.__cause__) == errno.ENOSPC
-    assert len(store._UNCLOSABLE) == unclosable
+    assert len(store_writer._UNCLOSABLE) == unclosable
     _only_the_old_store_is_left(small_disk, before, free_before)
 
 
 _CHILD = """
 import os, sys
 import numpy as np
-from wsi.store import PatchBatch, PatchStoreWriter, StoreAttrs, StoreError
+from wsi.store.schema import PatchBatch, StoreAttrs, StoreError
+from wsi.store.writer import PatchStoreWriter
 mode, target = sys.argv[1], sys.argv[2]
 if mode == "efbig":
     import resource

@@ -3,9 +3,9 @@
 The pool is every patch of ``center_{public_center}.h5`` (``--public-center``, default 4,
 the Camelyon-17 centre that is no client), its train split then its test split, indexed
 0..N-1 in that order. The store is checked against the schema by
-:func:`wsi.store.read_store_info` with no split's metadata loaded (``splits=()``: labels,
+:func:`wsi.store.reader.read_store_info` with no split's metadata loaded (``splits=()``: labels,
 patients and slides stay unread), and images are then read one patch per chunk as
-:class:`wsi.store.PatchSplitReader` reads them. Nothing here reads a ``labels`` dataset,
+:class:`wsi.store.reader.PatchSplitReader` reads them. Nothing here reads a ``labels`` dataset,
 so training cannot use the public centre's labels: the pool has none to give.
 """
 
@@ -19,7 +19,8 @@ import h5py
 import numpy as np
 
 from proxyfl.engine.access import ACCESS_LOG, AccessLog
-from wsi.store import SPLITS, StoreError, StoreInfo, read_store_info, store_path
+from wsi.store.reader import StoreInfo, read_store_info
+from wsi.store.schema import SPLITS, StoreError, store_path
 
 
 class PublicPool:
