@@ -1,5 +1,6 @@
 """What a training launch can check before it starts a server or an MPI job: the stores it
-reads, the batch size against every client's training size, PrivateKT's public pool, and
+reads, the batch size against every client's training size, PrivateKT's public pool (the
+ranks' own rules, :mod:`proxyfl.rules`), and
 the run directories it would write (:mod:`proxyfl.launch.rundir`: never a finished run of another
 configuration without ``--replace``). The pipeline's preflight uses the same rules with
 the sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
+from proxyfl.rules import batch_size_problem, public_pool_problems
 from wsi.store.reader import read_store_info
 from wsi.store.schema import StoreError, rebuild_hint, store_path
 
@@ -47,10 +49,9 @@ def training_findings(train: TrainSection, sizes: Mapping[int, CentreSize]) -> l
     for centres, name in groups:
         n_train = sum(sizes[c].train for c in centres)
         exact = all(sizes[c].source != "bound" for c in centres)
-        if batch > n_train:
-            what = "training patches" if exact else "patches at most (2 × patches_per_class)"
-            message = f"{batch} is larger than the {n_train} {what} of {name}"
-            findings.append(Finding("error", "train.options.batch_size", message))
+        problem = batch_size_problem(batch, n_train, name, exact=exact)
+        if problem is not None:
+            findings.append(Finding("error", "train.options.batch_size", problem))
     for c in clients:
         if sizes[c].test == 0:
             findings.append(Finding("error", f"centre {c}", "its test split would be empty"))
@@ -64,13 +65,9 @@ def _public_pool(train: TrainSection, sizes: Mapping[int, CentreSize]) -> list[F
     size = sizes.get(options.public_center)
     if size is None or size.test is None:
         return []
-    pool = size.train + size.test
-    asked = {"kt_samples": options.kt_samples, "self_train_samples": options.self_train_samples}
-    return [
-        Finding("error", f"train.options.{key}", f"{value} is more than the {pool} items of "
-                f"the public pool (centre {options.public_center})")
-        for key, value in asked.items() if value is not None and value > pool
-    ]  # fmt: skip
+    problems = public_pool_problems(options.kt_samples, options.self_train_samples,
+                                    size.train + size.test, options.public_center)  # fmt: skip
+    return [Finding("error", f"train.options.{key}", reason) for key, reason in problems.items()]
 
 
 def run_directory_findings(train: TrainSection, replace: bool) -> list[Finding]:

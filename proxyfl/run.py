@@ -43,7 +43,8 @@ from proxyfl.engine.validation import (
     run_phase,
 )
 from proxyfl.names import JOINT_CENTER
-from proxyfl.results import METRICS_FILE, RUN_FILE, atomic_write_json, training_library_versions
+from proxyfl.results import METRICS_FILE, RUN_FILE
+from proxyfl.rules import batch_size_problem, public_pool_problems
 from wsi.store.reader import read_store_info
 from wsi.store.schema import StoreError, rebuild_hint, store_path
 
@@ -193,16 +194,12 @@ def check_public_pool(config: TrainConfig, patch_size: int, n_classes: int) -> i
             f"public centre {center}: patch size {pool.patch_size} and {pool.n_classes} "
             f"classes, the clients' stores have {patch_size} and {n_classes}"
         )
-    if config.kt_samples > len(pool):
-        raise SetupError(
-            f"--kt-samples {config.kt_samples} is larger than the {len(pool)} items of the "
-            f"public pool (centre {center})"
-        )
-    if config.self_train_samples is not None and config.self_train_samples > len(pool):
-        raise SetupError(
-            f"--self-train-samples {config.self_train_samples} is larger than the "
-            f"{len(pool)} items of the public pool (centre {center})"
-        )
+    problems = public_pool_problems(
+        config.kt_samples, config.self_train_samples, len(pool), center
+    )
+    if problems:
+        raise SetupError("; ".join(f"--{key.replace('_', '-')} {reason}"
+                                   for key, reason in problems.items()))  # fmt: skip
     return len(pool)
 
 
@@ -237,11 +234,9 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     n_train = sum(len(infos[c].splits["train"]) for c in train_centers)
     if n_train == 0:
         raise SetupError(f"no training patches in centre(s) {train_centers}")
-    if config.batch_size > n_train:
-        raise SetupError(
-            f"--batch-size {config.batch_size} is larger than the {n_train} training "
-            f"patches of centre(s) {train_centers}"
-        )
+    problem = batch_size_problem(config.batch_size, n_train, f"centre(s) {train_centers}")
+    if problem is not None:
+        raise SetupError(f"--batch-size {problem}")
     if sum(len(infos[c].splits["test"]) for c in centers) == 0:
         raise SetupError(f"the test splits of centres {centers} are all empty")
     patch_size = next(iter(sizes.values()))
@@ -331,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.engine import checkpoint as ckpt
     from proxyfl.engine.runtime import make_runtime
+    from proxyfl.records import client_summary, rank_record, write_run_json
     from proxyfl.trainer import ClientTrainer, StopAfterRound, latest_common_round, run_training
 
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
@@ -377,9 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ckpt.clear_checkpoints(run_dir, rank)
         if rank == 0:
             (run_dir / METRICS_FILE).unlink(missing_ok=True)
-    records = gather_json(comm, _client_summary(trainer), root=0)
+    records = gather_json(comm, client_summary(trainer), root=0)
     if rank == 0:
-        _write_run_json(config, size, records, status="running")
+        write_run_json(config, size, records, status="running")
     comm.Barrier()
 
     try:
@@ -394,10 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
-    records = gather_json(comm, trainer.rank_record(), root=0)
+    records = gather_json(comm, rank_record(trainer), root=0)
     wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
     if rank == 0:
-        _write_run_json(config, size, records, status="finished", wall=wall)
+        write_run_json(config, size, records, status="finished", wall=wall)
     trainer.communicator.free()
     return 0
 
@@ -413,67 +409,6 @@ def _fail_if_any(comm: Any, error: str | None, label: Any, run_dir: Path) -> Non
         exit_together(comm, messages)
 
 
-def _client_summary(trainer: ClientTrainer) -> dict[str, Any]:
-    from proxyfl.engine.runtime import environment_summary
-
-    return {
-        "rank": trainer.runtime.rank,
-        "client": trainer.data.client,
-        "center": trainer.data.center,
-        "device": str(trainer.runtime.device),
-        "local_rank": trainer.runtime.local_rank,
-        "hostname": trainer.runtime.hostname,
-        "n_train": len(trainer.data.train),
-        "private_model": (
-            trainer.config.private_model_for(trainer.data.client)
-            if trainer.strategy.mutual_learning
-            else None
-        ),
-        "shared_model": trainer.config.proxy_model,
-        "shared_parameters": trainer.shared_parameters,
-        "private_parameters": trainer.private_parameters,
-        "sample_rate": trainer.training.sample_rate,
-        "steps_per_round": trainer.steps_per_round,
-        "privacy_notion": trainer.ledger.notion,
-        **environment_summary(),
-    }
-
-
-def _write_run_json(
-    config: TrainConfig,
-    size: int,
-    records: list[dict[str, Any]],
-    status: str,
-    wall: list[float] | None = None,
-) -> None:
-    _, run_dir = config.require_paths()
-    payload: dict[str, Any] = {
-        "status": status,
-        "algorithm": config.algorithm,
-        "config": config.model_dump(mode="json"),
-        "fingerprint": config.fingerprint(),
-        "config_digest": config.digest(),
-        "world_size": size,
-        "clients": records,
-        "devices": [record["device"] for record in records],
-        "versions": training_library_versions(),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if status == "finished":
-        timings = [record["timings"] for record in records]
-        payload["timings"] = {
-            "per_rank": timings,
-            "wall_seconds": max(wall) if wall else None,
-            "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
-            "max_comm_seconds": max(t["comm_seconds"] for t in timings),
-            "total_train_seconds": sum(t["train_seconds"] for t in timings),
-            "total_eval_seconds": sum(t["eval_seconds"] for t in timings),
-        }
-        payload["epsilon"] = {str(r["client"]): r["epsilon"] for r in records}
-        # the same ε with the notion it is stated in (sample_dp | label_ldp), δ, the
-        # per-round ε (PrivateKT) and how rounds compose
-        payload["privacy"] = {str(r["client"]): r["privacy"] for r in records}
-    atomic_write_json(run_dir / RUN_FILE, payload)
 
 
 if __name__ == "__main__":

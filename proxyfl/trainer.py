@@ -28,7 +28,6 @@ from a seed that also depends on the client's centre.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,7 @@ from proxyfl.comm.exchange import (
 from proxyfl.comm.graphs import Schedule
 from proxyfl.config import TrainConfig
 from proxyfl.engine import checkpoint as ckpt
-from proxyfl.engine.data import ACCESS_LOG, PatchDataset, prepare_images
+from proxyfl.engine.data import PatchDataset, prepare_images
 from proxyfl.engine.evaluate import Scores, evaluate_models
 from proxyfl.engine.local_training import PlainTraining, make_plain
 from proxyfl.engine.models import build_model, count_parameters
@@ -65,7 +64,8 @@ from proxyfl.privacy.dp import (
     quiet_opacus,
 )
 from proxyfl.privacy.ldp import LDPLedger
-from proxyfl.privacy.ledger import PRIVACY_NOTIONS, DPSGDLedger, PrivacyLedger
+from proxyfl.privacy.ledger import DPSGDLedger, PrivacyLedger
+from proxyfl.records import metric_rows, rank_record
 from proxyfl.results import (
     METRICS_FILE,
     MetricRow,
@@ -244,25 +244,6 @@ class ClientTrainer:
             return True
         return self.ledger.epsilon_after_next_round() <= self.config.epsilon_budget
 
-    def privacy_record(self) -> dict[str, Any]:
-        """This client's guarantee, with the notion it is stated in (for run.json)."""
-        epsilon = self.epsilon()
-        record: dict[str, Any] = {
-            "notion": self.ledger.notion,
-            "notion_text": PRIVACY_NOTIONS[self.ledger.notion],
-            "epsilon": epsilon if math.isfinite(epsilon) else None,
-            "delta": self.ledger.delta,
-            "epsilon_per_round": self.ledger.epsilon_per_round,
-        }
-        if isinstance(self.ledger, LDPLedger):
-            record["rounds_released"] = self.ledger.releases
-            record["composition"] = "basic sequential composition: rounds_released · ε"
-            record["assumption_not_computed"] = (
-                "the paper's model-shuffling argument (ε over all rounds) assumes an "
-                "anonymising shuffler; it is not implemented or accounted here"
-            )
-        return record
-
     # -- one round -----------------------------------------------------------------------
     def train_round(self) -> RoundLosses:
         """``local_epochs`` epochs of Poisson batches; both models step on every batch."""
@@ -336,34 +317,6 @@ class ClientTrainer:
             self.config.eval_batch_size,
         )
 
-    def metric_rows(
-        self, round_number: int, scores: dict[str, Scores], losses: RoundLosses, comm_s: float
-    ) -> list[MetricRow]:
-        """One row per evaluated model of this client after ``round_number``."""
-        epsilon = self.epsilon()
-        return [
-            MetricRow(
-                algorithm=self.strategy.name,
-                seed=self.config.seed,
-                client=self.data.client,
-                round=round_number,
-                accuracy=scores[label].accuracy,
-                macro_accuracy=scores[label].macro_accuracy,
-                epsilon=epsilon if math.isfinite(epsilon) else None,
-                delta=self.ledger.delta,
-                train_loss=losses.private if label == "private" else losses.shared,
-                comm_seconds=comm_s,
-                evaluated_model=label,
-                center=self.data.center,
-                primary=label == self.strategy.primary_label,
-                active=self.active,
-                n_train=len(self.data.train),
-                privacy_notion=self.ledger.notion,
-                epsilon_per_round=self.ledger.epsilon_per_round,
-            )
-            for label in self.strategy.evaluated_labels
-        ]
-
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, round_number: int) -> dict[str, Any]:
         return {
@@ -405,23 +358,6 @@ class ClientTrainer:
         """The private model's flat parameters (for checks that it never left the rank)."""
         return flatten_parameters(self.private) if self.private is not None else None
 
-    def rank_record(self) -> dict[str, Any]:
-        return {
-            "rank": self.runtime.rank,
-            "client": self.data.client,
-            "center": self.data.center,
-            "device": str(self.runtime.device),
-            "hostname": self.runtime.hostname,
-            "n_train": len(self.data.train),
-            "shared_parameters": self.shared_parameters,
-            "private_parameters": self.private_parameters,
-            "opened": list(ACCESS_LOG.opened),
-            "sent": list(self.communicator.log.entries),
-            "timings": self.timings.as_dict(),
-            "epsilon": self.epsilon(),
-            "privacy": self.privacy_record(),
-            "active": self.active,
-        }
 
 
 def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
@@ -476,7 +412,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             trainer.last_scores = trainer.evaluate()
         trainer.timings.eval_seconds += time.perf_counter() - started
 
-        round_rows = trainer.metric_rows(round_number, trainer.last_scores, losses, comm_seconds)
+        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses, comm_seconds)
         gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
         if runtime.is_root:
             assert gathered is not None
@@ -499,7 +435,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         )
         trainer.timings.checkpoint_seconds += time.perf_counter() - started
         atomic_write_json(
-            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", trainer.rank_record()
+            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", rank_record(trainer)
         )
         if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
             comm.Barrier()
