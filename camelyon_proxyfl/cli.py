@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("flows.report", "accuracy, macro-accuracy and ε tables, curves and plots"),
     "synth": ("wsi.synth", "write the synthetic Camelyon-17 dataset"),
     "tile": ("wsi.tile", "one slide's candidates and labels, and a picture of them"),
-    "privacy": ("proxyfl.privacy", "the ε each client will spend, before training"),
+    "privacy": ("proxyfl.privacy.planned", "the ε each client will spend, before training"),
     "job": ("proxyfl.run", "one training job's ranks (run under mpiexec -n K)"),
     "serve": ("flows.serve", "Prefect server, work pool, deployments and a worker, in one"),
     "server": ("flows.server", "run a command with a Prefect server shared by its flows"),
