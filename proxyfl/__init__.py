@@ -9,7 +9,8 @@ One MPI rank is one client (one centre's HDF5 patch store). The entry point is
 Rooms, by role (each module one idea):
 
 - contracts every role shares: :mod:`~proxyfl.config` (the validated run configuration),
-  :mod:`~proxyfl.names`, :mod:`~proxyfl.results` (metrics.jsonl / run.json);
+  :mod:`~proxyfl.names`, :mod:`~proxyfl.results` (metrics.jsonl / run.json),
+  :mod:`~proxyfl.rules` (what a configuration must meet against its data);
 - :mod:`proxyfl.launch` (the launcher the flows import, torch-free): ``job`` (one run as
   an MPI job), ``rundir`` (what a launch does with a run directory), ``progress``;
 - :mod:`proxyfl.engine` (what a rank runs): ``access`` and ``data`` (the stores a rank
@@ -24,8 +25,9 @@ Rooms, by role (each module one idea):
 - :mod:`proxyfl.algorithms`: ``strategies`` (the eight strategies), ``dml``
   (mutual-learning losses), ``privatekt`` (``strategy``, ``knowledge``: entropy sampling
   and the knowledge buffer, ``public_pool``: public images, never labels);
-- :mod:`~proxyfl.trainer` (the shared loop) and :mod:`~proxyfl.run` (a rank's entry
-  point), which wire the rooms together;
+- a rank, wiring the rooms together: :mod:`~proxyfl.trainer` (a client's set-up and
+  its steps of a round), :mod:`~proxyfl.records` (metrics, rank records, run.json),
+  :mod:`~proxyfl.loop` (the one loop), :mod:`~proxyfl.run` (the entry point);
 - :mod:`proxyfl.report` (tables, curves, figures, report.html).
 """
 

@@ -20,10 +20,10 @@ from proxyfl.results import (
     atomic_write_json,
     training_library_versions,
 )
+from proxyfl.trainer import ClientTrainer, RoundLosses
 
 if TYPE_CHECKING:
     from proxyfl.engine.evaluate import Scores
-    from proxyfl.trainer import ClientTrainer, RoundLosses
 
 
 def privacy_record(ledger: PrivacyLedger) -> dict[str, Any]:

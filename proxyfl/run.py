@@ -326,8 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.engine import checkpoint as ckpt
     from proxyfl.engine.runtime import make_runtime
+    from proxyfl.loop import StopAfterRound, latest_common_round, run_training
     from proxyfl.records import client_summary, rank_record, write_run_json
-    from proxyfl.trainer import ClientTrainer, StopAfterRound, latest_common_round, run_training
+    from proxyfl.trainer import ClientTrainer
 
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
     _fail_if_any(comm, error, label, run_dir)

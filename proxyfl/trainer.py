@@ -1,4 +1,6 @@
-"""The one training loop every algorithm runs, one client per MPI rank.
+"""One client's set-up and its steps of a round (:class:`ClientTrainer`), for the one
+training loop every algorithm runs, one client per MPI rank (:mod:`proxyfl.loop`; what
+each round records: :mod:`proxyfl.records`).
 
 Round t = 1..T at client k:
 
@@ -7,10 +9,12 @@ Round t = 1..T at client k:
    members with one small ``allgather`` of flags;
 2. distribution, by the algorithm's strategy (:mod:`proxyfl.algorithms.strategies`): only
    PrivateKT's server hands anything out here (the round's clients and knowledge-transfer
-   items, :mod:`proxyfl.algorithms.privatekt.strategy`); a client it does not select skips step 3;
+   items, :mod:`proxyfl.algorithms.privatekt.strategy`); a client it does not select
+   skips step 3;
 3. local training (members only): ``local_epochs`` epochs of Poisson batches from the
    DP data loader. With mutual learning both models take a step on every batch (DML
-   losses, :mod:`proxyfl.algorithms.dml`): the private model with Adam, the DP model with DP-Adam.
+   losses, :mod:`proxyfl.algorithms.dml`): the private model with Adam, the DP model with
+   DP-Adam.
    An empty batch gives the DP model a noise-only step and the private model none.
    PrivateKT trains its shared model without DP, on shuffled mini-batches
    (:mod:`proxyfl.engine.local_training`);
@@ -28,7 +32,6 @@ from a seed that also depends on the client's centre.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,6 @@ from torch import nn
 from proxyfl.algorithms.dml import dml_losses
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
 from proxyfl.algorithms.strategies import Distribution, Exchange, Strategy
-from proxyfl.comm.control import allgather_json, gather_json
 from proxyfl.comm.exchange import (
     SERVER_RANK,
     Communicator,
@@ -50,7 +52,6 @@ from proxyfl.comm.exchange import (
 )
 from proxyfl.comm.graphs import Schedule
 from proxyfl.config import TrainConfig
-from proxyfl.engine import checkpoint as ckpt
 from proxyfl.engine.data import PatchDataset, prepare_images
 from proxyfl.engine.evaluate import Scores, evaluate_models
 from proxyfl.engine.local_training import PlainTraining, make_plain
@@ -65,21 +66,9 @@ from proxyfl.privacy.dp import (
 )
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import DPSGDLedger, PrivacyLedger
-from proxyfl.records import metric_rows, rank_record
-from proxyfl.results import (
-    METRICS_FILE,
-    MetricRow,
-    atomic_write_json,
-    read_metrics,
-    write_metrics,
-)
 from wsi.store.reader import PatchSplitReader
 
 logger = logging.getLogger(__name__)
-
-
-class StopAfterRound(SystemExit):
-    """Raised on every rank by the ``--stop-after-round`` test hook."""
 
 
 @dataclass
@@ -357,91 +346,3 @@ class ClientTrainer:
     def private_digest_source(self) -> np.ndarray | None:
         """The private model's flat parameters (for checks that it never left the rank)."""
         return flatten_parameters(self.private) if self.private is not None else None
-
-
-
-def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
-    """The newest round every rank has a complete checkpoint for (0: none). Rank 0 says
-    what each rank has when they differ, so a fresh start is never a surprise."""
-    mine = ckpt.available_rounds(run_dir, rank)
-    everyone = allgather_json(comm, mine)
-    common = min((rounds[-1] if rounds else 0) for rounds in everyone)
-    if common and common not in mine:
-        raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
-    if rank == 0 and any(rounds != everyone[0] for rounds in everyone):
-        held = "; ".join(
-            f"rank {r}: " + (f"rounds {', '.join(map(str, rounds))}" if rounds
-                             else "no complete checkpoint")
-            for r, rounds in enumerate(everyone)
-        )  # fmt: skip
-        outcome = f"resuming after round {common}" if common else "starting from round 1"
-        logger.info("checkpoints differ between ranks (%s): %s, the latest all completed",
-                    held, outcome)  # fmt: skip
-    return common
-
-
-def run_training(trainer: ClientTrainer, start_round: int) -> None:
-    """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each."""
-    cfg, runtime = trainer.config, trainer.runtime
-    comm = runtime.comm
-    metrics_path = trainer.run_dir / METRICS_FILE
-    rows: list[MetricRow] = []
-    if runtime.is_root:
-        rows = [r for r in read_metrics(metrics_path) if r.round <= start_round]
-    for round_number in range(start_round + 1, cfg.rounds + 1):
-        if trainer.active and not trainer.within_budget_after_next_round():
-            logger.warning(
-                "client %d stops before round %d: ε would exceed the budget %.3g",
-                trainer.data.client, round_number, cfg.epsilon_budget,
-            )  # fmt: skip
-            trainer.active = False
-        flags = allgather_json(comm, trainer.active)
-        members = [rank for rank, active in enumerate(flags) if active]
-        distribution = trainer.distribute_round(members, round_number)
-
-        started = time.perf_counter()
-        trains = trainer.active and distribution.trains
-        losses = trainer.train_round() if trains else RoundLosses()
-        trainer.timings.train_seconds += time.perf_counter() - started
-
-        comm_seconds = distribution.seconds + trainer.exchange_round(members, round_number)
-        trainer.timings.comm_seconds += comm_seconds
-
-        started = time.perf_counter()
-        if trainer.active or trainer.last_scores is None:  # a stopped client's models are frozen
-            trainer.last_scores = trainer.evaluate()
-        trainer.timings.eval_seconds += time.perf_counter() - started
-
-        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses, comm_seconds)
-        gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
-        if runtime.is_root:
-            assert gathered is not None
-            rows.extend(MetricRow.model_validate(row) for part in gathered for row in part)
-            write_metrics(metrics_path, rows)
-        logger.info(
-            "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
-            round_number, cfg.rounds, trainer.data.client,
-            " ".join(f"{k}={v.accuracy:.3f}" for k, v in trainer.last_scores.items()),
-            trainer.epsilon(), _format_loss(losses.shared), comm_seconds,
-        )  # fmt: skip
-
-        started = time.perf_counter()
-        ckpt.save_checkpoint(
-            trainer.run_dir,
-            runtime.rank,
-            round_number,
-            trainer.state_dict(round_number),
-            keep=cfg.keep_checkpoints,
-        )
-        trainer.timings.checkpoint_seconds += time.perf_counter() - started
-        atomic_write_json(
-            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", rank_record(trainer)
-        )
-        if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
-            comm.Barrier()
-            raise StopAfterRound(3)
-
-
-def _format_loss(loss: float | None) -> str:
-    """A round's mean training loss for the log ("-" when the client did not train)."""
-    return "-" if loss is None else f"{loss:.4f}"

@@ -134,7 +134,7 @@ LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks":
 # and proxyfl's rooms (a module of the package itself is its own room)
 ROOMS = {
     "comm": 0, "names": 0, "results": 1, "config": 1, "rules": 1, "privacy": 2, "engine": 2,
-    "algorithms": 3, "launch": 3, "report": 3, "trainer": 4, "records": 4, "run": 5,
+    "algorithms": 3, "launch": 3, "report": 3, "trainer": 4, "records": 5, "loop": 6, "run": 7,
 }  # fmt: skip
 
 
@@ -159,8 +159,9 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
 
 
 def test_every_proxyfl_room_imports_only_rooms_below_it() -> None:
-    """contracts (names, results, config) and comm; privacy and the engine; algorithms,
-    the launcher and the report; the loop; a rank's entry point."""
+    """contracts (names, results, config, rules) and comm; privacy and the engine;
+    algorithms, the launcher and the report; a client's set-up (trainer), its records,
+    the loop; a rank's entry point."""
     modules = _modules("proxyfl")
     assert all(_room(name) is not None for name, _ in modules if name != "proxyfl")
     upward = []

@@ -1,0 +1,110 @@
+"""The training loop of one rank: rounds of local training, exchange, evaluation, records
+and a checkpoint, from the newest round every rank has completed
+(:func:`latest_common_round`). The client's set-up is :class:`~proxyfl.trainer.ClientTrainer`;
+what each round records, :mod:`proxyfl.records`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from proxyfl.comm.control import allgather_json, gather_json
+from proxyfl.engine import checkpoint as ckpt
+from proxyfl.records import metric_rows, rank_record
+from proxyfl.results import METRICS_FILE, MetricRow, atomic_write_json, read_metrics, write_metrics
+from proxyfl.trainer import ClientTrainer, RoundLosses
+
+logger = logging.getLogger(__name__)
+
+
+class StopAfterRound(SystemExit):
+    """Raised on every rank by the ``--stop-after-round`` test hook."""
+
+
+def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
+    """The newest round every rank has a complete checkpoint for (0: none). Rank 0 says
+    what each rank has when they differ, so a fresh start is never a surprise."""
+    mine = ckpt.available_rounds(run_dir, rank)
+    everyone = allgather_json(comm, mine)
+    common = min((rounds[-1] if rounds else 0) for rounds in everyone)
+    if common and common not in mine:
+        raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
+    if rank == 0 and any(rounds != everyone[0] for rounds in everyone):
+        held = "; ".join(
+            f"rank {r}: " + (f"rounds {', '.join(map(str, rounds))}" if rounds
+                             else "no complete checkpoint")
+            for r, rounds in enumerate(everyone)
+        )  # fmt: skip
+        outcome = f"resuming after round {common}" if common else "starting from round 1"
+        logger.info("checkpoints differ between ranks (%s): %s, the latest all completed",
+                    held, outcome)  # fmt: skip
+    return common
+
+
+def run_training(trainer: ClientTrainer, start_round: int) -> None:
+    """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each."""
+    cfg, runtime = trainer.config, trainer.runtime
+    comm = runtime.comm
+    metrics_path = trainer.run_dir / METRICS_FILE
+    rows: list[MetricRow] = []
+    if runtime.is_root:
+        rows = [r for r in read_metrics(metrics_path) if r.round <= start_round]
+    for round_number in range(start_round + 1, cfg.rounds + 1):
+        if trainer.active and not trainer.within_budget_after_next_round():
+            logger.warning(
+                "client %d stops before round %d: ε would exceed the budget %.3g",
+                trainer.data.client, round_number, cfg.epsilon_budget,
+            )  # fmt: skip
+            trainer.active = False
+        flags = allgather_json(comm, trainer.active)
+        members = [rank for rank, active in enumerate(flags) if active]
+        distribution = trainer.distribute_round(members, round_number)
+
+        started = time.perf_counter()
+        trains = trainer.active and distribution.trains
+        losses = trainer.train_round() if trains else RoundLosses()
+        trainer.timings.train_seconds += time.perf_counter() - started
+
+        comm_seconds = distribution.seconds + trainer.exchange_round(members, round_number)
+        trainer.timings.comm_seconds += comm_seconds
+
+        started = time.perf_counter()
+        if trainer.active or trainer.last_scores is None:  # a stopped client's models are frozen
+            trainer.last_scores = trainer.evaluate()
+        trainer.timings.eval_seconds += time.perf_counter() - started
+
+        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses, comm_seconds)
+        gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
+        if runtime.is_root:
+            assert gathered is not None
+            rows.extend(MetricRow.model_validate(row) for part in gathered for row in part)
+            write_metrics(metrics_path, rows)
+        logger.info(
+            "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
+            round_number, cfg.rounds, trainer.data.client,
+            " ".join(f"{k}={v.accuracy:.3f}" for k, v in trainer.last_scores.items()),
+            trainer.epsilon(), _format_loss(losses.shared), comm_seconds,
+        )  # fmt: skip
+
+        started = time.perf_counter()
+        ckpt.save_checkpoint(
+            trainer.run_dir,
+            runtime.rank,
+            round_number,
+            trainer.state_dict(round_number),
+            keep=cfg.keep_checkpoints,
+        )
+        trainer.timings.checkpoint_seconds += time.perf_counter() - started
+        atomic_write_json(
+            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", rank_record(trainer)
+        )
+        if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
+            comm.Barrier()
+            raise StopAfterRound(3)
+
+
+def _format_loss(loss: float | None) -> str:
+    """A round's mean training loss for the log ("-" when the client did not train)."""
+    return "-" if loss is None else f"{loss:.4f}"
