@@ -128,7 +128,7 @@ def test_mistakes_are_errors_naming_key_centre_and_numbers(
 
     pool = found(train__algorithms=["PrivateKT"], train__centers=[0],
                  train__options__public_center=1, train__options__kt_samples=10**6)  # fmt: skip
-    assert len(pool) == 1 and pool[0].startswith("train.options.kt_samples: 1000000 is more ")
+    assert len(pool) == 1 and pool[0].startswith("train.options.kt_samples: 1000000 is larger ")
     assert pool[0].endswith("items of the public pool (centre 1)")
 
 

@@ -84,7 +84,7 @@ def test_the_key_follows_the_code_that_computes_candidates(tmp_path: Path) -> No
     masks.write_text(masks.read_text() + "\n# a fix\n")
     unrelated = tmp_path / "unrelated"
     shutil.copytree(package, unrelated / "wsi")
-    store = unrelated / "wsi" / "store.py"
+    store = unrelated / "wsi" / "store" / "writer.py"
     store.write_text(store.read_text() + "\n# formatting\n")
 
     assert key_with(original) == key_with(original)
