@@ -20,7 +20,6 @@ slide of ``--centers``.
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from collections.abc import Sequence
 
 from prefect import flow
@@ -54,9 +53,7 @@ from tasks.preprocess import (
     slide_catalogue,
 )
 from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
-from wsi.center import InsufficientPatchesError, patches_to_take
-from wsi.preprocess import record_failed_center
-from wsi.sampling import SlidePatches
+from wsi.preprocess import group_outcomes, record_failed_center, shortfalls
 from wsi.store.schema import store_path
 from wsi.summary import (
     TABLE_1_COLUMNS,
@@ -125,41 +122,22 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     )
     outcomes = [f.result() for f in _with_progress(list(candidate_futures), "slides")]
 
-    # each centre's report tells its whole story: its catalogue problems and failed slides
-    slide_failures: dict[int, list[SlideFailure]] = defaultdict(list)
-    unplaced: list[SlideFailure] = []  # failures no centre's report holds
-    for problem in catalogue_failures:
-        if problem.center is None:
-            unplaced.append(problem)
-        else:
-            slide_failures[problem.center].append(problem)
-    by_center: dict[int, list[SlidePatches]] = defaultdict(list)
-    for record, outcome in zip(records, outcomes, strict=True):
-        if isinstance(outcome, SlidePatches):
-            by_center[record.center].append(outcome)
-        else:
-            slide_failures[record.center].append(outcome)
-
-    # every centre is checked before any store is written; the short ones are not built
-    short: dict[int, str] = {}
-    for center in config.centers:
-        try:
-            patches_to_take(center, by_center[center], config.sampling(center))
-        except InsufficientPatchesError as error:
-            short[center] = str(error)
-            get_run_logger().error("%s", error)
-            record_failed_center(center, str(error), config.out, slide_failures[center])
+    grouped = group_outcomes(records, outcomes, catalogue_failures)
+    short = shortfalls(config.centers, grouped.patches, config.sampling)
+    for center, reason in short.items():  # not built; the others are
+        get_run_logger().error("%s", reason)
+        record_failed_center(center, reason, config.out, grouped.failures[center])
 
     to_build = [center for center in config.centers if center not in short]
     store_futures = [
         center_store.submit(
             center,
-            by_center[center],
+            grouped.patches[center],
             config.patch,
             config.sampling(center),
             config.out,
             config.backend,
-            slide_failures[center],
+            grouped.failures[center],
             [record for record in records if record.center == center],
         )
         for center in to_build
@@ -171,13 +149,14 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
         outcome = future.result(raise_on_failure=False)
         if isinstance(outcome, BaseException):  # the task itself crashed (e.g. its worker)
             failed[center] = f"{type(outcome).__name__}: {outcome}"
-            record_failed_center(center, failed[center], config.out, slide_failures[center])
+            record_failed_center(center, failed[center], config.out, grouped.failures[center])
         elif outcome.status == "failed":
             failed[center] = outcome.error or "failed"
 
-    rows = patch_summary(config.out, unplaced)
+    rows = patch_summary(config.out, grouped.unplaced)
     reports = read_center_reports(config.out)
-    failures = [f for r in reports if r.center in config.centers for f in r.failures] + unplaced
+    failures = [f for r in reports if r.center in config.centers for f in r.failures]
+    failures += grouped.unplaced
     print_summary(rows, failures)
     publish_table_1(rows)
     publish_failures(failures)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from wsi.center import (
     InsufficientPatchesError,
     SamplingParams,
     catalogue_test_patients,
+    patches_to_take,
     write_center_store,
 )
 from wsi.patches import (
@@ -126,6 +129,55 @@ def slide_patches(
     if cache is not None:
         cache.save(record, params, patches)
     return patches
+
+
+@dataclass
+class SlideOutcomes:
+    """Every slide's outcome, by centre: the slides that gave candidates, and the failures
+    each centre's report will tell (its catalogue problems and failed slides); a
+    catalogue problem that names no centre is no centre's (``unplaced``)."""
+
+    patches: dict[int, list[SlidePatches]] = field(default_factory=lambda: defaultdict(list))
+    failures: dict[int, list[SlideFailure]] = field(default_factory=lambda: defaultdict(list))
+    unplaced: list[SlideFailure] = field(default_factory=list)
+
+
+def group_outcomes(
+    records: Sequence[SlideRecord],
+    outcomes: Sequence[SlidePatches | SlideFailure],
+    catalogue_problems: Sequence[SlideFailure],
+) -> SlideOutcomes:
+    """``outcomes[i]`` (:func:`slide_patches` of ``records[i]``) and the catalogue's
+    problems, grouped by centre."""
+    grouped = SlideOutcomes()
+    for problem in catalogue_problems:
+        if problem.center is None:
+            grouped.unplaced.append(problem)
+        else:
+            grouped.failures[problem.center].append(problem)
+    for record, outcome in zip(records, outcomes, strict=True):
+        if isinstance(outcome, SlidePatches):
+            grouped.patches[record.center].append(outcome)
+        else:
+            grouped.failures[record.center].append(outcome)
+    return grouped
+
+
+def shortfalls(
+    centers: Sequence[int],
+    patches: Mapping[int, Sequence[SlidePatches]],
+    sampling: Callable[[int], SamplingParams],
+) -> dict[int, str]:
+    """The centres whose slides cannot give the patches ``sampling(center)`` asks for, and
+    why: checked for every centre before any store is written, so that a short centre is
+    not built and the others are."""
+    short = {}
+    for center in centers:
+        try:
+            patches_to_take(center, list(patches.get(center, ())), sampling(center))
+        except InsufficientPatchesError as error:
+            short[center] = str(error)
+    return short
 
 
 def record_failed_center(
