@@ -70,7 +70,7 @@ class TrainOptions(BaseModel):
     epsilon_budget: float | None = Field(
         None, gt=0, description="a client stops once its ε would exceed this"
     )
-    workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
     keep_checkpoints: int = Field(2, ge=2, description="checkpoints kept per rank")
     # A finished run deletes its checkpoints (hundreds of MB per rank) unless asked to keep them.
     keep_final_checkpoints: bool = Field(
@@ -229,7 +229,7 @@ class TrainConfig(TrainOptions):
         """The configuration a run's result depends on: the fields that must not change
         when it is resumed, and that a finished run is compared by. Where the run and its
         stores are (``out``, ``data``: the stores are identified by their content, see
-        :func:`proxyfl.launch.rundir.store_inputs`) and how it runs (device, workers,
+        :func:`proxyfl.launch.rundir.store_inputs`) and how it runs (device, loader_workers,
         checkpoints kept) are not part of it."""
         ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them
@@ -245,7 +245,7 @@ class TrainConfig(TrainOptions):
 
 # Where a run is and how it runs, not what it computes (TrainConfig.fingerprint).
 WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
-    "out", "data", "resume", "stop_after_round", "device", "workers", "keep_checkpoints",
+    "out", "data", "resume", "stop_after_round", "device", "loader_workers", "keep_checkpoints",
     "keep_final_checkpoints",
 )  # fmt: skip
 

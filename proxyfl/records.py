@@ -90,7 +90,7 @@ def rank_record(trainer: ClientTrainer) -> dict[str, Any]:
         "device": str(trainer.runtime.device),
         "hostname": trainer.runtime.hostname,
         "n_train": len(trainer.data.train),
-        "shared_parameters": trainer.shared_parameters,
+        "proxy_parameters": trainer.proxy_parameters,
         "private_parameters": trainer.private_parameters,
         "opened": list(ACCESS_LOG.opened),
         "sent": list(trainer.communicator.log.entries),
@@ -118,8 +118,8 @@ def client_summary(trainer: ClientTrainer) -> dict[str, Any]:
             if trainer.strategy.mutual_learning
             else None
         ),
-        "shared_model": trainer.config.proxy_model,
-        "shared_parameters": trainer.shared_parameters,
+        "proxy_model": trainer.config.proxy_model,
+        "proxy_parameters": trainer.proxy_parameters,
         "private_parameters": trainer.private_parameters,
         "sample_rate": trainer.training.sample_rate,
         "steps_per_round": trainer.steps_per_round,

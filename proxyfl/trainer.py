@@ -157,7 +157,7 @@ class ClientTrainer:
                 clip=cfg.clip,
                 sampler_generator=self.sampler_generator,
                 noise_generator=self.noise_generator,
-                workers=cfg.workers,
+                workers=cfg.loader_workers,
             )
             self.ledger = DPSGDLedger(
                 self.training.accountant,
@@ -173,11 +173,11 @@ class ClientTrainer:
                 self.data.train,
                 batch_size=cfg.batch_size,
                 generator=self.sampler_generator,
-                workers=cfg.workers,
+                workers=cfg.loader_workers,
             )
             self.ledger = LDPLedger(cfg.ldp_epsilon)
         self.exchange = self.strategy.make_exchange(self.schedule, self._knowledge_transfer)
-        self.shared_parameters = count_parameters(self.training.model)
+        self.proxy_parameters = count_parameters(self.training.model)
         self.private_parameters = count_parameters(self.private) if self.private else 0
 
     @property

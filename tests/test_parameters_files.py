@@ -37,6 +37,8 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("wrong type", lambda t: t.replace("rounds: 10", "rounds: ten"), "train",
      ("train.options.rounds", "valid integer", "'ten'")),
     ("not a mapping", lambda t: "- a\n- b\n", None, ("must hold a mapping",)),
+    ("renamed key", lambda t: t.replace("    loader_workers: 0 ", "    workers: 0 "), "train",
+     ("train.options.workers: renamed train.options.loader_workers", "rename the key")),
 ]  # fmt: skip
 COMMANDS = {
     "preprocess": preprocess_main,

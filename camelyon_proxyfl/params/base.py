@@ -27,6 +27,33 @@ DEFAULT_PARAMS = Path("params.yaml")
 SECTIONS = ("data", "preprocess", "train", "report")
 
 
+# Keys renamed since an earlier version, with what the new name says: a file that still
+# uses an old key is refused, naming the new one (never silently ignored or mapped).
+RENAMED_KEYS: dict[KeyPath, tuple[KeyPath, str]] = {
+    ("train", "options", "workers"): (
+        ("train", "options", "loader_workers"),
+        "the DataLoader processes of each rank, not preprocess.workers' pool",
+    ),
+}
+
+
+def refuse_renamed_keys(
+    document: Mapping[str, Any], sections: Sequence[str], source: Path | str
+) -> None:
+    """A :class:`ConfigError` for the first key of ``sections`` in ``document`` that has
+    been renamed (:data:`RENAMED_KEYS`)."""
+    for old, (new, meaning) in RENAMED_KEYS.items():
+        if old[0] not in sections:
+            continue
+        level: Any = document
+        for part in old[:-1]:
+            level = level.get(part) if isinstance(level, Mapping) else None
+        if isinstance(level, Mapping) and old[-1] in level:
+            raise ConfigError(
+                source, f"{'.'.join(old)}: renamed {'.'.join(new)} ({meaning}); rename the key"
+            )
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -127,6 +154,7 @@ class ParamsCommand(Generic[Stage]):
         """The parsed flags and the stage's sections validated with them laid over it."""
         args = self.parser.parse_args(self.argv)
         values = given(args, self.flags)
+        refuse_renamed_keys(self.document, list(self.stage.model_fields), self.params_file)
         merged = layered(self.document, values)
         return args, validate(self.stage, merged, self.params_file, values)
 
@@ -136,4 +164,6 @@ def load_sections(
 ) -> Stage:
     """The sections ``stage`` reads of the parameters file at ``path``, validated; a
     :class:`~plumbing.cli.ConfigError` otherwise."""
-    return validate(stage, read_yaml(path, required=required), path)
+    document = read_yaml(path, required=required)
+    refuse_renamed_keys(document, list(stage.model_fields), path)
+    return validate(stage, document, path)

@@ -163,7 +163,7 @@ def test_no_message_carries_the_private_model(runs: Runs, algorithm: str) -> Non
             private = _flat_digest(state["private_model"], private_name)
             assert private not in sent_digests
             values = sum(e["values"] for e in models if e["round"] == round_number)
-            assert values == record["shared_parameters"]  # one proxy a round, nothing else
+            assert values == record["proxy_parameters"]  # one proxy a round, nothing else
         other = {e["kind"] for e in record["sent"]} - {"model", "server_average", "weight"}
         assert not other
 

@@ -218,7 +218,7 @@ def test_a_client_sends_nothing_but_k_labels(run_dir: Path, data: Path) -> None:
             kinds = {e["kind"] for e in record["sent"]}
             assert kinds == {"global_model", "selection", "kt_items"}
             for entry in record["sent"]:
-                expected = {"global_model": record["shared_parameters"], "kt_items": K,
+                expected = {"global_model": record["proxy_parameters"], "kt_items": K,
                             "selection": len(CLIENTS)}[entry["kind"]]  # fmt: skip
                 assert entry["values"] == expected and entry["peer"] == "all"
             continue
@@ -337,7 +337,7 @@ def test_ablations_and_client_fraction_map_to_the_settings() -> None:
     from proxyfl.config import TrainConfig
 
     base = KTSettings.from_config(TrainConfig(algorithm="PrivateKT"), n_classes=2, pool_size=95)
-    assert (base.kt_samples, base.epsilon, base.buffer_size) == (2, 5.0, 25)
+    assert (base.kt_samples, base.ldp_epsilon, base.buffer_size) == (2, 5.0, 25)
     assert base.self_train_samples == 10 and not base.uniform_sampling  # ⌈0.1 · 95⌉
     assert base.beta == pytest.approx(math.expm1(2.5) / (math.expm1(2.5) + 2))
     ablated = KTSettings.from_config(

@@ -103,6 +103,6 @@ def test_resnet18_gn_proxyfl_round(helpers: Any, tmp_path: Path) -> None:
         (c, m) for c in (0, 1) for m in ("private", "proxy")
     }
     record = json.loads((out / "ranks" / "rank_0.json").read_text())
-    assert record["shared_parameters"] == 11_177_538  # ResNet-18, 2 outputs
+    assert record["proxy_parameters"] == 11_177_538  # ResNet-18, 2 outputs
     sent = [e for e in record["sent"] if e["kind"] == "model"]
     assert [e["values"] for e in sent] == [11_177_538]

@@ -80,7 +80,7 @@ def test_a_finished_run_of_the_same_configuration_and_stores_is_kept(
     plan = plan_launch(config)
     assert plan.action is Action.KEEP and "--replace" in plan.reason
     # where the run and its stores are, and how it runs, are not its configuration
-    elsewhere = _config(data, run_dir, device="cpu", workers=2, keep_final_checkpoints=True)
+    elsewhere = _config(data, run_dir, device="cpu", loader_workers=2, keep_final_checkpoints=True)
     assert plan_launch(elsewhere).action is Action.KEEP
     replaced = plan_launch(config, replace=True)
     assert (replaced.action, replaced.work) == (Action.REPLACE, staging_dir(run_dir))

@@ -66,7 +66,7 @@ class KTSettings:
     """PrivateKT's hyper-parameters (Algorithm 1, line 1: ε, K, β, B, M)."""
 
     kt_samples: int  # K
-    epsilon: float  # ε of one round
+    ldp_epsilon: float  # ε of one round (label-level ε-LDP, Lemma 1)
     n_classes: int  # C
     buffer_size: int  # B (1 with --no-buffer)
     self_train_samples: int  # M (0 with --no-self-training)
@@ -80,7 +80,7 @@ class KTSettings:
     @property
     def beta(self) -> float:
         """β of Lemma 1: ``(e^{ε/K} − 1)/(e^{ε/K} − 1 + C)``."""
-        return keep_probability(self.epsilon, self.kt_samples, self.n_classes)
+        return keep_probability(self.ldp_epsilon, self.kt_samples, self.n_classes)
 
     @classmethod
     def from_config(cls, config: TrainConfig, n_classes: int, pool_size: int) -> KTSettings:
@@ -90,7 +90,7 @@ class KTSettings:
             m = max(1, math.ceil(SELF_TRAIN_SHARE * pool_size))
         return cls(
             kt_samples=config.kt_samples,
-            epsilon=config.ldp_epsilon,
+            ldp_epsilon=config.ldp_epsilon,
             n_classes=n_classes,
             buffer_size=config.buffer_size if config.buffer else 1,
             self_train_samples=m if config.self_training else 0,
