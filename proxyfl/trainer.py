@@ -116,69 +116,79 @@ class ClientTrainer:
     communicator: Communicator = field(init=False)
 
     def __post_init__(self) -> None:
-        cfg, device = self.config, self.runtime.device
-        self.input_size = cfg.input_size or self.data.patch_size
+        """Build the client, always in this order: the models' initial weights come from
+        seeded draws of torch's global generator, so the order is part of the result."""
+        self.input_size = self.config.input_size or self.data.patch_size
         self.communicator = Communicator(self.runtime.comm)
         self.timings = Timings()
         self.active = True
         self.last_scores: dict[str, Scores] | None = None
-
-        torch.manual_seed(derived_seed(cfg.seed, "shared-init"))
-        shared = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
-        if self.strategy.dp_training:
-            check_dp_compatible(shared, cfg.proxy_model)
-        self.private: nn.Module | None = None
-        self.private_optimizer: torch.optim.Optimizer | None = None
-        if self.strategy.mutual_learning:
-            name = cfg.private_model_for(self.data.client)
-            torch.manual_seed(derived_seed(cfg.seed, "private-init", self.data.center))
-            self.private = build_model(name, self.data.n_classes, self.input_size).to(device)
-            self.private_optimizer = torch.optim.Adam(
-                self.private.parameters(),
-                lr=cfg.private_learning_rate,
-                weight_decay=cfg.weight_decay,
-            )
-        self.sampler_generator = seeded_generator(
-            derived_seed(cfg.seed, "poisson-sampling", self.data.center), torch.device("cpu")
-        )
-        self.noise_generator = seeded_generator(
-            derived_seed(cfg.seed, "dp-noise", self.data.center), device
-        )
-        optimizer = torch.optim.Adam(shared.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.ledger: PrivacyLedger
-        self.training: PrivateTraining | PlainTraining
-        if self.strategy.dp_training:
-            self.training = make_private(
-                shared,
-                optimizer,
-                self.data.train,
-                batch_size=cfg.batch_size,
-                sigma=cfg.sigma,
-                clip=cfg.clip,
-                sampler_generator=self.sampler_generator,
-                noise_generator=self.noise_generator,
-                workers=cfg.loader_workers,
-            )
-            self.ledger = DPSGDLedger(
-                self.training.accountant,
-                sigma=cfg.sigma,
-                sample_rate=self.training.sample_rate,
-                steps_per_round=self.steps_per_round,
-                delta=cfg.delta,
-            )
-        else:
-            self.training = make_plain(
-                shared,
-                optimizer,
-                self.data.train,
-                batch_size=cfg.batch_size,
-                generator=self.sampler_generator,
-                workers=cfg.loader_workers,
-            )
-            self.ledger = LDPLedger(cfg.ldp_epsilon)
+        proxy = self._build_proxy_model()
+        self.private, self.private_optimizer = self._build_private_model()
+        self.sampler_generator, self.noise_generator = self._build_generators()
+        self.training, self.ledger = self._build_proxy_training(proxy)
         self.exchange = self.strategy.make_exchange(self.schedule, self._knowledge_transfer)
         self.proxy_parameters = count_parameters(self.training.model)
         self.private_parameters = count_parameters(self.private) if self.private else 0
+
+    # -- set-up, in __post_init__'s order ---------------------------------------------------
+    def _build_proxy_model(self) -> nn.Module:
+        """The proxy (shared) model, initialised from the same seed on every client."""
+        cfg = self.config
+        torch.manual_seed(derived_seed(cfg.seed, "shared-init"))
+        proxy = build_model(cfg.proxy_model, self.data.n_classes, self.input_size)
+        proxy = proxy.to(self.runtime.device)
+        if self.strategy.dp_training:
+            check_dp_compatible(proxy, cfg.proxy_model)
+        return proxy
+
+    def _build_private_model(self) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
+        """The private model and its Adam (mutual learning only), from a seed of its own
+        centre."""
+        cfg = self.config
+        if not self.strategy.mutual_learning:
+            return None, None
+        name = cfg.private_model_for(self.data.client)
+        torch.manual_seed(derived_seed(cfg.seed, "private-init", self.data.center))
+        private = build_model(name, self.data.n_classes, self.input_size).to(self.runtime.device)
+        optimizer = torch.optim.Adam(
+            private.parameters(), lr=cfg.private_learning_rate, weight_decay=cfg.weight_decay
+        )
+        return private, optimizer
+
+    def _build_generators(self) -> tuple[torch.Generator, torch.Generator]:
+        """Poisson sampling's generator (CPU) and the DP noise's (on the device)."""
+        cfg, center = self.config, self.data.center
+        sampler = seeded_generator(
+            derived_seed(cfg.seed, "poisson-sampling", center), torch.device("cpu")
+        )
+        noise = seeded_generator(derived_seed(cfg.seed, "dp-noise", center), self.runtime.device)
+        return sampler, noise
+
+    def _build_proxy_training(
+        self, proxy: nn.Module
+    ) -> tuple[PrivateTraining | PlainTraining, PrivacyLedger]:
+        """The proxy model's training and the ledger of what it spends: DP-Adam on Poisson
+        batches with the RDP accountant, or (PrivateKT) plain Adam on shuffled batches with
+        the label-level LDP ledger."""
+        cfg = self.config
+        optimizer = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if not self.strategy.dp_training:
+            plain = make_plain(
+                proxy, optimizer, self.data.train, batch_size=cfg.batch_size,
+                generator=self.sampler_generator, workers=cfg.loader_workers,
+            )  # fmt: skip
+            return plain, LDPLedger(cfg.ldp_epsilon)
+        private = make_private(
+            proxy, optimizer, self.data.train, batch_size=cfg.batch_size, sigma=cfg.sigma,
+            clip=cfg.clip, sampler_generator=self.sampler_generator,
+            noise_generator=self.noise_generator, workers=cfg.loader_workers,
+        )  # fmt: skip
+        ledger = DPSGDLedger(
+            private.accountant, sigma=cfg.sigma, sample_rate=private.sample_rate,
+            steps_per_round=private.steps_per_epoch * cfg.local_epochs, delta=cfg.delta,
+        )  # fmt: skip
+        return private, ledger
 
     @property
     def dp(self) -> PrivateTraining | PlainTraining:
