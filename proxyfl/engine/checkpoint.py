@@ -66,9 +66,15 @@ def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, An
         )
 
 
+# Where Scores lived before proxyfl/ was split into rooms: a run interrupted then still
+# resumes from its checkpoints, which name the class by that path.
+_SCORES_FORMERLY = "proxyfl.evaluate.Scores"
+
+
 def _checkpoint_globals() -> list[Any]:
     """What a checkpoint may hold beyond tensors and plain data: NumPy arrays (PrivateKT's
-    item indices and buffer) and :class:`~proxyfl.engine.evaluate.Scores`."""
+    item indices and buffer) and :class:`~proxyfl.engine.evaluate.Scores` (by its path
+    now, or by its former one)."""
     import numpy as np
 
     from proxyfl.engine.evaluate import Scores
@@ -77,7 +83,8 @@ def _checkpoint_globals() -> list[Any]:
     # numeric dtypes only: an object array could carry arbitrary pickles
     numeric = [type(np.dtype(kind)) for kind in ("?", "i1", "i2", "i4", "i8", "u1", "u2",
                                                  "u4", "u8", "f2", "f4", "f8")]  # fmt: skip
-    return [Scores, np.ndarray, np.dtype, core.multiarray._reconstruct, *numeric]
+    return [Scores, (Scores, _SCORES_FORMERLY), np.ndarray, np.dtype,
+            core.multiarray._reconstruct, *numeric]  # fmt: skip
 
 
 def clear_checkpoints(run_dir: Path, rank: int) -> None:

@@ -83,3 +83,22 @@ def test_a_tampered_checkpoint_is_refused_without_running_its_code(tmp_path: Pat
     loaded = load_checkpoint(tmp_path, 0, 2)
     assert np.array_equal(loaded["items"], state["items"]) and loaded["scores"] == state["scores"]
     assert torch.equal(loaded["model"]["w"], state["model"]["w"]) and loaded["rng"] == state["rng"]
+
+
+def test_a_checkpoint_written_before_the_move_of_scores_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints of runs interrupted before proxyfl/ was split into rooms name
+    ``proxyfl.evaluate.Scores``; they resume, and only that old name is let through."""
+    import types
+
+    former = types.ModuleType("proxyfl.evaluate")
+    former.Scores = Scores  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "proxyfl.evaluate", former)
+    monkeypatch.setattr(Scores, "__module__", "proxyfl.evaluate")
+    scores = {"proxy": Scores(0.5, 0.5, 4, (0.5, 0.5))}
+    save_checkpoint(tmp_path, 0, 1, {"round": 1, "last_scores": scores})
+    monkeypatch.undo()  # the class is back at its path, and the old module is gone
+    assert "proxyfl.evaluate" not in sys.modules
+    assert b"proxyfl.evaluate" in checkpoint_path(tmp_path, 0, 1).read_bytes()
+    assert load_checkpoint(tmp_path, 0, 1)["last_scores"] == scores
