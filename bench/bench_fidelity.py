@@ -85,13 +85,13 @@ def train_all(
     """One MPI job per (method, seed), skipping those already finished the same way."""
     jobs = [
         TrainingJob(TrainConfig(**options, algorithm=algorithm, seed=seed, data=data,
-                                out=runs / algorithm / f"seed_{seed}", centers=list(centers)))
+                                run_dir=runs / algorithm / f"seed_{seed}", centers=list(centers)))
         for seed in seeds
         for algorithm in algorithms
     ]  # fmt: skip
     started = time.perf_counter()
     for number, job in enumerate(jobs, 1):
-        if _finished_with(job.out, options):
+        if _finished_with(job.run_dir, options):
             print(f"[{number}/{len(jobs)}] {job.algorithm} seed {job.seed}: done before")
             continue
         job_started = time.perf_counter()

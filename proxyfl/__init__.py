@@ -3,7 +3,7 @@ PrivateKT over MPI.
 
 One MPI rank is one client (one centre's HDF5 patch store). The entry point is
 ``mpiexec -n K python -m mpi4py -m proxyfl.run --config RUN_DIR/config.json`` (or flags:
-``--algorithm ALG --data DIR --out RUN_DIR ...``);
+``--algorithm ALG --data DIR --run-dir RUN_DIR ...``);
 ``python -m proxyfl.privacy`` prints the (ε, δ) each client will spend.
 
 Rooms, by role (each module one idea):

@@ -135,12 +135,23 @@ class TrainConfig(TrainOptions):
 
     algorithm: Algorithm = Field("ProxyFL", description=f"one of {', '.join(ALGORITHMS)}")
     data: Path | None = Field(None, description="directory holding center_{c}.h5 stores")
-    out: Path | None = Field(None, description="the run directory")
+    run_dir: Path | None = Field(
+        None, description="the run directory (train.runs/ALGORITHM/seed_S)"
+    )
     centers: list[int] | None = Field(None, description="centre of each rank (default 0..K-1)")
     seed: int = Field(0, description="run seed")
     resume: bool = Field(False, description="continue from the run directory's checkpoints")
     # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
     stop_after_round: int | None = Field(None, ge=1, json_schema_extra={"hidden": True})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        # config.json and run.json of runs made before the rename name the run directory
+        # ``out``; they still resume and relocate.
+        if isinstance(data, dict) and "out" in data and "run_dir" not in data:
+            data = {("run_dir" if key == "out" else key): value for key, value in data.items()}
+        return data
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -205,10 +216,10 @@ class TrainConfig(TrainOptions):
         return self
 
     def require_paths(self) -> tuple[Path, Path]:
-        """``(data, out)``; a :class:`ConfigError` if either is missing."""
-        if self.data is None or self.out is None:
-            raise ConfigError(None, "both --data DIR and --out RUN_DIR are required")
-        return self.data, self.out
+        """``(data, run_dir)``; a :class:`ConfigError` if either is missing."""
+        if self.data is None or self.run_dir is None:
+            raise ConfigError(None, "both --data DIR and --run-dir RUN_DIR are required")
+        return self.data, self.run_dir
 
     @property
     def private_learning_rate(self) -> float:
@@ -228,7 +239,7 @@ class TrainConfig(TrainOptions):
     def fingerprint(self) -> dict[str, Any]:
         """The configuration a run's result depends on: the fields that must not change
         when it is resumed, and that a finished run is compared by. Where the run and its
-        stores are (``out``, ``data``: the stores are identified by their content, see
+        stores are (``run_dir``, ``data``: the stores are identified by their content, see
         :func:`proxyfl.launch.rundir.store_inputs`) and how it runs (device, loader_workers,
         checkpoints kept) are not part of it."""
         ignored = set(WHERE_AND_HOW_FIELDS)
@@ -245,8 +256,8 @@ class TrainConfig(TrainOptions):
 
 # Where a run is and how it runs, not what it computes (TrainConfig.fingerprint).
 WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
-    "out", "data", "resume", "stop_after_round", "device", "loader_workers", "keep_checkpoints",
-    "keep_final_checkpoints",
+    "run_dir", "out", "data", "resume", "stop_after_round", "device", "loader_workers",
+    "keep_checkpoints", "keep_final_checkpoints",
 )  # fmt: skip
 
 
@@ -261,7 +272,7 @@ def fingerprint_changes(
 ) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded value, current value)}`` for every key whose value differs, keys
     of :data:`WHERE_AND_HOW_FIELDS` ignored (runs recorded before they were left out of
-    the fingerprint still hold ``out`` and ``data``)."""
+    the fingerprint still hold ``data`` and ``out``, ``run_dir``'s former name)."""
     keys = (set(recorded) | set(current)) - set(WHERE_AND_HOW_FIELDS)
     return {key: (recorded.get(key), current.get(key))
             for key in sorted(keys) if recorded.get(key) != current.get(key)}  # fmt: skip

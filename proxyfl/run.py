@@ -1,6 +1,6 @@
 """Entry point of training, one client per MPI rank::
 
-    mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --out RUN_DIR
+    mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --run-dir RUN_DIR
 
 Rank i is the client of ``--centers``[i] (default 0..K-1) and opens only that centre's
 training split; every client evaluates on the merged test splits of all listed centres.

@@ -176,13 +176,13 @@ class ClientTrainer:
         if not self.strategy.dp_training:
             plain = make_plain(
                 proxy, optimizer, self.data.train, batch_size=cfg.batch_size,
-                generator=self.sampler_generator, workers=cfg.loader_workers,
+                generator=self.sampler_generator, loader_workers=cfg.loader_workers,
             )  # fmt: skip
             return plain, LDPLedger(cfg.ldp_epsilon)
         private = make_private(
             proxy, optimizer, self.data.train, batch_size=cfg.batch_size, sigma=cfg.sigma,
             clip=cfg.clip, sampler_generator=self.sampler_generator,
-            noise_generator=self.noise_generator, workers=cfg.loader_workers,
+            noise_generator=self.noise_generator, loader_workers=cfg.loader_workers,
         )  # fmt: skip
         ledger = DPSGDLedger(
             private.accountant, sigma=cfg.sigma, sample_rate=private.sample_rate,

@@ -36,7 +36,7 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
 @task(name="training run", task_run_name="{job.algorithm} seed {job.seed}",
       retry_condition_fn=worth_retrying)  # fmt: skip
 def training_run(job: TrainingJob, replace: bool = False) -> Path:
-    """``job.out`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``, or
+    """``job.run_dir`` holding metrics.jsonl and run.json; raises ``TrainingJobFailed``, or
     ``RunConflict`` for a run of another configuration there without ``replace``
     (:func:`proxyfl.launch.rundir.plan_launch`: a finished run of this configuration is kept, a
     replaced one stays until its successor has finished). Its job resumes
@@ -46,12 +46,12 @@ def training_run(job: TrainingJob, replace: bool = False) -> Path:
     progress artifact (key ``training-{algorithm}-seed-{s}``) follows the rounds."""
     logger = get_run_logger()
     name = f"{job.algorithm} seed {job.seed}"
-    with exclusive([job.out], "training into"):  # one launch per run directory
+    with exclusive([job.run_dir], "training into"):  # one launch per run directory
         plan = plan_launch(job.config, replace)
-        logger.info("%s: %s: %s", name, job.out, plan.reason)
+        logger.info("%s: %s: %s", name, job.run_dir, plan.reason)
         if plan.action is not Action.KEEP:
             _launch(job, plan, name)
-    return job.out
+    return job.run_dir
 
 
 def _launch(job: TrainingJob, plan: LaunchPlan, name: str) -> None:
@@ -77,5 +77,5 @@ def _launch(job: TrainingJob, plan: LaunchPlan, name: str) -> None:
     except TrainingJobFailed as error:
         who = f"rank {error.rank}" if error.rank is not None else "the job"
         logger.error("%s: %s failed (exit code %d); see %s", name, who, error.exit_code,
-                     error.job.out / JOB_LOG)  # fmt: skip
+                     error.job.run_dir / JOB_LOG)  # fmt: skip
         raise

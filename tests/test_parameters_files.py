@@ -125,7 +125,7 @@ def test_the_training_job_refuses_a_parameters_file(tmp_path: Path) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(DEMO)
     with pytest.raises(ConfigError) as caught:
-        parse_config(["--config", str(params), "--out", str(tmp_path / "run")])
+        parse_config(["--config", str(params), "--run-dir", str(tmp_path / "run")])
     message = str(caught.value)
     assert str(params) in message and "python -m flows.train --config" in message
 
@@ -134,7 +134,7 @@ def test_a_job_configuration_file_round_trips(tmp_path: Path) -> None:
     from proxyfl.config import TrainConfig
     from proxyfl.launch.job import TrainingJob
 
-    config = TrainConfig(algorithm="CWT", seed=3, data=tmp_path / "d", out=tmp_path / "run",
+    config = TrainConfig(algorithm="CWT", seed=3, data=tmp_path / "d", run_dir=tmp_path / "run",
                          centers=[2, 0], rounds=2, private_model=["mlp"])  # fmt: skip
     job = TrainingJob(config)
     job.write_config()

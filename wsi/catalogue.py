@@ -97,7 +97,7 @@ class Catalogue:
 class _Labels:
     nodes: dict[str, str] = field(default_factory=dict)
     patients: dict[int, str] = field(default_factory=dict)
-    centers: dict[int, int] = field(default_factory=dict)
+    center_of_patient: dict[int, int] = field(default_factory=dict)
     node_lines: dict[str, int] = field(default_factory=dict)
 
 
@@ -142,7 +142,7 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
             if center_column is not None:
                 patient = int((slide_match or patient_match).group(1))  # type: ignore[union-attr]
                 try:
-                    labels.centers[patient] = int(row[center_column])
+                    labels.center_of_patient[patient] = int(row[center_column])
                 except (IndexError, ValueError):
                     problems.append(CatalogueProblem(path, line, "missing or bad center value"))
     return labels
@@ -166,13 +166,13 @@ def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
     return found
 
 
-def _center_of_name(stem: str, centers: dict[int, int]) -> int | None:
+def _center_of_name(stem: str, center_of_patient: dict[int, int]) -> int | None:
     """The centre of a slide known only by name: the labels file's, else ``patient // 20``."""
     match = _SLIDE_NAME.match(stem)
     if match is None:
         return None
     patient = int(match.group(1))
-    return centers.get(patient, patient // PATIENTS_PER_CENTER)
+    return center_of_patient.get(patient, patient // PATIENTS_PER_CENTER)
 
 
 class DatasetRootError(PipelineError):
@@ -223,7 +223,7 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
             continue
         seen[stem] = path
         patient, node = int(match.group(1)), int(match.group(2))
-        center = labels.centers.get(patient, folder_center)
+        center = labels.center_of_patient.get(patient, folder_center)
         if center is None:
             center = patient // PATIENTS_PER_CENTER
         elif folder_center is not None and folder_center != center:
@@ -258,7 +258,7 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
             problems.append(
                 CatalogueProblem(
                     labels_path, line, f"label for missing slide {stem}",
-                    _center_of_name(stem, labels.centers),
+                    _center_of_name(stem, labels.center_of_patient),
                 )
             )  # fmt: skip
     for stem, path in annotations.items():
@@ -266,7 +266,7 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
             problems.append(
                 CatalogueProblem(
                     path, None, f"annotation for unknown slide {stem}",
-                    _center_of_name(stem, labels.centers),
+                    _center_of_name(stem, labels.center_of_patient),
                 )
             )  # fmt: skip
     for slide in catalogue.slides:

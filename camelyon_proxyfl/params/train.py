@@ -63,7 +63,7 @@ class TrainSection(Section):
         every rank completed (one without checkpoints starts from round 1)."""
         return TrainConfig(
             **self.options.model_dump(), algorithm=algorithm, seed=seed, data=self.data,
-            out=self.run_dir(algorithm, seed), centers=list(self.centers), resume=True,
+            run_dir=self.run_dir(algorithm, seed), centers=list(self.centers), resume=True,
         )  # fmt: skip
 
     def job_configs(self) -> list[TrainConfig]:

@@ -45,7 +45,7 @@ def make_plain(
     *,
     batch_size: int,
     generator: torch.Generator,
-    workers: int = 0,
+    loader_workers: int = 0,
 ) -> PlainTraining:
     """Shuffled mini-batches of ``batch_size`` over ``dataset``, in an order from ``generator``."""
     n = len(dataset)  # type: ignore[arg-type]
@@ -53,7 +53,7 @@ def make_plain(
         dataset,
         batch_size=batch_size,
         sampler=RandomSampler(dataset, generator=generator),
-        num_workers=workers,
+        num_workers=loader_workers,
     )
     return PlainTraining(
         model=model, optimizer=optimizer, loader=loader, steps_per_epoch=math.ceil(n / batch_size)

@@ -112,15 +112,15 @@ class Placement:
 
 @dataclass(frozen=True)
 class TrainingJob:
-    """One training run: its validated configuration, whose ``data``, ``out`` (the run
-    directory) and ``centers`` are set. The job's ranks read it from ``out/config.json``
+    """One training run: its validated configuration, whose ``data``, ``run_dir`` and
+    ``centers`` are set. The job's ranks read it from ``run_dir/config.json``
     (``proxyfl.run --config``), never from regenerated flags."""
 
     config: TrainConfig
     placement: Placement = Placement()
 
     def __post_init__(self) -> None:
-        missing = [name for name in ("data", "out", "centers")
+        missing = [name for name in ("data", "run_dir", "centers")
                    if getattr(self.config, name) is None]  # fmt: skip
         if missing:
             raise ValueError(f"a training job needs {', '.join(missing)} set")
@@ -134,9 +134,9 @@ class TrainingJob:
         return self.config.seed
 
     @property
-    def out(self) -> Path:
-        assert self.config.out is not None
-        return self.config.out
+    def run_dir(self) -> Path:
+        assert self.config.run_dir is not None
+        return self.config.run_dir
 
     @property
     def ranks(self) -> int:
@@ -145,17 +145,17 @@ class TrainingJob:
 
     @property
     def config_file(self) -> Path:
-        return self.out / CONFIG_FILE
+        return self.run_dir / CONFIG_FILE
 
     def write_config(self) -> Path:
-        """``out/config.json``: the configuration the ranks will run with."""
+        """``run_dir/config.json``: the configuration the ranks will run with."""
         return write_config(self.config)
 
-    def in_directory(self, out: Path) -> TrainingJob:
-        """The same job training in ``out`` (a replacement's staging directory)."""
-        if out == self.out:
+    def in_directory(self, run_dir: Path) -> TrainingJob:
+        """The same job training in ``run_dir`` (a replacement's staging directory)."""
+        if run_dir == self.run_dir:
             return self
-        return TrainingJob(self.config.model_copy(update={"out": out}), self.placement)
+        return TrainingJob(self.config.model_copy(update={"run_dir": run_dir}), self.placement)
 
     def arguments(self) -> list[str]:
         """The ``proxyfl.run`` command-line arguments of this job."""
@@ -183,7 +183,7 @@ class TrainingJobFailed(RuntimeError):
         tail = "\n".join(f"  {line}" for line in lines)
         super().__init__(
             f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; {who} failed"
-            f"{why}; its last lines (full log: {job.out / JOB_LOG}):\n{tail}"
+            f"{why}; its last lines (full log: {job.run_dir / JOB_LOG}):\n{tail}"
         )
 
 
@@ -223,12 +223,12 @@ def run_job(
     terminated, so no rank is left running.
     """
     job.write_config()
-    clear_failures(job.out)
+    clear_failures(job.run_dir)
     # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
     command = parent_bound_command(job.command(), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
-    rounds = RoundFollower(job.out / METRICS_FILE, job.config.rounds) if on_round else None
+    rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
     process_env = {
         **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
     }  # fmt: skip
@@ -239,7 +239,7 @@ def run_job(
         process_env.update(passing_output(write_end, write_end))
     with (
         open(read_end, encoding="utf-8", errors="replace") as output,
-        open(job.out / JOB_LOG, "w", encoding="utf-8") as log_file,
+        open(job.run_dir / JOB_LOG, "w", encoding="utf-8") as log_file,
     ):
         try:
             process = subprocess.Popen(
@@ -262,7 +262,7 @@ def run_job(
             _terminate(process)
             raise
     if exit_code != 0:
-        failures = read_failures(job.out)
+        failures = read_failures(job.run_dir)
         first = failures[0] if failures else None
         lines = tails.lines_of(first.rank if first else None)
         raise TrainingJobFailed(job, exit_code, first, lines)

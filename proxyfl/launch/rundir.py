@@ -299,9 +299,9 @@ def prepare(plan: LaunchPlan, config: TrainConfig) -> None:
 
 
 def write_config(config: TrainConfig) -> Path:
-    """``out/config.json``: the configuration the job's ranks run with."""
-    _, out = config.require_paths()
-    path = out / CONFIG_FILE
+    """``run_dir/config.json``: the configuration the job's ranks run with."""
+    _, run_dir = config.require_paths()
+    path = run_dir / CONFIG_FILE
     write_text(path, config.model_dump_json(indent=2) + "\n")
     return path
 
@@ -339,10 +339,11 @@ def _relocate(run_dir: Path) -> None:
     config = _json_object(run_dir / CONFIG_FILE)
     if config is not None:
         try:
-            write_config(TrainConfig.model_validate({**config, "out": str(run_dir)}))
+            write_config(TrainConfig.model_validate({**config, "run_dir": str(run_dir)}))
         except ValueError:
             logger.warning("%s: not a job configuration, left as it is", run_dir / CONFIG_FILE)
     run = _json_object(run_dir / RUN_FILE)
     if run is not None and isinstance(run.get("config"), dict):
-        run["config"]["out"] = str(run_dir)
+        run["config"].pop("out", None)  # run_dir's former name
+        run["config"]["run_dir"] = str(run_dir)
         write_json(run_dir / RUN_FILE, json_safe(run))

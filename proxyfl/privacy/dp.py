@@ -95,11 +95,11 @@ def make_private(
     clip: float,
     sampler_generator: torch.Generator,
     noise_generator: torch.Generator,
-    workers: int = 0,
+    loader_workers: int = 0,
 ) -> PrivateTraining:
     """Wrap ``model``/``optimizer`` for DP-SGD on ``dataset`` with Poisson batches of mean B."""
     loader = DataLoader(
-        dataset, batch_size=batch_size, generator=sampler_generator, num_workers=workers
+        dataset, batch_size=batch_size, generator=sampler_generator, num_workers=loader_workers
     )
     with quiet_opacus():
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)

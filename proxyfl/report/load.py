@@ -169,7 +169,7 @@ def _check_run_json(path: Path, run: Mapping[str, Any], algorithm: str, seed: in
         raise ReportError(
             f"{path}: run {algorithm}/seed_{seed} is unfinished (status {status!r}); resume "
             f"it with the same `python -m proxyfl.run` arguments plus --resume "
-            f"--out {path.parent}, rerun it, or leave it out of the report"
+            f"--run-dir {path.parent}, rerun it, or leave it out of the report"
         )
     config = run.get("config")
     if not isinstance(config, dict):

@@ -212,7 +212,7 @@ def test_a_variation_never_replaces_a_finished_run_and_the_report_never_mixes_th
     assert main([*where, *replace, "--replace"]) == 0, capsys.readouterr().err
     run = json.loads((runs / "FedAvg" / "seed_0" / "run.json").read_text())
     assert run["status"] == "finished" and run["fingerprint"]["rounds"] == 2
-    assert run["config"]["out"] == str(runs / "FedAvg" / "seed_0")
+    assert run["config"]["run_dir"] == str(runs / "FedAvg" / "seed_0")
     left = sorted(p.name for p in (runs / "FedAvg").iterdir() if not p.name.endswith(".lock"))
     assert left == ["seed_0", "seed_1"]  # no staging or retired directory left
 

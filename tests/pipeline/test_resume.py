@@ -87,7 +87,7 @@ def test_a_killed_dvc_repro_resumes_to_the_metrics_of_an_uninterrupted_run(
     reference = project / "reference"
     config = run / "config.json"
     result = run_mpi(2, ["--config", str(config), "--data", str(project / "data" / "patches"),
-                         "--out", str(reference), "--no-resume"])  # fmt: skip
+                         "--run-dir", str(reference), "--no-resume"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     rows, expected = read_jsonl(run / "metrics.jsonl"), read_jsonl(reference / "metrics.jsonl")
     assert len(rows) == len(expected) > 0 and max(r["round"] for r in rows) == ROUNDS

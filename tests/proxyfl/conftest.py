@@ -140,7 +140,7 @@ def train_args(data: Path, out: Path, algorithm: str, **options: Any) -> list[st
         "keep_final_checkpoints": True,  # the tests inspect the models a run ended with
     }  # fmt: skip
     settings.update(options)
-    return ["--algorithm", algorithm, "--data", str(data), "--out", str(out),
+    return ["--algorithm", algorithm, "--data", str(data), "--run-dir", str(out),
             *option_flags(settings)]  # fmt: skip
 
 

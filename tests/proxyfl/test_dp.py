@@ -164,7 +164,7 @@ def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: A
 
     stores = helpers.write_stores(tmp_path / "stores", centers=(0,), n_train=30, n_test=4)
     config = TrainConfig(
-        algorithm="ProxyFL", data=stores, out=tmp_path / "run", batch_size=1,
+        algorithm="ProxyFL", data=stores, run_dir=tmp_path / "run", batch_size=1,
         proxy_model="cnn1", private_model=["mlp"], device="cpu",
     )  # fmt: skip
     data = ClientData(

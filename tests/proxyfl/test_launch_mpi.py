@@ -41,16 +41,16 @@ def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Pat
     run_job(job, on_line=lines.append)
     assert any("[rank 0]" in line and "round 1/1" in line for line in lines)
     assert any("[rank 1]" in line and "round 1/1" in line for line in lines)
-    assert (job.out / JOB_LOG).read_text().splitlines() == lines
-    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
-    assert not (job.out / "checkpoints").exists()  # a finished run keeps no checkpoints
+    assert (job.run_dir / JOB_LOG).read_text().splitlines() == lines
+    assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
+    assert not (job.run_dir / "checkpoints").exists()  # a finished run keeps no checkpoints
 
 
 def test_joint_runs_as_one_rank(stores: Path, tmp_path: Path) -> None:
     job = _job(stores, tmp_path / "joint", algorithm="Joint")
     assert job.command()[1:3] == ["-n", "1"] and job.ranks == 1
     run_job(job, on_line=lambda _: None)
-    assert json.loads((job.out / "run.json").read_text())["world_size"] == 1
+    assert json.loads((job.run_dir / "run.json").read_text())["world_size"] == 1
 
 
 def _corrupt_training_images(store: Path) -> None:
@@ -79,11 +79,11 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
     assert error.exit_code != 0
     # named from the record the rank left, not from what the log says (patches load at setup)
     assert error.rank == 1 and error.failure is not None and error.failure.phase == "setup"
-    assert [f.rank for f in read_failures(job.out)] == [1]
+    assert [f.rank for f in read_failures(job.run_dir)] == [1]
     message = str(error)
     assert "ProxyFL seed 0 failed with exit code" in message and "rank 1" in message
     assert "rank 1 (centre 1)" in message and "read data" in message  # HDF5's own reason
-    assert str(job.out / JOB_LOG) in message
+    assert str(job.run_dir / JOB_LOG) in message
 
 
 class _JobSockets:
@@ -132,7 +132,7 @@ def test_a_job_on_this_machine_listens_on_no_network(helpers: Any, tmp_path: Pat
     run_job(job, on_line=sockets.sample)
     assert len(sockets.rank_pids) == 4, "sampled while every rank was running"
     assert sockets.listening == set()
-    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
+    assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
 
 
 def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: Path) -> None:
@@ -143,6 +143,6 @@ def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: P
     assert job.command()[1:3] == ["-hosts", "localhost"]
     sockets = _JobSockets()
     run_job(job, on_line=sockets.sample)
-    assert json.loads((job.out / "run.json").read_text())["status"] == "finished"
+    assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
     assert beyond_loopback, sockets.listening

@@ -31,7 +31,7 @@ from wsi.store.schema import store_path
 
 def _config(data: Path, run_dir: Path, **options: Any) -> TrainConfig:
     values = {"algorithm": "FedAvg", "seed": 0, "centers": [0, 1], "data": data,
-              "out": run_dir, "rounds": 3, "proxy_model": "cnn1", **options}  # fmt: skip
+              "run_dir": run_dir, "rounds": 3, "proxy_model": "cnn1", **options}  # fmt: skip
     return TrainConfig(**values)
 
 
@@ -183,18 +183,18 @@ def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
     variation = _config(data, run_dir, rounds=5)
     plan = plan_launch(variation, replace=True)
     prepare(plan, variation)
-    _record(variation.model_copy(update={"out": plan.work}), "running")  # the job, cut short
+    _record(variation.model_copy(update={"run_dir": plan.work}), "running")  # the job, cut short
     # the finished run is untouched and still what the directory holds
     assert json.loads((run_dir / "run.json").read_text())["fingerprint"]["rounds"] == 3
     # launched again with the same replacement: the staged run resumes, not restarts
     again = plan_launch(variation, replace=True)
     prepare(again, variation)
     assert read_recorded_run(again.work).state is RunState.UNFINISHED
-    _record(variation.model_copy(update={"out": again.work}), "finished")
+    _record(variation.model_copy(update={"run_dir": again.work}), "finished")
     publish_staged(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["fingerprint"]["rounds"] == 5 and run["config"]["out"] == str(run_dir)
-    assert json.loads((run_dir / "config.json").read_text())["out"] == str(run_dir)
+    assert run["fingerprint"]["rounds"] == 5 and run["config"]["run_dir"] == str(run_dir)
+    assert json.loads((run_dir / "config.json").read_text())["run_dir"] == str(run_dir)
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed_0"]
     assert plan_launch(variation).action is Action.KEEP
 
@@ -202,7 +202,7 @@ def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
     newer = _config(data, run_dir, rounds=7)
     plan = plan_launch(newer, replace=True)
     prepare(plan, newer)
-    _record(newer.model_copy(update={"out": plan.work}), "finished")
+    _record(newer.model_copy(update={"run_dir": plan.work}), "finished")
     os.replace(run_dir, run_dir.parent / ".seed_0.old")  # the first rename, then a crash
     assert plan_launch(newer).action is Action.KEEP
     assert json.loads((run_dir / "run.json").read_text())["fingerprint"]["rounds"] == 7
@@ -210,11 +210,20 @@ def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
 
 
 def test_fingerprints_ignore_where_and_how_even_when_an_old_record_holds_them() -> None:
-    config = TrainConfig(rounds=3, out=Path("a"), data=Path("b"))
-    recorded = {**config.fingerprint(), "out": "elsewhere", "data": "moved"}
+    config = TrainConfig(rounds=3, run_dir=Path("a"), data=Path("b"))
+    recorded = {**config.fingerprint(), "run_dir": "elsewhere", "out": "elsewhere", "data": "moved"}
     assert fingerprint_changes(recorded, config.fingerprint()) == {}
     assert fingerprint_changes({**recorded, "rounds": 4}, config.fingerprint()) == {
         "rounds": (4, 3)
     }
     assert config.digest() == TrainConfig(rounds=3, device="cpu").digest()
     assert config.digest() != TrainConfig(rounds=4).digest()
+
+
+def test_a_configuration_written_before_run_dir_was_named_so_still_loads(tmp_path: Path) -> None:
+    config = TrainConfig(rounds=3, run_dir=tmp_path / "run", data=tmp_path / "stores")
+    former = {("out" if key == "run_dir" else key): value
+              for key, value in config.model_dump(mode="json").items()}  # fmt: skip
+    assert TrainConfig.model_validate(former) == config
+    with pytest.raises(ValueError, match="out"):  # not both names at once
+        TrainConfig.model_validate({**former, "run_dir": str(tmp_path / "other")})
