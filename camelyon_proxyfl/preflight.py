@@ -80,7 +80,7 @@ def _named_centres(params: Params, catalogue: Catalogue) -> list[Finding]:
     labelled = {r.center for r in catalogue.slides if r.node_label is not None}
     named = {("preprocess.centers", c) for c in params.preprocess.centers}
     named |= {("train.centers", c) for c in params.train.centers}
-    if "PrivateKT" in params.train.algorithms:
+    if "PrivateKT" in params.train.algorithms and params.train.options.public_pool == "center":
         named.add(("train.options.public_center", params.train.options.public_center))
     return [
         Finding("error", key, f"centre {center} has no labelled slide under "

@@ -62,11 +62,17 @@ def training_findings(train: TrainSection, sizes: Mapping[int, CentreSize]) -> l
 
 def _public_pool(train: TrainSection, sizes: Mapping[int, CentreSize]) -> list[Finding]:
     options = train.options
-    size = sizes.get(options.public_center)
-    if size is None or size.test is None:
-        return []
+    if options.public_pool == "share":
+        clients = [c for c in train.centers if c in sizes]
+        pool_size = sum(int(options.public_share * sizes[c].train) for c in clients)
+        pool = f"a share {options.public_share:g} of centres {clients}' training splits"
+    else:
+        size = sizes.get(options.public_center)
+        if size is None or size.test is None:
+            return []
+        pool_size, pool = size.train + size.test, f"centre {options.public_center}"
     problems = public_pool_problems(options.kt_samples, options.self_train_samples,
-                                    size.train + size.test, options.public_center)  # fmt: skip
+                                    pool_size, pool)  # fmt: skip
     return [Finding("error", f"train.options.{key}", reason) for key, reason in problems.items()]
 
 

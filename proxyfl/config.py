@@ -37,10 +37,14 @@ class TrainOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rounds: int = Field(30, ge=1, description="communication rounds")
-    local_epochs: int = Field(1, ge=1, description="local epochs per round")
+    local_epochs: int = Field(
+        1, ge=1, description="local epochs per round of the DP methods (PrivateKT: kt_local_epochs)"
+    )
     batch_size: int = Field(32, ge=1, description="expected Poisson batch size B")
     eval_batch_size: int = Field(64, ge=1, description="batch size for evaluation")
-    lr: float = Field(1e-3, gt=0, description="Adam / DP-Adam learning rate")
+    lr: float = Field(
+        1e-3, gt=0, description="Adam / DP-Adam learning rate of the DP methods (PrivateKT: kt_lr)"
+    )
     # The paper trains both models of ProxyFL/FML with one learning rate. A model trained
     # without DP noise may want a smaller step than its DP proxy: None keeps the paper's.
     private_lr: float | None = Field(
@@ -80,8 +84,39 @@ class TrainOptions(BaseModel):
     # ε = 5 (its experiments) and K = 2 (its Fig. 4: "a small number of samples (e.g., 2)");
     # B, M and the server's fine-tuning epochs are not in the paper's main text: their
     # defaults are the authors' code (github.com/taoqi98/PrivateKT, main.ipynb/PrivateKT.py).
+    # The public pool: the paper's is a random 20 % of the training data with its labels
+    # dropped (the authors' main.ipynb: public_data_ratio = 0.2); a hospital's realistic
+    # one is another centre's store (``center``).
+    public_pool: Literal["share", "center"] = Field(
+        "share",
+        description="PrivateKT: the unlabelled public pool, a share of every client's "
+        "training split held out (share, the paper's) or public_center's store (center)",
+    )
+    public_share: float = Field(
+        0.2, gt=0, lt=1,
+        description="PrivateKT: the share of each client's training split held out as the "
+        "public pool (the authors' public_data_ratio, 0.2)",
+    )
     public_center: int = Field(
-        4, ge=0, description="PrivateKT: the centre whose store is the unlabelled public pool"
+        4, ge=0,
+        description="PrivateKT with public_pool: center: the centre whose store is the pool",
+    )
+    # How PrivateKT trains: the authors' code (PrivateKT.py: epoch1 = 5 local epochs of
+    # Keras' fit, batch 32; model.py: plain SGD, main.ipynb: lr = 0.05, for the clients and
+    # the server alike). Its own options, not the DP methods' lr and local_epochs.
+    kt_local_epochs: int = Field(
+        5, ge=1, description="PrivateKT: local epochs per round (authors' code: 5)"
+    )
+    kt_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="PrivateKT: the clients' and the server's optimizer (authors': sgd)"
+    )
+    kt_lr: float = Field(
+        0.05, gt=0, description="PrivateKT: learning rate of kt_optimizer (authors': 0.05)"
+    )
+    kt_optimizer_state: Literal["fresh", "kept"] = Field(
+        "fresh",
+        description="PrivateKT: a client's optimizer starts afresh each round, as the global "
+        "model it trains does (fresh), or keeps its moments across rounds (kept)",
     )
     kt_samples: int = Field(
         2, ge=1, description="PrivateKT: K, knowledge-transfer items labelled per round"
@@ -99,13 +134,24 @@ class TrainOptions(BaseModel):
         "(null: a tenth of the public pool, as in the authors' code)",
     )
     finetune_epochs: int = Field(
-        4, ge=1, description="PrivateKT: the server's epochs over the knowledge buffer per round"
+        4, ge=1, description="PrivateKT: the server's passes over the knowledge buffer per round"
+    )
+    finetune_batches: Literal["full", "minibatch"] = Field(
+        "full",
+        description="PrivateKT: each pass over the buffer is one step on all of it (full, "
+        "the authors' train_on_batch) or batch_size minibatches",
     )
     client_fraction: float = Field(
-        1.0,
+        0.5,
         gt=0,
         le=1,
-        description="PrivateKT: share of the active clients the server selects each round",
+        description="PrivateKT: the server selects int(fraction x active clients), at least "
+        "one, each round (authors: 0.5)",
+    )
+    first_kt_items: Literal["importance", "uniform"] = Field(
+        "importance",
+        description="PrivateKT: round 1's KT items by Eq. (4) under the initial model "
+        "(importance, the authors' code) or uniformly (uniform, Algorithm 1 line 3)",
     )
     buffer: bool = Field(
         True,
@@ -232,6 +278,14 @@ class TrainConfig(TrainOptions):
             return self.private_model[0]
         return self.private_model[client]
 
+    @property
+    def public_store_center(self) -> int | None:
+        """The centre whose whole store is PrivateKT's public pool (``public_pool: center``);
+        ``None`` for the share pool and for every other method."""
+        if self.algorithm == "PrivateKT" and self.public_pool == "center":
+            return self.public_center
+        return None
+
     def client_centers(self, world_size: int) -> list[int]:
         """The centre of each client, in rank order (default 0..K-1)."""
         return list(self.centers) if self.centers is not None else list(range(world_size))
@@ -279,9 +333,10 @@ def fingerprint_changes(
 
 
 PRIVATEKT_FIELDS: tuple[str, ...] = (
-    "public_center", "kt_samples", "ldp_epsilon", "buffer_size", "self_train_samples",
-    "finetune_epochs", "client_fraction", "buffer", "self_training", "self_train_targets",
-    "uniform_sampling",
+    "public_pool", "public_share", "public_center", "kt_local_epochs", "kt_optimizer", "kt_lr",
+    "kt_optimizer_state", "kt_samples", "ldp_epsilon", "buffer_size", "self_train_samples",
+    "finetune_epochs", "finetune_batches", "client_fraction", "first_kt_items", "buffer",
+    "self_training", "self_train_targets", "uniform_sampling",
 )  # fmt: skip
 
 

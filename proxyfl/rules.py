@@ -22,15 +22,14 @@ def batch_size_problem(
 
 
 def public_pool_problems(
-    kt_samples: int, self_train_samples: int | None, pool_size: int, public_center: int
+    kt_samples: int, self_train_samples: int | None, pool_size: int, pool: str
 ) -> dict[str, str]:
     """PrivateKT labels K public items a round and self-trains on M: both at most the
     pool's size. The reason for each option (``kt_samples``, ``self_train_samples``) that
-    asks for more."""
+    asks for more; ``pool`` says what the pool is."""
     asked = {"kt_samples": kt_samples, "self_train_samples": self_train_samples}
     return {
-        key: f"{value} is larger than the {pool_size} items of the public pool "
-        f"(centre {public_center})"
+        key: f"{value} is larger than the {pool_size} items of the public pool ({pool})"
         for key, value in asked.items()
         if value is not None and value > pool_size
     }

@@ -11,8 +11,10 @@ an unknown model or algorithm, a batch larger than a client's data, PrivateKT wi
 public store or with more knowledge-transfer items than the pool holds, ...) is reported
 before any training: rank 0 prints every rank's message and all ranks exit with status 2.
 
-PrivateKT reads, on every rank, the images (never the labels) of the public centre's
-store (``--public-center``, default 4), which must not be a client's centre.
+PrivateKT reads, on every rank, the images (never the labels) of its public pool: a
+share ``--public-share`` of every client's training split, which the clients then leave
+out of their training (``--public-pool share``, the paper's), or the public centre's store
+(``--public-pool center --public-center C``), which must not be a client's centre.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from wsi.store.reader import read_store_info
 from wsi.store.schema import StoreError, rebuild_hint, store_path
 
 if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
+    from proxyfl.algorithms.privatekt.public_pool import PublicPool
     from proxyfl.trainer import ClientData, ClientTrainer
 
 
@@ -154,7 +157,8 @@ def check_world(config: TrainConfig, size: int) -> None:
         raise SetupError(
             f"--private-model lists {len(config.private_model)} models for {size} clients"
         )
-    if config.algorithm == "PrivateKT" and config.public_center in centers:
+    if (config.algorithm == "PrivateKT" and config.public_pool == "center"
+            and config.public_center in centers):  # fmt: skip
         raise SetupError(
             f"--public-center {config.public_center} is also a client's centre ({centers}); "
             f"PrivateKT's public pool must be a centre no client trains on"
@@ -171,22 +175,52 @@ class StorePlan:
     test_centers: list[int]
     n_classes: int
     patch_size: int
-    public_center: int | None = None  # PrivateKT's public pool
+    public_pool: str | None = None  # PrivateKT's: "share" or "center"
+    clients: tuple[int, ...] = ()  # every client's centre (the share pool's centres)
 
 
-def check_public_pool(config: TrainConfig, patch_size: int, n_classes: int) -> int:
-    """PrivateKT's public store: present, like the clients' stores, large enough for K and
-    M. Returns its number of items. Its labels are not read
-    (:mod:`~proxyfl.algorithms.privatekt.public_pool`)."""
+def open_public_pool(
+    config: TrainConfig, clients: Sequence[int], log: AccessLog | None = None
+) -> PublicPool:
+    """PrivateKT's public pool of ``config.public_pool``: a share of the ``clients``'
+    training splits, or the public centre's store."""
     from proxyfl.algorithms.privatekt.public_pool import PublicPool
 
+    data_dir, _ = config.require_paths()
+    logged = {} if log is None else {"log": log}
+    if config.public_pool == "share":
+        return PublicPool.held_out_shares(
+            data_dir, clients, config.public_share, config.seed, **logged
+        )
+    return PublicPool.of_center(data_dir, config.public_center, **logged)
+
+
+def check_public_pool(
+    config: TrainConfig, patch_size: int, n_classes: int, clients: Sequence[int]
+) -> int:
+    """PrivateKT's public pool: its stores present, like the clients' stores, and large
+    enough for K and M. Returns its number of items. Its labels are not read
+    (:mod:`~proxyfl.algorithms.privatekt.public_pool`)."""
+    if config.public_pool == "share":
+        try:
+            pool = open_public_pool(config, clients, _UNLOGGED)
+        except StoreError as error:
+            raise SetupError(f"the public share: {error.path}: {error.reason}") from None
+        where = f"a share {config.public_share:g} of centres {list(clients)}' training splits"
+        problems = public_pool_problems(
+            config.kt_samples, config.self_train_samples, len(pool), where
+        )
+        if problems:
+            raise SetupError("; ".join(f"--{key.replace('_', '-')} {reason}"
+                                       for key, reason in problems.items()))  # fmt: skip
+        return len(pool)
     data_dir, _ = config.require_paths()
     center = config.public_center
     path = store_path(data_dir, center)
     if not path.is_file():
         raise SetupError(f"PrivateKT's public pool: no store {path} for --public-center {center}")
     try:
-        pool = PublicPool(path, log=_UNLOGGED)
+        pool = open_public_pool(config, clients, _UNLOGGED)
     except StoreError as error:
         raise SetupError(f"public centre {center}: {error.path}: {error.reason}") from None
     if (pool.patch_size, pool.n_classes) != (patch_size, n_classes):
@@ -195,7 +229,7 @@ def check_public_pool(config: TrainConfig, patch_size: int, n_classes: int) -> i
             f"classes, the clients' stores have {patch_size} and {n_classes}"
         )
     problems = public_pool_problems(
-        config.kt_samples, config.self_train_samples, len(pool), center
+        config.kt_samples, config.self_train_samples, len(pool), f"centre {center}"
     )
     if problems:
         raise SetupError("; ".join(f"--{key.replace('_', '-')} {reason}"
@@ -232,6 +266,9 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     if n_classes < 2:
         raise SetupError(f"stores declare {n_classes} class(es); at least 2 are needed")
     n_train = sum(len(infos[c].splits["train"]) for c in train_centers)
+    if config.algorithm == "PrivateKT" and config.public_pool == "share":  # held out: public
+        n_train -= sum(int(config.public_share * len(infos[c].splits["train"]))
+                       for c in train_centers)  # fmt: skip
     if n_train == 0:
         raise SetupError(f"no training patches in centre(s) {train_centers}")
     problem = batch_size_problem(config.batch_size, n_train, f"centre(s) {train_centers}")
@@ -240,10 +277,10 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     if sum(len(infos[c].splits["test"]) for c in centers) == 0:
         raise SetupError(f"the test splits of centres {centers} are all empty")
     patch_size = next(iter(sizes.values()))
-    public_center = None
+    public_pool = None
     if config.algorithm == "PrivateKT":
-        check_public_pool(config, patch_size, n_classes)
-        public_center = config.public_center
+        check_public_pool(config, patch_size, n_classes, centers)
+        public_pool = config.public_pool
     return StorePlan(
         client=client,
         center=center,
@@ -251,28 +288,34 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         test_centers=list(centers),
         n_classes=n_classes,
         patch_size=patch_size,
-        public_center=public_center,
+        public_pool=public_pool,
+        clients=tuple(centers),
     )
 
 
 def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
-    """Open this rank's training split(s) and every listed centre's test split."""
-    from proxyfl.algorithms.privatekt.public_pool import PublicPool
+    """Open this rank's training split(s) (less PrivateKT's held-out public share) and
+    every listed centre's test split."""
+    from proxyfl.algorithms.privatekt.public_pool import held_out_rows, kept_rows
     from proxyfl.engine.data import PatchDataset, open_split
     from proxyfl.trainer import ClientData
 
     data_dir, _ = config.require_paths()
+    readers = [open_split(data_dir, c, "train") for c in plan.train_centers]
+    rows = None
+    if plan.public_pool == "share":
+        rows = [kept_rows(len(reader), held_out_rows(len(reader), config.public_share,
+                                                     config.seed, center))
+                for reader, center in zip(readers, plan.train_centers, strict=True)]  # fmt: skip
     return ClientData(
         client=plan.client,
         center=plan.center,
-        train=PatchDataset([open_split(data_dir, c, "train") for c in plan.train_centers]),
+        train=PatchDataset(readers, rows),
         test_splits=[open_split(data_dir, c, "test") for c in plan.test_centers],
         n_classes=plan.n_classes,
         patch_size=plan.patch_size,
         public_pool=(
-            PublicPool.of_center(data_dir, plan.public_center)
-            if plan.public_center is not None
-            else None
+            open_public_pool(config, plan.clients) if plan.public_pool is not None else None
         ),
     )
 

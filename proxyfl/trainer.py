@@ -16,8 +16,9 @@ Round t = 1..T at client k:
    losses, :mod:`proxyfl.algorithms.dml`): the private model with Adam, the DP model with
    DP-Adam.
    An empty batch gives the DP model a noise-only step and the private model none.
-   PrivateKT trains its shared model without DP, on shuffled mini-batches
-   (:mod:`proxyfl.engine.local_training`);
+   PrivateKT trains its shared model without DP, on shuffled mini-batches, for its own
+   ``kt_local_epochs`` with its own optimizer (``kt_optimizer``, ``kt_lr``), afresh each
+   round unless ``kt_optimizer_state: kept`` (:mod:`proxyfl.engine.local_training`);
 4. exchange of the shared model, by the algorithm's strategy;
 5. evaluation of the strategy's models on the merged test splits of all listed centres;
 6. ε from the client's privacy ledger (:mod:`proxyfl.privacy.ledger`: the RDP accountant's
@@ -32,6 +33,7 @@ from a seed that also depends on the client's centre.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from torch import nn
 
 from proxyfl.algorithms.dml import dml_losses
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
+from proxyfl.algorithms.privatekt.strategy import forget_state, make_optimizer
 from proxyfl.algorithms.strategies import Distribution, Exchange, Strategy
 from proxyfl.comm.exchange import (
     SERVER_RANK,
@@ -57,6 +60,7 @@ from proxyfl.engine.evaluate import Scores, evaluate_models
 from proxyfl.engine.local_training import PlainTraining, make_plain
 from proxyfl.engine.models import build_model, count_parameters
 from proxyfl.engine.runtime import Runtime, derived_seed, seeded_generator
+from proxyfl.engine.timings import Timings
 from proxyfl.privacy.dp import (
     PrivateTraining,
     check_dp_compatible,
@@ -85,17 +89,6 @@ class ClientData:
 
 
 @dataclass
-class Timings:
-    train_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    comm_seconds: float = 0.0
-    checkpoint_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(vars(self))
-
-
-@dataclass
 class RoundLosses:
     shared: float | None = None
     private: float | None = None
@@ -121,6 +114,11 @@ class ClientTrainer:
         self.input_size = self.config.input_size or self.data.patch_size
         self.communicator = Communicator(self.runtime.comm)
         self.timings = Timings()
+        self.knowledge_transfer = self.strategy.exchange_kind == "knowledge_transfer"
+        # PrivateKT's local epochs are its own option (the DP methods' is local_epochs)
+        self.local_epochs = (
+            self.config.kt_local_epochs if self.knowledge_transfer else self.config.local_epochs
+        )
         self.active = True
         self.last_scores: dict[str, Scores] | None = None
         proxy = self._build_proxy_model()
@@ -169,16 +167,17 @@ class ClientTrainer:
         self, proxy: nn.Module
     ) -> tuple[PrivateTraining | PlainTraining, PrivacyLedger]:
         """The proxy model's training and the ledger of what it spends: DP-Adam on Poisson
-        batches with the RDP accountant, or (PrivateKT) plain Adam on shuffled batches with
-        the label-level LDP ledger."""
+        batches with the RDP accountant, or (PrivateKT) its own optimizer on shuffled batches
+        with the label-level LDP ledger."""
         cfg = self.config
-        optimizer = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         if not self.strategy.dp_training:
+            optimizer = make_optimizer(proxy, cfg)
             plain = make_plain(
                 proxy, optimizer, self.data.train, batch_size=cfg.batch_size,
                 generator=self.sampler_generator, loader_workers=cfg.loader_workers,
             )  # fmt: skip
             return plain, LDPLedger(cfg.ldp_epsilon)
+        optimizer = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         private = make_private(
             proxy, optimizer, self.data.train, batch_size=cfg.batch_size, sigma=cfg.sigma,
             clip=cfg.clip, sampler_generator=self.sampler_generator,
@@ -219,20 +218,23 @@ class ClientTrainer:
             model = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
             server = KnowledgeServer(
                 model,
-                torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+                make_optimizer(model, cfg),
                 items,
                 settings,
                 np.random.default_rng(derived_seed(cfg.seed, "privatekt-server")),
+                self.timings,
             )
         rr_rng = np.random.default_rng(
             derived_seed(cfg.seed, "randomized-response", self.data.center)
         )
-        return PrivateKTExchange(self.training.model, items, settings, self.ledger, rr_rng, server)
+        return PrivateKTExchange(
+            self.training.model, items, settings, self.ledger, rr_rng, server, self.timings
+        )
 
     # -- privacy -------------------------------------------------------------------------
     @property
     def steps_per_round(self) -> int:
-        return self.training.steps_per_epoch * self.config.local_epochs
+        return self.training.steps_per_epoch * self.local_epochs
 
     def epsilon(self) -> float:
         return self.ledger.epsilon()
@@ -250,10 +252,12 @@ class ClientTrainer:
         losses = RoundLosses()
         shared_sum = private_sum = 0.0
         training = self.training
+        if self.knowledge_transfer and cfg.kt_optimizer_state == "fresh":
+            forget_state(training.optimizer)  # Θ_t is new each round: so are its moments
         training.module.train()
         if self.private is not None:
             self.private.train()
-        for _ in range(cfg.local_epochs):
+        for _ in range(self.local_epochs):
             for images, labels in training.loader:
                 if labels.shape[0] == 0:  # only Poisson (DP) batches can be empty
                     assert isinstance(training, PrivateTraining)
@@ -297,7 +301,9 @@ class ClientTrainer:
     def exchange_round(self, members: list[int], round_number: int) -> float:
         """Mix the DP model with the other members'; returns seconds spent communicating."""
         theta = flatten_parameters(self.training.model)
+        started = time.perf_counter()
         self.runtime.comm.Barrier()  # waiting for slower clients is not communication
+        self.timings.wait_seconds += time.perf_counter() - started
         new_theta, seconds = self.exchange.exchange(self.communicator, theta, members, round_number)
         if new_theta is not None:
             assign_flat_parameters(self.training.model, new_theta)
@@ -351,7 +357,7 @@ class ClientTrainer:
         self.active = bool(state["active"])
         self.last_scores = state["last_scores"]
         self.communicator.log.entries = list(state["send_log"])
-        self.timings = Timings(**state["timings"])
+        self.timings.restore(state["timings"])
 
     def private_digest_source(self) -> np.ndarray | None:
         """The private model's flat parameters (for checks that it never left the rank)."""

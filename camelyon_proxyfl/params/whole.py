@@ -44,7 +44,9 @@ class Params(StageParams):
         if missing:
             problems.append(f"train.centers: {missing} are not in preprocess.centers")
         public = self.train.options.public_center
-        if "PrivateKT" in self.train.algorithms and public not in self.preprocess.centers:
+        reads_public_store = self.train.options.public_pool == "center"
+        if ("PrivateKT" in self.train.algorithms and reads_public_store
+                and public not in self.preprocess.centers):  # fmt: skip
             problems.append(
                 f"train.algorithms: PrivateKT reads centre {public}'s store as its public "
                 f"pool (train.options.public_center), which preprocess.centers does not build"

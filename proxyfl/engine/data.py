@@ -35,9 +35,16 @@ def open_split(
 
 
 class PatchDataset(Dataset):
-    """The concatenation of one or more store splits: items ``(uint8 (3,S,S), int64 label)``."""
+    """The concatenation of one or more store splits: items ``(uint8 (3,S,S), int64 label)``.
 
-    def __init__(self, readers: Sequence[PatchSplitReader]) -> None:
+    ``rows`` (one entry per reader, ``None``: all of it) keeps only those rows of a split,
+    in order: PrivateKT's clients leave out the rows held out as the public pool."""
+
+    def __init__(
+        self,
+        readers: Sequence[PatchSplitReader],
+        rows: Sequence[np.ndarray | None] | None = None,
+    ) -> None:
         if not readers:
             raise ValueError("a dataset needs at least one split")
         sizes = {reader.info.attrs.patch_size for reader in readers}
@@ -45,8 +52,16 @@ class PatchDataset(Dataset):
             raise ValueError(f"splits have different patch sizes {sorted(sizes)}")
         self.readers = list(readers)
         self.patch_size = sizes.pop()
-        self._offsets = np.cumsum([0] + [len(reader) for reader in self.readers])
-        self.labels = np.concatenate([reader.labels for reader in self.readers]).astype(np.int64)
+        chosen = list(rows) if rows is not None else [None] * len(self.readers)
+        if len(chosen) != len(self.readers):
+            raise ValueError(f"{len(chosen)} row selections for {len(self.readers)} splits")
+        self.rows = [np.arange(len(reader), dtype=np.int64) if kept is None
+                     else np.asarray(kept, dtype=np.int64)
+                     for reader, kept in zip(self.readers, chosen, strict=True)]  # fmt: skip
+        self._offsets = np.cumsum([0] + [len(kept) for kept in self.rows])
+        self.labels = np.concatenate(
+            [reader.labels[kept] for reader, kept in zip(self.readers, self.rows, strict=True)]
+        ).astype(np.int64)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -55,7 +70,7 @@ class PatchDataset(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(index)
         part = int(np.searchsorted(self._offsets, index, side="right") - 1)
-        return part, index - int(self._offsets[part])
+        return part, int(self.rows[part][index - int(self._offsets[part])])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         part, local = self._locate(int(index))

@@ -141,8 +141,9 @@ def read_centers(config: TrainConfig) -> list[int]:
     """Every centre whose store the job reads: the clients' (all listed centres'
     test splits are evaluated on) and PrivateKT's public pool."""
     centers = list(config.centers or [])
-    if config.algorithm == "PrivateKT" and config.public_center not in centers:
-        centers.append(config.public_center)
+    public = config.public_store_center
+    if public is not None and public not in centers:
+        centers.append(public)
     return centers
 
 
@@ -150,7 +151,7 @@ def store_inputs(config: TrainConfig) -> dict[str, str]:
     """``{"center_{c}": store_digest}`` of every store the job reads, PrivateKT's public
     pool without its labels (:class:`~wsi.store.schema.StoreError` if one cannot be read)."""
     data, _ = config.require_paths()
-    public = config.public_center if config.algorithm == "PrivateKT" else None
+    public = config.public_store_center
     inputs = {}
     for center in read_centers(config):
         try:

@@ -61,7 +61,9 @@ def centre_roles(runs: Iterable[RunResult]) -> dict[int, str]:
     for run in runs:
         for center in run.config.get("centers") or ():
             roles[int(center)] = CLIENT
-        if run.algorithm == PRIVATE_KT and run.config.get("public_center") is not None:
+        pool = run.config.get("public_pool", "center")  # runs before the share pool: center
+        if (run.algorithm == PRIVATE_KT and pool == "center"
+                and run.config.get("public_center") is not None):  # fmt: skip
             roles.setdefault(int(run.config["public_center"]), PUBLIC_POOL)
     return roles
 

@@ -1,8 +1,10 @@
-"""PrivateKT: the pure maths (Lemma 1, Eqs. 2–5) and runs under real mpiexec.
+"""PrivateKT: the pure maths (Lemma 1, Eqs. 2–5), its pools and options, and runs under
+real mpiexec.
 
-The MPI runs use two clients (centres 0 and 1) and the public centre 4, whose store's
-``labels`` datasets are made unreadable (external storage in a file that does not exist):
-any read of them fails, so a run that finishes never read the public labels.
+The MPI runs use two clients (centres 0 and 1). The first pool is the public centre 4,
+whose store's ``labels`` datasets are made unreadable (external storage in a file that does
+not exist): any read of them fails, so a run that finishes never read the public labels.
+The second is the paper's: a share of the clients' own training splits.
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ CLIENTS = (0, 1)
 PUBLIC = 4
 ROUNDS = 3
 K = 20
-# A large ε keeps most labels (β ≈ 0.99), so three rounds are enough to learn the toy task.
+# A large ε keeps most labels (β ≈ 0.99), so three rounds are enough to learn the toy task
+# with Adam and minibatch fine-tuning; the authors' plain SGD needs many more rounds.
 OPTIONS: dict[str, Any] = {
     "rounds": ROUNDS, "centers": list(CLIENTS), "kt_samples": K, "ldp_epsilon": 100.0,
-    "buffer_size": 5,
+    "buffer_size": 5, "public_pool": "center", "client_fraction": 1.0,
+    "kt_optimizer": "adam", "kt_lr": 1e-3, "finetune_batches": "minibatch",
+    "kt_local_epochs": 1,
 }  # fmt: skip
 MARGIN = 0.2
 
@@ -180,8 +185,9 @@ def test_public_labels_are_unreadable_and_the_pool_never_reads_them(data: Path) 
     path = store_path(data, PUBLIC)
     with pytest.raises(Exception, match="external"):
         PatchSplitReader(path, "train")  # a reader that loads labels fails on this store
-    pool = PublicPool(path)
+    pool = PublicPool.of_center(data, PUBLIC)
     assert len(pool) == 60 and pool.images([0, 59]).shape == (2, 16, 16, 3)
+    assert np.array_equal(pool.images([59, 0]), pool.images([0, 59])[::-1])
 
 
 @pytest.mark.slow  # an MPI job
@@ -349,7 +355,16 @@ def test_ablations_and_client_fraction_map_to_the_settings() -> None:
         1, 0, True,
     )  # fmt: skip
     assert [selection_size(f, 4) for f in (1.0, 0.5, 0.1)] == [4, 2, 1]
+    # int(fraction · n) as the authors' code, never round(): 0.5 of 3 clients is 1
+    assert [selection_size(0.5, n) for n in (1, 2, 3, 5)] == [1, 1, 1, 2]
     assert selection_size(0.5, 0) == 0
+    authors = KTSettings.from_config(TrainConfig(algorithm="PrivateKT"), 2, 95)
+    assert (authors.client_fraction, authors.finetune_full_batch, authors.fresh_optimizer,
+            authors.uniform_first_items) == (0.5, True, True, False)  # fmt: skip
+    algorithm_1 = KTSettings.from_config(
+        TrainConfig(algorithm="PrivateKT", first_kt_items="uniform"), 2, 95
+    )
+    assert algorithm_1.uniform_first_items and not algorithm_1.uniform_sampling
 
 
 def _mean_entropy(probabilities: np.ndarray) -> float:
@@ -363,7 +378,7 @@ def test_soft_self_training_keeps_the_guesses_and_argmax_sharpens_them(data: Pat
     what pulls a model near chance towards one class."""
     from proxyfl.algorithms.privatekt.strategy import PublicItems
 
-    items = PublicItems(PublicPool(store_path(data, PUBLIC)), torch.device("cpu"), 16)
+    items = PublicItems(PublicPool.of_center(data, PUBLIC), torch.device("cpu"), 16)
     everything = np.arange(len(items.pool))
     change = {}
     for targets in ("soft", "argmax"):
@@ -380,3 +395,108 @@ def test_soft_self_training_keeps_the_guesses_and_argmax_sharpens_them(data: Pat
     sharpened, moved = change["argmax"]
     assert sharpened > 0.1, change  # argmax: the entropy falls
     assert abs(change["soft"][0]) < sharpened / 3 and change["soft"][1] < moved, change
+
+
+# -- the paper's pool: a share of the clients' training splits --------------------------------
+def test_held_out_rows_are_the_share_of_a_seeded_permutation() -> None:
+    from proxyfl.algorithms.privatekt.public_pool import held_out_rows, kept_rows
+
+    rows = held_out_rows(103, 0.2, seed=7, center=1)
+    assert len(rows) == 20 and np.all(np.diff(rows) > 0) and rows.max() < 103
+    assert np.array_equal(rows, held_out_rows(103, 0.2, seed=7, center=1))  # every rank agrees
+    assert not np.array_equal(rows, held_out_rows(103, 0.2, seed=7, center=2))
+    kept = kept_rows(103, rows)
+    assert len(kept) == 83 and not set(kept) & set(rows) and set(kept) | set(rows) == set(
+        range(103)
+    )
+    with pytest.raises(ValueError):
+        held_out_rows(10, 1.0, seed=0, center=0)
+
+
+def test_the_share_pool_reads_no_label_and_the_clients_no_longer_train_on_it(
+    helpers: Any, tmp_path: Path
+) -> None:
+    from proxyfl.algorithms.privatekt.public_pool import held_out_rows, kept_rows
+    from proxyfl.engine.access import AccessLog
+    from proxyfl.engine.data import PatchDataset
+
+    directory = helpers.write_stores(tmp_path / "s", CLIENTS, n_train=40, n_test=4, seed=9)
+    readers = {c: PatchSplitReader(store_path(directory, c), "train") for c in CLIENTS}
+    images = {c: readers[c].images(slice(0, 40)) for c in CLIENTS}
+    held = {c: held_out_rows(40, 0.25, seed=3, center=c) for c in CLIENTS}
+    for c in CLIENTS:  # from here on, any read of a client's labels fails
+        readers[c].close()
+        hide_labels(store_path(directory, c))
+    log = AccessLog()
+    pool = PublicPool.held_out_shares(directory, CLIENTS, 0.25, seed=3, log=log)
+    assert len(pool) == 20
+    expected = np.concatenate([images[c][held[c]] for c in CLIENTS])
+    assert np.array_equal(pool.images(np.arange(20)), expected)
+    assert all(entry["images_only"] and entry["split"] == "train" for entry in log.opened)
+
+    clean = helpers.write_stores(tmp_path / "clean", CLIENTS, n_train=40, n_test=4, seed=9)
+    own = PatchSplitReader(store_path(clean, 0), "train")
+    dataset = PatchDataset([own], [kept_rows(40, held[0])])
+    assert len(dataset) == 30 and np.array_equal(dataset.labels, own.labels[kept_rows(40, held[0])])
+    trained_on = {bytes(np.asarray(x).tobytes()) for x, _ in (dataset[i] for i in range(30))}
+    public = {bytes(np.ascontiguousarray(img.transpose(2, 0, 1)).tobytes())
+              for img in pool.images(np.arange(10))}  # centre 0's held-out rows  # fmt: skip
+    assert len(public) == 10 and not trained_on & public
+
+
+def test_a_fresh_optimizer_steps_as_a_new_one() -> None:
+    from proxyfl.algorithms.privatekt.strategy import forget_state, make_optimizer
+    from proxyfl.config import TrainConfig
+
+    config = TrainConfig(algorithm="PrivateKT", kt_optimizer="adam", kt_lr=0.1)
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 2, (8,))
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    torch.manual_seed(0)
+    used = build_model("cnn1", 2, 16)
+    optimizer = make_optimizer(used, config)
+    step(used, optimizer)
+    start = {k: v.clone() for k, v in used.state_dict().items()}
+    forget_state(optimizer)
+    assert not optimizer.state
+    step(used, optimizer)
+    fresh = build_model("cnn1", 2, 16)
+    fresh.load_state_dict(start)
+    step(fresh, make_optimizer(fresh, config))
+    after, expected = used.state_dict(), fresh.state_dict()
+    assert all(torch.equal(after[key], expected[key]) for key in after)
+    assert isinstance(make_optimizer(used, TrainConfig()), torch.optim.SGD)  # the authors'
+
+
+@pytest.mark.slow  # an MPI job
+def test_a_share_pool_run_trains_on_the_rest_with_a_fresh_optimizer_each_round(
+    helpers: Any, data: Path, tmp_path: Path
+) -> None:
+    """The paper's pool and the authors' defaults (half the clients a round, 5 local
+    epochs, fresh state), with Adam so that the state has something to forget."""
+    options = {"rounds": ROUNDS, "centers": list(CLIENTS), "kt_samples": 4,
+               "kt_optimizer": "adam", "kt_lr": 0.01, "batch_size": 8}  # fmt: skip
+    out = tmp_path / "share"
+    result = helpers.run_mpi(len(CLIENTS), helpers.train_args(data, out, "PrivateKT", **options))
+    assert result.returncode == 0, helpers.explain(result)
+    rows = helpers.read_jsonl(out / "metrics.jsonl")
+    assert {r["n_train"] for r in rows} == {40 - 8}  # 20 % of 40 held out per client
+    # one client of two per round: each round's ε grows for exactly one client
+    final = [r["epsilon"] for r in rows if r["round"] == ROUNDS]
+    assert sum(final) == pytest.approx(5.0 * ROUNDS)
+    steps_per_round = 5 * math.ceil(32 / 8)
+    for rank in range(len(CLIENTS)):
+        record = _record(out, rank)
+        other = [o for o in record["opened"] if o["split"] == "train"
+                 and Path(o["path"]).name != f"center_{CLIENTS[rank]}.h5"]  # fmt: skip
+        assert other and all(o.get("images_only") for o in other)  # the pool: images only
+        assert not any(Path(o["path"]).name == f"center_{PUBLIC}.h5" for o in record["opened"])
+        state = load_checkpoint(out, rank, ROUNDS)["shared_optimizer"]["state"]
+        steps = {int(s["step"]) for s in state.values()}
+        assert steps <= {steps_per_round}, steps  # never more than one round's steps
+    timings = json.loads((out / "run.json").read_text())["timings"]["per_rank"]
+    assert timings[0]["server_finetune_seconds"] > 0 and timings[0]["server_sampling_seconds"] > 0

@@ -21,7 +21,11 @@ Round t (Algorithm 1, lines 5–19), in the loop's three steps (:mod:`proxyfl.tr
    ∝ exp(entropy) under Θ_{t+1} (Eq. 4). It broadcasts Θ_{t+1}, which every client then
    holds and evaluates.
 
-The first KT items (line 3) are drawn uniformly. Ablations (the paper's Fig. 3):
+The first KT items (line 3) are drawn by Eq. (4) under Θ_1, as the authors' code draws
+them (``--first-kt-items uniform``: uniformly, as Algorithm 1 says). The clients and the
+server train with their own optimizer (``--kt-optimizer``, ``--kt-lr``: the authors' plain
+SGD at 0.05), started afresh each round; each pass of the server's fine-tuning over the
+buffer is one full-batch step (``--finetune-batches``). Ablations (the paper's Fig. 3):
 ``--no-buffer`` keeps one round of knowledge, ``--no-self-training`` skips step 18,
 ``--uniform-sampling`` draws every round's KT items uniformly.
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +58,7 @@ from proxyfl.algorithms.strategies import Distribution
 from proxyfl.comm.exchange import Communicator, flatten_parameters
 from proxyfl.config import TrainConfig
 from proxyfl.engine.data import prepare_images
+from proxyfl.engine.timings import Timings
 from proxyfl.privacy.ldp import LDPLedger, keep_probability, randomized_response
 from proxyfl.privacy.ldp import unbiased_estimate as estimate_mean_prediction
 
@@ -72,8 +78,11 @@ class KTSettings:
     self_train_samples: int  # M (0 with --no-self-training)
     soft_self_training: bool  # targets: the model's probabilities, else its argmax
     finetune_epochs: int
+    finetune_full_batch: bool  # one step per pass over the buffer (the authors')
     client_fraction: float
     uniform_sampling: bool
+    uniform_first_items: bool  # Algorithm 1's line 3 (the authors' code: Eq. 4 under Θ_1)
+    fresh_optimizer: bool  # no optimizer state carried from one round to the next
     batch_size: int
     eval_batch_size: int
 
@@ -96,18 +105,36 @@ class KTSettings:
             self_train_samples=m if config.self_training else 0,
             soft_self_training=config.self_train_targets == "soft",
             finetune_epochs=config.finetune_epochs,
+            finetune_full_batch=config.finetune_batches == "full",
             client_fraction=config.client_fraction,
             uniform_sampling=config.uniform_sampling,
+            uniform_first_items=config.uniform_sampling or config.first_kt_items == "uniform",
+            fresh_optimizer=config.kt_optimizer_state == "fresh",
             batch_size=config.batch_size,
             eval_batch_size=config.eval_batch_size,
         )
 
 
 def selection_size(fraction: float, available: int) -> int:
-    """How many of ``available`` clients a round selects: ``max(1, round(fraction · n))``."""
+    """How many of ``available`` clients a round selects: ``int(fraction · n)`` as the
+    authors' code (``sampled_user_ratio``), but at least one."""
     if available <= 0:
         return 0
-    return min(available, max(1, round(fraction * available)))
+    return min(available, max(1, int(fraction * available)))
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """PrivateKT's optimizer of ``model`` (clients and server alike): ``--kt-optimizer``
+    at ``--kt-lr``, without weight decay (the authors' Keras SGD has none)."""
+    if config.kt_optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.kt_lr)
+    return torch.optim.Adam(model.parameters(), lr=config.kt_lr)
+
+
+def forget_state(optimizer: torch.optim.Optimizer) -> None:
+    """Drop ``optimizer``'s per-parameter state (Adam's moments, SGD's momentum): the next
+    step starts as the first did."""
+    optimizer.state.clear()
 
 
 class PublicItems:
@@ -148,13 +175,15 @@ class PublicItems:
         labels: np.ndarray,
         *,
         epochs: int,
-        batch_size: int,
+        batch_size: int | None,
         rng: np.random.Generator,
     ) -> float | None:
         """Cross-entropy steps on (item, target) pairs, shuffled by ``rng``; mean loss.
         A target is a class index (``labels`` of shape (n,)) or class probabilities
-        (shape (n, C)): −Σ_c q_c log p_c either way."""
+        (shape (n, C)): −Σ_c q_c log p_c either way. ``batch_size=None``: every item in
+        one step per epoch."""
         model.train()
+        batch_size = batch_size or max(1, len(indices))
         total, steps = 0.0, 0
         for _ in range(epochs):
             order = rng.permutation(len(indices))
@@ -173,7 +202,8 @@ class PublicItems:
 
 
 class KnowledgeServer:
-    """The server's state and update (Algorithm 1, lines 2–3 and 16–19), on rank 0 only."""
+    """The server's state and update (Algorithm 1, lines 2–3 and 16–19), on rank 0 only.
+    Where its time goes is added to ``timings`` (fine-tuning, self-training, sampling)."""
 
     def __init__(
         self,
@@ -182,12 +212,14 @@ class KnowledgeServer:
         items: PublicItems,
         settings: KTSettings,
         rng: np.random.Generator,
+        timings: Timings | None = None,
     ) -> None:
         self.model, self.optimizer, self.items = model, optimizer, items
         self.settings, self.rng = settings, rng
+        self.timings = timings if timings is not None else Timings()
         self.buffer = KnowledgeBuffer(settings.buffer_size)
-        # line 3: the first K KT items, uniformly from the public pool
-        self.kt_items = weighted_sample(None, settings.kt_samples, rng, n=len(items.pool))
+        # line 3: the first K KT items, under Θ_1 (or uniformly)
+        self.kt_items = self.next_items(uniform=settings.uniform_first_items)
 
     def select_clients(self, members: list[int]) -> list[int]:
         """Line 6: G_t, a uniformly drawn share ``client_fraction`` of ``members``."""
@@ -200,15 +232,20 @@ class KnowledgeServer:
     def update(self, reports: np.ndarray) -> dict[str, float | None]:
         """Lines 16–19 from the (|G|, K) perturbed labels of this round's KT items."""
         s = self.settings
+        started = time.perf_counter()
+        if s.fresh_optimizer:
+            forget_state(self.optimizer)
         estimate = estimate_mean_prediction(reports, s.beta, s.n_classes)  # Eq. 3
         self.buffer.push(self.kt_items, estimate)  # line 16
         items, targets = self.buffer.targets()
         finetune_loss = self.items.fit(  # line 17: Θ_t → Θ'_t
-            self.model, self.optimizer, items, targets,
-            epochs=s.finetune_epochs, batch_size=s.batch_size, rng=self.rng,
+            self.model, self.optimizer, items, targets, epochs=s.finetune_epochs,
+            batch_size=None if s.finetune_full_batch else s.batch_size, rng=self.rng,
         )  # fmt: skip
+        self.timings.server_finetune_seconds += time.perf_counter() - started
         self_train_loss = None
         if s.self_train_samples > 0:  # line 18: Θ'_t → Θ_{t+1} (Eq. 5)
+            started = time.perf_counter()
             probabilities = self.items.probabilities(self.model, None, s.eval_batch_size)
             chosen = weighted_sample(
                 self_training_weights(probabilities), s.self_train_samples, self.rng
@@ -219,16 +256,20 @@ class KnowledgeServer:
                 self.model, self.optimizer, chosen, pseudo_targets,
                 epochs=1, batch_size=s.batch_size, rng=self.rng,
             )  # fmt: skip
-        self.kt_items = self.next_items()  # line 19
+            self.timings.server_self_train_seconds += time.perf_counter() - started
+        self.kt_items = self.next_items(uniform=s.uniform_sampling)  # line 19
         return {"finetune_loss": finetune_loss, "self_train_loss": self_train_loss}
 
-    def next_items(self) -> np.ndarray:
-        """Line 19: the next K KT items, by Eq. (4) under Θ_{t+1} (or uniformly)."""
+    def next_items(self, *, uniform: bool) -> np.ndarray:
+        """Line 19: the next K KT items, by Eq. (4) under the server's model (or uniformly)."""
         s = self.settings
-        if s.uniform_sampling:
+        if uniform:
             return weighted_sample(None, s.kt_samples, self.rng, n=len(self.items.pool))
+        started = time.perf_counter()
         probabilities = self.items.probabilities(self.model, None, s.eval_batch_size)
-        return weighted_sample(kt_weights(probabilities), s.kt_samples, self.rng)
+        chosen = weighted_sample(kt_weights(probabilities), s.kt_samples, self.rng)
+        self.timings.server_sampling_seconds += time.perf_counter() - started
+        return chosen
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -258,9 +299,11 @@ class PrivateKTExchange:
         ledger: LDPLedger,
         rr_rng: np.random.Generator,
         server: KnowledgeServer | None,
+        timings: Timings | None = None,
     ) -> None:
         self.client_model, self.items, self.settings = client_model, items, settings
         self.ledger, self.rr_rng, self.server = ledger, rr_rng, server
+        self.timings = timings if timings is not None else Timings()
         self.kt_items = np.zeros(settings.kt_samples, dtype=np.int64)
         self.selected: list[int] = []
         self.last_losses: dict[str, float | None] = {}
@@ -312,7 +355,10 @@ class PrivateKTExchange:
         )
         if self.server is not None and reports is not None and len(reports):
             self.last_losses = self.server.update(reports)
+        started = time.perf_counter()
         comm.comm.Barrier()  # waiting for the server's update is not communication
+        if self.server is None:  # the server's own time is in its update's parts
+            self.timings.wait_seconds += time.perf_counter() - started
         model = (
             flatten_parameters(self.server.model) if self.server is not None
             else np.empty_like(theta)
