@@ -52,6 +52,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
     if runtime.is_root:
         rows = [r for r in read_metrics(metrics_path) if r.round <= start_round]
     for round_number in range(start_round + 1, cfg.rounds + 1):
+        started = time.perf_counter()
         if trainer.active and not trainer.within_budget_after_next_round():
             logger.warning(
                 "client %d stops before round %d: ε would exceed the budget %.3g",
@@ -60,6 +61,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             trainer.active = False
         flags = allgather_json(comm, trainer.active)
         members = [rank for rank, active in enumerate(flags) if active]
+        trainer.timings.records_seconds += time.perf_counter() - started
         distribution = trainer.distribute_round(members, round_number)
 
         started = time.perf_counter()
@@ -75,12 +77,14 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             trainer.last_scores = trainer.evaluate()
         trainer.timings.eval_seconds += time.perf_counter() - started
 
+        started = time.perf_counter()
         round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses, comm_seconds)
         gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
         if runtime.is_root:
             assert gathered is not None
             rows.extend(MetricRow.model_validate(row) for part in gathered for row in part)
             write_metrics(metrics_path, rows)
+        trainer.timings.records_seconds += time.perf_counter() - started
         logger.info(
             "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
             round_number, cfg.rounds, trainer.data.client,
@@ -97,9 +101,11 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             keep=cfg.keep_checkpoints,
         )
         trainer.timings.checkpoint_seconds += time.perf_counter() - started
+        started = time.perf_counter()
         atomic_write_json(
             trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", rank_record(trainer)
         )
+        trainer.timings.records_seconds += time.perf_counter() - started
         if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
             comm.Barrier()
             raise StopAfterRound(3)

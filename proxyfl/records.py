@@ -155,6 +155,9 @@ def write_run_json(
         payload["timings"] = {
             "per_rank": timings,
             "wall_seconds": max(wall) if wall else None,
+            # this launch's seconds per rank (a resumed run's phases also hold the rounds
+            # run before: then they may sum to more)
+            "wall_seconds_per_rank": list(wall) if wall else None,
             "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
             "max_comm_seconds": max(t["comm_seconds"] for t in timings),
             "total_train_seconds": sum(t["train_seconds"] for t in timings),

@@ -421,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         write_run_json(config, size, records, status="running")
     comm.Barrier()
+    trainer.timings.setup_seconds += time.perf_counter() - wall_start
 
     try:
         run_training(trainer, start_round)

@@ -12,10 +12,12 @@ class Timings:
     """Seconds per phase. ``wait_seconds``: at the barriers before an exchange (and, in
     PrivateKT, for the server's update): time the rank was idle, not communicating."""
 
+    setup_seconds: float = 0.0  # imports, checks, stores opened, models built, resume
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
     comm_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
+    records_seconds: float = 0.0  # agreeing on members, metrics gathered and written
     wait_seconds: float = 0.0
     server_finetune_seconds: float = 0.0  # PrivateKT: Eq. 3, the buffer, fine-tuning
     server_self_train_seconds: float = 0.0  # PrivateKT: scoring the pool, self-training

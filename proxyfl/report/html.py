@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from proxyfl.report.load import RunResult
-from proxyfl.report.render import LAYOUTS, TableRow
+from proxyfl.report.render import LAYOUTS, TableRow, public_pool_note
 from proxyfl.report.stats import PRIVATE_KT, AccuracyRow, PrivacyRow
 from proxyfl.results import LABEL_LDP
 from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER, CenterReport, summary_rows
@@ -116,6 +116,7 @@ def report_html(
         accuracy_note=accuracy_note.strip(),
         privacy=result_table(privacy) if privacy else None,
         label_ldp=any(row.notion == LABEL_LDP for row in privacy),
+        public_pool=public_pool_note(runs).strip(),
         preprocessing=preprocessing,
         table_1=table_1(reports, roles),
         failures=failures_table(reports),
@@ -210,6 +211,7 @@ training patches (Rényi-DP accountant, converted at δ), over all rounds.
 PrivateKT's ε is another notion: label-level ε-local DP of the K labels a client sends per
 round (randomized response, Lemma 1 of Qi et al.), composed over the rounds by basic
 composition (T·ε); its clients train without DP. The two are not comparable as numbers.
+{{ public_pool }}
 {% endif %}</p>
 
 <h2 id="patches">Patches per centre (Table 1)</h2>

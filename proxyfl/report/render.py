@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from proxyfl.report.load import JOINT
+from proxyfl.report.load import JOINT, RunResult
 from proxyfl.report.stats import AccuracyRow, CurvePoint, PrivacyRow, TableRow
 from proxyfl.results import LABEL_LDP, SAMPLE_DP
 
@@ -167,6 +167,26 @@ def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
         f"\nFinal round {', '.join(map(str, finals))}; mean ± population std (ddof=0) "
         "over clients × seeds of the reported model.\n"
     )
+
+
+def public_pool_note(runs: Iterable[RunResult]) -> str:
+    """The sentence saying which public pool PrivateKT's runs used ("" without PrivateKT):
+    the paper's share of the clients' training splits, or another centre's whole store."""
+    pools = []
+    for run in runs:
+        if run.algorithm != "PrivateKT":
+            continue
+        config = run.config
+        if config.get("public_pool", "center") == "share":  # runs before the option: center
+            share = float(config.get("public_share", 0.2))
+            pool = (f"{share:.0%} of each client's training split, held out of its training, "
+                    f"labels dropped (the paper's)")  # fmt: skip
+        else:
+            pool = (f"centre {config.get('public_center')}'s whole store, labels unused "
+                    f"(another hospital's data)")  # fmt: skip
+        if pool not in pools:
+            pools.append(pool)
+    return f"\nPrivateKT's public pool: {'; '.join(pools)}.\n" if pools else ""
 
 
 def other_configurations_markdown(tables: Mapping[str, Sequence[AccuracyRow]]) -> str:

@@ -20,6 +20,7 @@ from proxyfl.report.render import (
     format_csv,
     format_table,
     other_configurations_markdown,
+    public_pool_note,
     safe_name,
     summary_line,
 )
@@ -109,7 +110,7 @@ def write_report(
         other_md.unlink()
     atomic.write_text(paths.accuracy_md, format_table(accuracy) + note)
     atomic.write_text(paths.accuracy_csv, format_csv(accuracy))
-    atomic.write_text(paths.privacy_md, format_table(privacy))
+    atomic.write_text(paths.privacy_md, format_table(privacy) + public_pool_note(runs))
     atomic.write_text(paths.privacy_csv, format_csv(privacy))
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
     metrics = json_safe(dvc_metrics(accuracy, privacy))

@@ -163,6 +163,26 @@ def test_without_stores_the_page_says_table_1_is_not_shown(
     assert "No store directory given" in " ".join(page.text)
 
 
+def test_the_report_says_which_public_pool_privatekt_used(
+    report: tuple[Path, Path], tmp_path: Path
+) -> None:
+    runs_dir, stores = report
+    paths = write_report(load_runs(runs_dir), tmp_path / "before", stores)
+    said = "PrivateKT's public pool: centre 4's whole store, labels unused"
+    assert said in paths.privacy_md.read_text()  # a run made before the option: centre 4
+    assert said in " ".join(Page(paths.report_html.read_text()).text)
+    run_file = runs_dir / "PrivateKT" / "seed_0" / "run.json"
+    run = json.loads(run_file.read_text())
+    run["config"].update(public_pool="share", public_share=0.2)
+    run_file.write_text(json.dumps(run))
+    paths = write_report(load_runs(runs_dir), tmp_path / "share", stores)
+    text = paths.privacy_md.read_text()
+    assert "PrivateKT's public pool: 20% of each client's training split" in text
+    assert "centre 4" not in text
+    # centre 4 is no longer the pool: Table 1 does not call it one
+    assert "public pool (PrivateKT; labels unused)" not in paths.report_html.read_text()
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
                     "(apt-get install chromium): the page is checked by parsing only")  # fmt: skip
 def test_headless_chromium_renders_the_page_offline(
