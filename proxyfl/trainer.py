@@ -45,10 +45,13 @@ from torch import nn
 
 from proxyfl.algorithms.dml import dml_losses
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
-from proxyfl.algorithms.privatekt.strategy import forget_state, make_optimizer
+from proxyfl.algorithms.privatekt.strategy import (
+    forget_state,
+    knowledge_transfer_exchange,
+    make_optimizer,
+)
 from proxyfl.algorithms.strategies import Distribution, Exchange, Strategy
 from proxyfl.comm.exchange import (
-    SERVER_RANK,
     Communicator,
     assign_flat_parameters,
     flatten_parameters,
@@ -197,39 +200,16 @@ class ClientTrainer:
 
     def _knowledge_transfer(self) -> Exchange:
         """PrivateKT's exchange: the client role here, the server's too on rank 0."""
-        from proxyfl.algorithms.privatekt.strategy import (
-            KnowledgeServer,
-            KTSettings,
-            PrivateKTExchange,
-            PublicItems,
-        )
-
-        cfg, device = self.config, self.runtime.device
         pool = self.data.public_pool
         if pool is None:
-            raise ValueError("PrivateKT needs the public pool (--public-center)")
+            raise ValueError("PrivateKT needs its public pool (--public-pool)")
         if not isinstance(self.ledger, LDPLedger):
             raise TypeError("PrivateKT accounts label-level ε-LDP")
-        settings = KTSettings.from_config(cfg, self.data.n_classes, len(pool))
-        items = PublicItems(pool, device, self.input_size)
-        server = None
-        if self.runtime.rank == SERVER_RANK:
-            torch.manual_seed(derived_seed(cfg.seed, "shared-init"))  # Θ_1, as every client's
-            model = build_model(cfg.proxy_model, self.data.n_classes, self.input_size).to(device)
-            server = KnowledgeServer(
-                model,
-                make_optimizer(model, cfg),
-                items,
-                settings,
-                np.random.default_rng(derived_seed(cfg.seed, "privatekt-server")),
-                self.timings,
-            )
-        rr_rng = np.random.default_rng(
-            derived_seed(cfg.seed, "randomized-response", self.data.center)
-        )
-        return PrivateKTExchange(
-            self.training.model, items, settings, self.ledger, rr_rng, server, self.timings
-        )
+        return knowledge_transfer_exchange(
+            self.config, self.training.model, pool, self.ledger, self.timings,
+            rank=self.runtime.rank, center=self.data.center, n_classes=self.data.n_classes,
+            input_size=self.input_size, device=self.runtime.device,
+        )  # fmt: skip
 
     # -- privacy -------------------------------------------------------------------------
     @property

@@ -55,9 +55,11 @@ from proxyfl.algorithms.privatekt.knowledge import (
 )
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
 from proxyfl.algorithms.strategies import Distribution
-from proxyfl.comm.exchange import Communicator, flatten_parameters
+from proxyfl.comm.exchange import SERVER_RANK, Communicator, flatten_parameters
 from proxyfl.config import TrainConfig
 from proxyfl.engine.data import prepare_images
+from proxyfl.engine.models import build_model
+from proxyfl.engine.runtime import derived_seed
 from proxyfl.engine.timings import Timings
 from proxyfl.privacy.ldp import LDPLedger, keep_probability, randomized_response
 from proxyfl.privacy.ldp import unbiased_estimate as estimate_mean_prediction
@@ -380,3 +382,34 @@ class PrivateKTExchange:
         self.rr_rng.bit_generator.state = state["rr_rng"]
         if self.server is not None:
             self.server.load_state_dict(state["server"])
+
+
+def knowledge_transfer_exchange(
+    config: TrainConfig,
+    client_model: nn.Module,
+    pool: PublicPool,
+    ledger: LDPLedger,
+    timings: Timings,
+    *,
+    rank: int,
+    center: int,
+    n_classes: int,
+    input_size: int,
+    device: torch.device,
+) -> PrivateKTExchange:
+    """One rank's PrivateKT exchange around its ``client_model``: the client role, and on
+    rank 0 the server with its own model Θ_1 (from the seed every client's copy has) and
+    optimizer. The seeded draws are fixed: the server's from the run seed, each client's
+    randomized response from the run seed and its centre."""
+    settings = KTSettings.from_config(config, n_classes, len(pool))
+    items = PublicItems(pool, device, input_size)
+    server = None
+    if rank == SERVER_RANK:
+        torch.manual_seed(derived_seed(config.seed, "shared-init"))  # Θ_1, as every client's
+        model = build_model(config.proxy_model, n_classes, input_size).to(device)
+        server = KnowledgeServer(
+            model, make_optimizer(model, config), items, settings,
+            np.random.default_rng(derived_seed(config.seed, "privatekt-server")), timings,
+        )  # fmt: skip
+    rr_rng = np.random.default_rng(derived_seed(config.seed, "randomized-response", center))
+    return PrivateKTExchange(client_model, items, settings, ledger, rr_rng, server, timings)
