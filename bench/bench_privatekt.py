@@ -24,10 +24,11 @@ Each method's ε is the largest over its clients at the final round, with its no
 sample-level (ε, δ)-DP of DP-SGD for the three, label-level ε-LDP (per round ε, and T·ε
 by basic composition) for PrivateKT. They are different guarantees, never one scale.
 
-    python -m bench.bench_privatekt [--digits-rounds R] [--digits-only] [--rounds R]
-        [--seeds S ...] [--long-rounds T] [--out DIR]
+    python -m bench.bench_privatekt [--digits-rounds R] [--digits-seeds S ...]
+        [--digits-only] [--rounds R] [--seeds S ...] [--long-rounds T] [--out DIR]
 
-The digits part needs nothing but the package (about 5 minutes on 2 CPU cores); the demo
+The digits part (seeds 0 1 2) needs nothing but the package (about 15 minutes on 2 CPU
+cores); the demo
 part needs the stores of ``train.data`` (``make demo`` or ``dvc repro preprocess``) and
 about 25 minutes. Finished runs of the same configuration are reused.
 """
@@ -40,6 +41,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from bench.bench_fidelity import train_all
 from bench.digits import write_digit_stores
@@ -65,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--digits-rounds", type=int, default=30)
     parser.add_argument("--digits-model", default="mlp")
     parser.add_argument("--digits-only", action="store_true")
+    parser.add_argument("--digits-seeds", type=int, nargs="+", default=[0, 1, 2])
     return parser
 
 
@@ -89,14 +93,16 @@ def plateau_round(accuracies: Sequence[float], share: float = 0.95) -> int:
     return next(t for t, value in enumerate(accuracies, 1) if value >= level)
 
 
-def digits_table(directory: Path, rounds: int, model: str) -> str:
-    """Train every variant of :data:`DIGITS_VARIANTS` on the digits stores; their table."""
+def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int]) -> str:
+    """Train every variant of :data:`DIGITS_VARIANTS` on the digits stores for ``seeds``;
+    their table (the last round's accuracy: mean ± std over the seeds of each seed's mean
+    over clients; the best round and the plateau: of the mean curve)."""
     stores = directory / "stores"
     if not all(store_path(stores, c).is_file() for c in DIGITS_CLIENTS):
         write_digit_stores(stores, clients=len(DIGITS_CLIENTS), alpha=0.5, seed=0)
     base = {"rounds": rounds, "proxy_model": model, "private_model": [model],
             "eval_batch_size": 256, "ldp_epsilon": 5.0, "kt_samples": 2}  # fmt: skip
-    lines = ["| Run | Accuracy at the last round | Best (round) | Rounds to plateau | "
+    lines = [f"| Run | Accuracy at round {rounds} | Best (round) | Rounds to plateau | "
              "ε | Notion |", "| :-- | --: | --: | --: | --: | :-- |"]  # fmt: skip
     curves_by_name = {}
     for number, (name, method, changes) in enumerate(DIGITS_VARIANTS):
@@ -104,10 +110,11 @@ def digits_table(directory: Path, rounds: int, model: str) -> str:
         centers = list(options.pop("centers", DIGITS_CLIENTS))  # type: ignore[call-overload]
         runs_dir = directory / "runs" / f"variant_{number}"
         print(f"digits: {name}", flush=True)
-        train_all(stores, runs_dir, centers, options, [method], [0])
-        runs = load_runs(runs_dir, [method], [0])
+        train_all(stores, runs_dir, centers, options, [method], seeds)
+        runs = load_runs(runs_dir, [method], seeds)
         points = curves(runs)[method]
         accuracies = [point.accuracy_mean for point in points]
+        finals = np.array([curves([run])[method][-1].accuracy_mean for run in runs])
         best = max(range(len(accuracies)), key=accuracies.__getitem__)
         privacy = final_epsilon(runs).get(method)
         if privacy is None:  # σ = 0: no guarantee, no ε
@@ -117,7 +124,8 @@ def digits_table(directory: Path, rounds: int, model: str) -> str:
             shown = f"{epsilon:.1f}" + (f" ({per_round:g}/round)" if per_round else "")
             notion_text = PRIVACY_NOTIONS[notion]
         lines.append(
-            f"| {name} | {accuracies[-1]:.3f} | {accuracies[best]:.3f} ({best + 1}) "
+            f"| {name} | {finals.mean():.3f} ± {finals.std():.3f} "
+            f"| {accuracies[best]:.3f} ({best + 1}) "
             f"| {plateau_round(accuracies)} | {shown} | {notion_text} |"
         )
         curves_by_name[name] = accuracies
@@ -176,8 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     print(f"privatekt: the paper's setting on digits, {args.digits_rounds} rounds, "
           f"model {args.digits_model}", flush=True)  # fmt: skip
-    table = digits_table(args.out / "digits", args.digits_rounds, args.digits_model)
-    print("\nDigits, 4 clients, Dirichlet α = 0.5, seed 0 (mean accuracy over clients):\n")
+    table = digits_table(args.out / "digits", args.digits_rounds, args.digits_model,
+                         args.digits_seeds)  # fmt: skip
+    print(f"\nDigits, 4 clients, Dirichlet α = 0.5, seeds {args.digits_seeds} (accuracy: "
+          f"each seed's mean over clients):\n")  # fmt: skip
     print(table, flush=True)
     if args.digits_only:
         return 0
