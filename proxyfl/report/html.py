@@ -209,8 +209,9 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 training patches (Rényi-DP accountant, converted at δ), over all rounds.
 {% if label_ldp %}
 PrivateKT's ε is another notion: label-level ε-local DP of the K labels a client sends per
-round (randomized response, Lemma 1 of Qi et al.), composed over the rounds by basic
-composition (T·ε); its clients train without DP. The two are not comparable as numbers.
+round (randomized response, Lemma 1 of Qi et al.), composed by basic composition over the
+r rounds a client reported in (r·ε; a client the server did not select sends nothing that
+round); its clients train without DP. The two are not comparable as numbers.
 {{ public_pool }}
 {% endif %}</p>
 

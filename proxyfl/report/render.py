@@ -75,7 +75,7 @@ def _privacy_cells(row: PrivacyRow) -> tuple[str, ...]:
 # the privacy table's words for each notion (which guarantee an ε is, and over what)
 _NOTION_TEXT = {
     SAMPLE_DP: "sample-level (ε, δ)-DP",
-    LABEL_LDP: "label-level ε-LDP, T·ε (basic composition)",
+    LABEL_LDP: "label-level ε-LDP, r·ε over the r rounds reported (basic composition)",
 }
 
 

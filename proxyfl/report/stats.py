@@ -124,8 +124,9 @@ def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
 def privacy_table(runs: Sequence[RunResult]) -> list[PrivacyRow]:
     """Per client (ascending): centre, n_train, σ, δ and ε, then Joint's row if Joint ran,
     then PrivateKT's clients if it ran. Every row says which notion its ε is: the DP-SGD
-    methods' sample-level (ε, δ)-DP, PrivateKT's label-level ε-LDP (T·ε over T rounds by
-    basic composition, with the per-round ε beside it); the two are not comparable.
+    methods' sample-level (ε, δ)-DP, PrivateKT's label-level ε-LDP (r·ε over the r rounds
+    a client reported in, by basic composition, with the per-round ε beside it); the two
+    are not comparable.
 
     A client's ε is its final-round ε in the runs of the first method of
     :data:`EPSILON_SOURCES` present (ProxyFL, else a DP federated baseline), averaged over

@@ -238,8 +238,8 @@ def test_format_table_markdown() -> None:
     )
     ldp = PrivacyRow("1", "1", 40, None, 0.0, 15.0, "PrivateKT", 1, "label_ldp", 5.0)
     assert format_table([ldp]).splitlines()[-1] == (
-        "| 1 | 1 | 40 | — | 0 | 15.00 | 5 | label-level ε-LDP, T·ε (basic composition) "
-        "| PrivateKT |"
+        "| 1 | 1 | 40 | — | 0 | 15.00 | 5 "
+        "| label-level ε-LDP, r·ε over the r rounds reported (basic composition) | PrivateKT |"
     )
     assert format_table([]) == ""
 
