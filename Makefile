@@ -52,7 +52,7 @@ fidelity: $(STAMP)
 	$(BIN)/python -m bench fidelity
 
 # PrivateKT in its paper's setting on scikit-learn's digits (its defaults, Fig. 3's
-# ablations, central training, FedAvg; 3 seeds, ~15 min), then beside ProxyFL, FedAvg and
+# ablations, central training, FedAvg; 3 seeds, ~8 min), then beside ProxyFL, FedAvg and
 # Regular on the demo's stores, with each one's ε and its notion (~25 min; stores first).
 privatekt: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server -- dvc repro preprocess

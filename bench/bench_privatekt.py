@@ -27,7 +27,7 @@ by basic composition) for PrivateKT. They are different guarantees, never one sc
     python -m bench.bench_privatekt [--digits-rounds R] [--digits-seeds S ...]
         [--digits-only] [--rounds R] [--seeds S ...] [--long-rounds T] [--out DIR]
 
-The digits part (seeds 0 1 2) needs nothing but the package (about 15 minutes on 2 CPU
+The digits part (seeds 0 1 2) needs nothing but the package (about 8 minutes on 2 CPU
 cores); the demo
 part needs the stores of ``train.data`` (``make demo`` or ``dvc repro preprocess``) and
 about 25 minutes. Finished runs of the same configuration are reused.
