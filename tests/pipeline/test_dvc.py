@@ -25,7 +25,9 @@ def project(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     params["data"]["synth"]["num_centers"] = 3
     params["preprocess"].update({"centers": [0, 1, 2], "patches_per_class": {0: 6, 1: 6, 2: 6}})
     params["train"]["algorithms"] = ["ProxyFL", "Joint", "PrivateKT"]
-    params["train"]["options"].update({"public_center": 2, "self_train_samples": 4})
+    params["train"]["options"].update(
+        {"public_pool": "center", "public_center": 2, "self_train_samples": 4}
+    )
     return dvc_project(tmp_path / "project", params, tool_env)
 
 

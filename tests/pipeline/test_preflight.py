@@ -127,9 +127,14 @@ def test_mistakes_are_errors_naming_key_centre_and_numbers(
                       f"{root} (centres with labelled slides: [0, 1])"]  # fmt: skip
 
     pool = found(train__algorithms=["PrivateKT"], train__centers=[0],
-                 train__options__public_center=1, train__options__kt_samples=10**6)  # fmt: skip
+                 train__options__public_pool="center", train__options__public_center=1,
+                 train__options__kt_samples=10**6)  # fmt: skip
     assert len(pool) == 1 and pool[0].startswith("train.options.kt_samples: 1000000 is larger ")
     assert pool[0].endswith("items of the public pool (centre 1)")
+    share = found(train__algorithms=["PrivateKT"], train__centers=[0],
+                  train__options__kt_samples=10**6)  # the paper's pool: 20 % of centre 0's
+    assert len(share) == 1 and share[0].startswith("train.options.kt_samples: 1000000 is ")
+    assert share[0].endswith("(a share 0.2 of centres [0]' training splits)")
 
 
 def test_a_missing_data_root_is_an_error_unless_it_is_the_synthetic_one(
