@@ -156,7 +156,8 @@ def test_the_public_pools_labels_are_never_read(data: Path, tmp_path: Path) -> N
             del h5[split]["labels"]
             absent = [(str(tmp_path / "absent.bin"), 0, 8 * n)]
             h5[split].create_dataset("labels", shape=(n,), dtype=np.int64, external=absent)
-    config = _config(data, tmp_path / "r", algorithm="PrivateKT", public_center=4)
+    config = _config(data, tmp_path / "r", algorithm="PrivateKT", public_pool="center",
+                     public_center=4)  # fmt: skip
     assert store_inputs(config)["center_4"].startswith("sha256:")
     with pytest.raises(Exception, match="external"):
         store_digest(path)  # with labels: the read fails, so the line above read none
@@ -171,8 +172,11 @@ def test_store_digest_is_the_content_not_the_file(data: Path, tmp_path: Path) ->
     assert store_digest(store_path(other_sample, 0)) != first
     smaller = write_stores(tmp_path / "smaller", centers=(0,), n_train=39)
     assert store_digest(store_path(smaller, 0)) != first
-    privatekt = _config(data, tmp_path / "r", algorithm="PrivateKT", public_center=4)
+    privatekt = _config(data, tmp_path / "r", algorithm="PrivateKT", public_pool="center",
+                        public_center=4)  # fmt: skip
     assert set(store_inputs(privatekt)) == {"center_0", "center_1", "center_4"}
+    share = _config(data, tmp_path / "r", algorithm="PrivateKT")  # the pool: the clients'
+    assert set(store_inputs(share)) == {"center_0", "center_1"}
 
 
 def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
