@@ -278,8 +278,8 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         raise SetupError(f"the test splits of centres {centers} are all empty")
     patch_size = next(iter(sizes.values()))
     public_pool = None
-    if config.algorithm == "PrivateKT":
-        check_public_pool(config, patch_size, n_classes, centers)
+    if config.algorithm == "PrivateKT":  # the share pool: of the centres with a rank
+        check_public_pool(config, patch_size, n_classes, centers[:size])
         public_pool = config.public_pool
     return StorePlan(
         client=client,
@@ -289,7 +289,7 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         n_classes=n_classes,
         patch_size=patch_size,
         public_pool=public_pool,
-        clients=tuple(centers),
+        clients=tuple(centers[:size]),
     )
 
 
