@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
-from proxyfl.rules import batch_size_problem, public_pool_problems
+from proxyfl.rules import (
+    batch_size_problem,
+    held_out_count,
+    public_pool_problems,
+    share_pool_name,
+)
 from wsi.store.reader import read_store_info
 from wsi.store.schema import StoreError, rebuild_hint, store_path
 
@@ -64,8 +69,8 @@ def _public_pool(train: TrainSection, sizes: Mapping[int, CentreSize]) -> list[F
     options = train.options
     if options.public_pool == "share":
         clients = [c for c in train.centers if c in sizes]
-        pool_size = sum(int(options.public_share * sizes[c].train) for c in clients)
-        pool = f"a share {options.public_share:g} of centres {clients}' training splits"
+        pool_size = sum(held_out_count(sizes[c].train, options.public_share) for c in clients)
+        pool = share_pool_name(options.public_share, clients)
     else:
         size = sizes.get(options.public_center)
         if size is None or size.test is None:

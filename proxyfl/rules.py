@@ -8,6 +8,8 @@ configuration breaks the rule, for its caller to name the key or flag, or ``None
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def batch_size_problem(
     batch_size: int, n_train: int, clients: str, *, exact: bool = True
@@ -19,6 +21,17 @@ def batch_size_problem(
         return None
     what = "training patches" if exact else "patches at most (2 × patches_per_class)"
     return f"{batch_size} is larger than the {n_train} {what} of {clients}"
+
+
+def held_out_count(n_train: int, share: float) -> int:
+    """How many of a client's ``n_train`` training patches PrivateKT's share pool holds out
+    (``public_pool: share``): ``int(share · n)``, as the authors' ``partition_public_dataset``."""
+    return int(share * n_train)
+
+
+def share_pool_name(share: float, clients: Sequence[int]) -> str:
+    """What the share pool is, in the words of the error messages."""
+    return f"a share {share:g} of centres {list(clients)}' training splits"
 
 
 def public_pool_problems(

@@ -46,7 +46,12 @@ from proxyfl.engine.validation import (
 )
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import METRICS_FILE, RUN_FILE
-from proxyfl.rules import batch_size_problem, public_pool_problems
+from proxyfl.rules import (
+    batch_size_problem,
+    held_out_count,
+    public_pool_problems,
+    share_pool_name,
+)
 from wsi.store.reader import read_store_info
 from wsi.store.schema import StoreError, rebuild_hint, store_path
 
@@ -201,36 +206,31 @@ def check_public_pool(
     """PrivateKT's public pool: its stores present, like the clients' stores, and large
     enough for K and M. Returns its number of items. Its labels are not read
     (:mod:`~proxyfl.algorithms.privatekt.public_pool`)."""
-    if config.public_pool == "share":
+    if config.public_pool == "share":  # the clients' own stores, already checked
+        where = share_pool_name(config.public_share, clients)
         try:
             pool = open_public_pool(config, clients, _UNLOGGED)
         except StoreError as error:
             raise SetupError(f"the public share: {error.path}: {error.reason}") from None
-        where = f"a share {config.public_share:g} of centres {list(clients)}' training splits"
-        problems = public_pool_problems(
-            config.kt_samples, config.self_train_samples, len(pool), where
-        )
-        if problems:
-            raise SetupError("; ".join(f"--{key.replace('_', '-')} {reason}"
-                                       for key, reason in problems.items()))  # fmt: skip
-        return len(pool)
-    data_dir, _ = config.require_paths()
-    center = config.public_center
-    path = store_path(data_dir, center)
-    if not path.is_file():
-        raise SetupError(f"PrivateKT's public pool: no store {path} for --public-center {center}")
-    try:
-        pool = open_public_pool(config, clients, _UNLOGGED)
-    except StoreError as error:
-        raise SetupError(f"public centre {center}: {error.path}: {error.reason}") from None
-    if (pool.patch_size, pool.n_classes) != (patch_size, n_classes):
-        raise SetupError(
-            f"public centre {center}: patch size {pool.patch_size} and {pool.n_classes} "
-            f"classes, the clients' stores have {patch_size} and {n_classes}"
-        )
-    problems = public_pool_problems(
-        config.kt_samples, config.self_train_samples, len(pool), f"centre {center}"
-    )
+    else:
+        data_dir, _ = config.require_paths()
+        center = config.public_center
+        where = f"centre {center}"
+        path = store_path(data_dir, center)
+        if not path.is_file():
+            raise SetupError(
+                f"PrivateKT's public pool: no store {path} for --public-center {center}"
+            )
+        try:
+            pool = open_public_pool(config, clients, _UNLOGGED)
+        except StoreError as error:
+            raise SetupError(f"public centre {center}: {error.path}: {error.reason}") from None
+        if (pool.patch_size, pool.n_classes) != (patch_size, n_classes):
+            raise SetupError(
+                f"public centre {center}: patch size {pool.patch_size} and {pool.n_classes} "
+                f"classes, the clients' stores have {patch_size} and {n_classes}"
+            )
+    problems = public_pool_problems(config.kt_samples, config.self_train_samples, len(pool), where)
     if problems:
         raise SetupError("; ".join(f"--{key.replace('_', '-')} {reason}"
                                    for key, reason in problems.items()))  # fmt: skip
@@ -267,7 +267,7 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         raise SetupError(f"stores declare {n_classes} class(es); at least 2 are needed")
     n_train = sum(len(infos[c].splits["train"]) for c in train_centers)
     if config.algorithm == "PrivateKT" and config.public_pool == "share":  # held out: public
-        n_train -= sum(int(config.public_share * len(infos[c].splits["train"]))
+        n_train -= sum(held_out_count(len(infos[c].splits["train"]), config.public_share)
                        for c in train_centers)  # fmt: skip
     if n_train == 0:
         raise SetupError(f"no training patches in centre(s) {train_centers}")

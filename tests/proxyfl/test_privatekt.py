@@ -306,6 +306,10 @@ BAD = {
     "no public store": ({"public_center": 3}, "no store"),
     "K larger than the pool": ({"kt_samples": 61}, "larger than the 60 items of the public pool"),
     "epsilon not positive": ({"ldp_epsilon": 0}, "ldp_epsilon"),
+    "K larger than the share pool": (  # 2 x int(0.2 x 40) = 16 held-out items
+        {"public_pool": "share", "kt_samples": 17},
+        "larger than the 16 items of the public pool (a share 0.2 of centres [0, 1]'",
+    ),
 }
 
 

@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 
 from proxyfl.engine.access import ACCESS_LOG, AccessLog
+from proxyfl.rules import held_out_count
 from wsi.store.reader import StoreInfo, read_store_info
 from wsi.store.schema import SPLITS, StoreError, store_path
 
@@ -43,7 +44,7 @@ def held_out_rows(n: int, share: float, seed: int, center: int) -> np.ndarray:
         raise ValueError(f"the public share must be in (0, 1), got {share}")
     entropy = [int(seed) % 2**32, int(center), *b"public-share"]
     order = np.random.default_rng(np.random.SeedSequence(entropy)).permutation(n)
-    return np.sort(order[: int(share * n)]).astype(np.int64)
+    return np.sort(order[: held_out_count(n, share)]).astype(np.int64)
 
 
 def kept_rows(n: int, held_out: np.ndarray) -> np.ndarray:
