@@ -36,6 +36,7 @@ from proxyfl.comm.control import gather_json
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.engine.access import AccessLog
 from proxyfl.engine.validation import (
+    FatalSignalRecord,
     RankFailure,
     SetupError,
     agree,
@@ -358,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert config is not None
     label = _client_label(config, size)
     _, run_dir = config.require_paths()
+    fatal_signals = FatalSignalRecord(run_dir, rank, label(rank))
 
     _, error = run_phase(lambda: check_world(config, size))
     _fail_if_any(comm, error, label, run_dir)
@@ -440,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         write_run_json(config, size, records, status="finished", wall=wall)
     trainer.communicator.free()
+    fatal_signals.close()
     return 0
 
 
@@ -452,8 +455,6 @@ def _fail_if_any(comm: Any, error: str | None, label: Any, run_dir: Path) -> Non
     messages = agree(comm, error, label)
     if messages:
         exit_together(comm, messages)
-
-
 
 
 if __name__ == "__main__":

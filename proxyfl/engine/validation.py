@@ -8,19 +8,22 @@ message (prefixed with the failing rank) and all ranks exit with status 2.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar
+from typing import IO, Any, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, Field
 
 from plumbing.atomic import write_text
 from plumbing.errors import PipelineError
 from proxyfl.comm.control import allgather_json
+from proxyfl.results import RUN_FILE
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,14 +63,71 @@ def record_failure(run_dir: Path, failure: RankFailure) -> None:
         logger.warning("could not record the failure in %s: %s", run_dir, error)
 
 
+def fault_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / FAILURES_DIR / f"rank_{rank}.fault"
+
+
+class FatalSignalRecord:
+    """Where a rank's fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL: a crash in
+    native code, or a full /dev/shm) is written, by :mod:`faulthandler`, with every
+    thread's stack: ``failures/rank_{k}.fault``, whose first line names the rank. A rank
+    ended so runs no Python and leaves no :class:`RankFailure`; :func:`read_failures`
+    reads this instead. :meth:`close` (a rank that ends normally) removes it."""
+
+    def __init__(self, run_dir: Path, rank: int, client: str) -> None:
+        self.path = fault_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+        self._file.write(client + "\n")
+        self._file.flush()
+        faulthandler.enable(self._file, all_threads=True)
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        faulthandler.disable()
+        self._file.close()
+        self._file = None
+        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only when no other rank left anything there
+            self.path.parent.rmdir()
+
+
+def _read_fault(run_dir: Path, path: Path) -> RankFailure | None:
+    """The failure a fault record holds, or ``None`` while it holds only its header."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if len(lines) < 2:
+        return None
+    fatal = next((line for line in lines[1:] if line.startswith("Fatal Python error")),
+                 lines[1])  # fmt: skip
+    return RankFailure(
+        rank=int(path.stem.removeprefix("rank_")),
+        client=lines[0],
+        # run.json is written once every rank has finished its setup
+        phase="training" if (Path(run_dir) / RUN_FILE).is_file() else "setup",
+        error=f"ended by a fatal signal ({fatal.strip()}; its stack: {path})",
+        time=path.stat().st_mtime,
+    )
+
+
 def read_failures(run_dir: Path) -> list[RankFailure]:
-    """The failures a job's ranks recorded, the first to fail first."""
+    """The failures a job's ranks recorded (:func:`record_failure`, or a fatal signal's
+    :class:`FatalSignalRecord`), the first to fail first."""
     failures = []
-    for path in sorted((Path(run_dir) / FAILURES_DIR).glob("rank_*.json")):
+    folder = Path(run_dir) / FAILURES_DIR
+    for path in sorted(folder.glob("rank_*.json")):
         try:
             failures.append(RankFailure.model_validate_json(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as error:
             logger.warning("unreadable failure record %s: %s", path, error)
+    for path in sorted(folder.glob("rank_*.fault")):
+        try:
+            fault = _read_fault(run_dir, path)
+        except (OSError, ValueError) as error:
+            logger.warning("unreadable fault record %s: %s", path, error)
+            continue
+        if fault is not None:
+            failures.append(fault)
     return sorted(failures, key=lambda failure: (failure.time, failure.rank))
 
 

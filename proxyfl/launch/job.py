@@ -38,17 +38,29 @@ from proxyfl.launch.rundir import (
     CONFIG_FILE,
     Action,
     LaunchPlan,
+    RunState,
     prepare,
     publish_staged,
+    read_recorded_run,
     write_config,
 )
-from proxyfl.results import METRICS_FILE
+from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
+from proxyfl.results import METRICS_FILE, RUN_FILE
 
 logger = logging.getLogger(__name__)
 
 JOB_LOG = "job.log"
 # every log line of a rank starts so (proxyfl.run's logging format): tails are kept per rank
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
+# how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
+_RANK_SIGNALED = re.compile(r"^\[\d+\](\d+):Return code = -?\d+, signaled with (.+)$")
+# the signal the fork launcher sends the other ranks once one has died
+_LAUNCHER_STOP = signal.SIGQUIT
+_SIGNAL_BY_DESCRIPTION = {
+    description: number
+    for number in signal.valid_signals()
+    if (description := signal.strsignal(number)) is not None
+}
 
 
 def mpiexec_path() -> Path:
@@ -170,21 +182,65 @@ class TrainingJob:
 
 
 class TrainingJobFailed(RuntimeError):
-    """The MPI job exited non-zero; the message names the run, the exit code, the rank that
-    failed first and why, and that rank's last lines."""
+    """The MPI job failed: it exited non-zero, a rank was ended by a signal (128 + the
+    signal's number, as a shell says it), or it exited 0 without finishing its run. The
+    message names the run, the exit code, the rank that failed first and why, and that
+    rank's last lines."""
 
     def __init__(
-        self, job: TrainingJob, exit_code: int, failure: RankFailure | None, lines: list[str]
+        self,
+        job: TrainingJob,
+        exit_code: int,
+        failure: RankFailure | None,
+        lines: list[str],
+        reason: str | None = None,
     ):
         self.job, self.exit_code, self.failure, self.lines = job, exit_code, failure, lines
         self.rank = failure.rank if failure is not None else None
         who = failure.client if failure is not None else "the job"
         why = f" at {failure.phase}: {failure.error}" if failure is not None else ""
+        why = f": {reason}" if failure is None and reason else why
         tail = "\n".join(f"  {line}" for line in lines)
         super().__init__(
             f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; {who} failed"
             f"{why}; its last lines (full log: {job.run_dir / JOB_LOG}):\n{tail}"
         )
+
+
+class _SignaledRanks:
+    """The ranks the fork launcher reports ended by a signal, in the order it reports
+    them: rank -> the signal's description ("Bus error")."""
+
+    def __init__(self) -> None:
+        self.by_rank: dict[int, str] = {}
+
+    def add(self, line: str) -> None:
+        match = _RANK_SIGNALED.match(line.strip())
+        if match:
+            self.by_rank.setdefault(int(match.group(1)), match.group(2).strip())
+
+    def first(self) -> tuple[int, str] | None:
+        """The rank a signal ended first: the launcher stops the others with SIGQUIT once
+        one has died, so a rank ended by another signal is the cause."""
+        stop = signal.strsignal(_LAUNCHER_STOP)
+        causes = [(rank, what) for rank, what in self.by_rank.items() if what != stop]
+        return (causes or list(self.by_rank.items()) or [None])[0]
+
+
+def _signal_failure(rank: int, description: str) -> tuple[int, RankFailure]:
+    """The exit code a shell would give (128 + the signal's number) and the record of
+    rank ``rank`` ended by the signal the launcher described as ``description``."""
+    number = _SIGNAL_BY_DESCRIPTION.get(description)
+    hint = ""
+    if number == signal.SIGBUS:
+        hint = (" (a full /dev/shm? ranks on one machine talk through shared memory: free "
+                "it, or give the container more, docker run --shm-size=1g)")  # fmt: skip
+    elif number == signal.SIGKILL:
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)"
+    name = signal.Signals(number).name if number is not None else description
+    failure = RankFailure(rank=rank, client=f"rank {rank}", phase="training",
+                          error=f"ended by signal {name}: {description}{hint}")  # fmt: skip
+    return 128 + (number or 0), failure
 
 
 class _RankTails:
@@ -218,16 +274,35 @@ def run_job(
     round every client has finished, its :class:`~proxyfl.launch.progress.RoundProgress` to
     ``on_round``.
 
-    Raises :class:`TrainingJobFailed` when the job exits non-zero. If the caller is
-    interrupted (Ctrl-C, a cancelled flow run), the whole job's process group is
-    terminated, so no rank is left running.
+    Raises :class:`TrainingJobFailed` when the job exits non-zero, a signal ends one of its
+    ranks, or it ends without a finished run.json. If the caller is interrupted (Ctrl-C, a
+    cancelled flow run), the whole job's process group is terminated, so no rank is left
+    running. On one machine, the shared memory that killed ranks left behind (this job's,
+    or earlier jobs') is removed before and after (:mod:`proxyfl.launch.shared_memory`).
     """
+    if job.placement.single_machine:
+        remove_orphaned_segments()
+        warn_if_short(job.ranks)
+    try:
+        _run_job(job, on_line, tail_lines, env, on_round)
+    finally:
+        if job.placement.single_machine:
+            remove_orphaned_segments()
+
+
+def _run_job(
+    job: TrainingJob,
+    on_line: Callable[[str], None],
+    tail_lines: int,
+    env: Mapping[str, str] | None,
+    on_round: Callable[[RoundProgress], None] | None,
+) -> None:
     job.write_config()
     clear_failures(job.run_dir)
     # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
     command = parent_bound_command(job.command(), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
-    tails = _RankTails(tail_lines)
+    tails, signaled = _RankTails(tail_lines), _SignaledRanks()
     rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
     process_env = {
         **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
@@ -253,6 +328,7 @@ def run_job(
                 line = raw.rstrip("\n")
                 log_file.write(raw)
                 tails.add(line)
+                signaled.add(line)
                 on_line(line)
                 if rounds is not None and on_round is not None:  # a round ends in lines
                     for progress in rounds.poll():
@@ -261,11 +337,29 @@ def run_job(
         except BaseException:
             _terminate(process)
             raise
-    if exit_code != 0:
-        failures = read_failures(job.run_dir)
-        first = failures[0] if failures else None
-        lines = tails.lines_of(first.rank if first else None)
-        raise TrainingJobFailed(job, exit_code, first, lines)
+    _raise_unless_finished(job, exit_code, signaled, tails)
+
+
+def _raise_unless_finished(
+    job: TrainingJob, exit_code: int, signaled: _SignaledRanks, tails: _RankTails
+) -> None:
+    """:class:`TrainingJobFailed` unless the job exited 0, no signal ended a rank and its
+    run.json says finished (the fork launcher exits 0 when a signal ends its ranks)."""
+    recorded = read_failures(job.run_dir)
+    first, code = (recorded[0] if recorded else None), exit_code
+    ended = signaled.first()
+    if ended is not None and first is None:
+        signal_code, first = _signal_failure(*ended)
+        code = exit_code or signal_code
+    if code != 0:
+        raise TrainingJobFailed(job, code, first, tails.lines_of(first.rank if first else None))
+    state = read_recorded_run(job.run_dir).state
+    if state is not RunState.FINISHED:
+        raise TrainingJobFailed(
+            job, 1, None, tails.lines_of(None),
+            reason=f"its launcher exited 0, but {job.run_dir / RUN_FILE} records no "
+            "finished run",
+        )  # fmt: skip
 
 
 def launch_planned(

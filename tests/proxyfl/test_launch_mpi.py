@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import mmap
+import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,14 @@ import pytest
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import read_failures
 from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
+from proxyfl.launch.shared_memory import (
+    RANK_SEGMENT_BYTES,
+    SEGMENT_NAME,
+    SHM_DIR,
+    orphaned_segments,
+    remove_orphaned_segments,
+    warn_if_short,
+)
 from wsi.store.schema import store_path
 
 OPTIONS = {
@@ -28,10 +39,12 @@ def _job(
     algorithm: str = "ProxyFL",
     centers: tuple[int, ...] = (0, 1),
     placement: Placement | None = None,
+    rounds: int = 1,
 ) -> TrainingJob:
     config = TrainConfig(
-        algorithm=algorithm, seed=0, data=data, out=out, centers=list(centers), **OPTIONS
-    )
+        algorithm=algorithm, seed=0, data=data, run_dir=out, centers=list(centers),
+        **{**OPTIONS, "rounds": rounds},
+    )  # fmt: skip
     return TrainingJob(config, placement or Placement())
 
 
@@ -146,3 +159,99 @@ def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: P
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
     assert beyond_loopback, sockets.listening
+
+
+def _rank_process(rank: int) -> psutil.Process | None:
+    """Rank ``rank`` of the job this test launched, once it runs."""
+    for process in _JobSockets._job_processes():
+        try:
+            if process.environ().get("PMI_RANK") == str(rank):
+                return process
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def _segments() -> set[str]:
+    """The MPI shared-memory segments in /dev/shm now."""
+    if not SHM_DIR.is_dir():
+        return set()
+    return {entry.name for entry in SHM_DIR.iterdir() if SEGMENT_NAME.fullmatch(entry.name)}
+
+
+def test_a_rank_ended_by_a_fatal_signal_is_named_with_the_signal(
+    helpers: Any, tmp_path: Path
+) -> None:
+    """A rank that dies of SIGBUS (what a full /dev/shm gives) runs no Python to say so:
+    its fault record names it, though the launcher stops the others and they die too."""
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
+    job = _job(data, tmp_path / "run", rounds=5)  # signalled after round 1: mid-run
+    signalled: list[int] = []
+
+    def bus_error_rank_1(line: str) -> None:
+        if not signalled and "[rank 1]" in line and (rank_1 := _rank_process(1)) is not None:
+            rank_1.send_signal(signal.SIGBUS)
+            signalled.append(rank_1.pid)
+
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job, on_line=bus_error_rank_1)
+    assert signalled, "rank 1 was running when it was signalled"
+    error = failure.value
+    assert error.exit_code != 0 and error.rank == 1, str(error)
+    assert error.failure is not None and "Bus error" in error.failure.error
+    assert "rank 1 (centre 1)" in str(error)
+    assert json.loads((job.run_dir / "run.json").read_text())["status"] != "finished"
+
+
+def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
+    helpers: Any, tmp_path: Path
+) -> None:
+    """MPICH's fork launcher exits 0 when SIGKILL (the OOM killer's) ends its ranks: the
+    launch fails all the same, naming the signal, and the shared memory the killed ranks
+    could not release is removed once no process maps it."""
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
+    job = _job(data, tmp_path / "run", rounds=5)  # killed after round 1: mid-run
+    before = _segments()
+    killed: list[int] = []
+
+    def kill_every_rank(line: str) -> None:
+        if not killed and "[rank " in line:
+            ranks = [_rank_process(rank) for rank in (0, 1)]
+            for process in ranks:
+                if process is not None:
+                    process.kill()
+                    killed.append(process.pid)
+
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job, on_line=kill_every_rank)
+    assert len(killed) == 2, "both ranks were running when they were killed"
+    error = failure.value
+    assert error.exit_code == 128 + signal.SIGKILL and error.rank in (0, 1), str(error)
+    assert "SIGKILL" in str(error)
+    leaked = _segments() - before
+    assert leaked, "killed ranks leave their segments (else this test shows nothing)"
+    remove_orphaned_segments(grace_seconds=0)  # the launcher's waits 10 s: this job was short
+    assert not (_segments() - before) & leaked
+
+
+def test_segments_mapped_by_a_living_process_are_kept(tmp_path: Path) -> None:
+    """Only segments no process maps are removed: a job running beside keeps its own."""
+    mapped, orphaned, other = tmp_path / "mpich_shm_0abc_0", tmp_path / "4242:0:0", tmp_path / "x"
+    for path in (mapped, orphaned, other):
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+    with open(mapped, "r+b") as handle, mmap.mmap(handle.fileno(), 0):
+        assert orphaned_segments(tmp_path, grace_seconds=0) == [orphaned]
+        assert orphaned_segments(tmp_path, grace_seconds=3600) == []  # too young yet
+        cleared = remove_orphaned_segments(tmp_path, grace_seconds=0)
+    assert cleared.segments == 1 and not orphaned.exists()
+    assert mapped.exists() and other.exists()  # not an MPI segment's name
+
+
+def test_too_little_shared_memory_for_the_ranks_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    assert not warn_if_short(1, tmp_path) or free < RANK_SEGMENT_BYTES
+    ranks = free // RANK_SEGMENT_BYTES + 1  # one more than the room there
+    assert warn_if_short(int(ranks), tmp_path)
+    assert "SIGBUS" in caplog.text and "--shm-size" in caplog.text
