@@ -12,7 +12,7 @@ from typing import Any
 
 from proxyfl.comm.control import allgather_json, gather_json
 from proxyfl.engine import checkpoint as ckpt
-from proxyfl.records import metric_rows, rank_record
+from proxyfl.records import metric_rows, rank_machine_record, rank_record
 from proxyfl.results import METRICS_FILE, MetricRow, atomic_write_json, read_metrics, write_metrics
 from proxyfl.trainer import ClientTrainer, RoundLosses
 
@@ -78,7 +78,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         trainer.timings.eval_seconds += time.perf_counter() - started
 
         started = time.perf_counter()
-        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses, comm_seconds)
+        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses)
         gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
         if runtime.is_root:
             assert gathered is not None
@@ -102,9 +102,10 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         )
         trainer.timings.checkpoint_seconds += time.perf_counter() - started
         started = time.perf_counter()
-        atomic_write_json(
-            trainer.run_dir / "ranks" / f"rank_{runtime.rank}.json", rank_record(trainer)
-        )
+        ranks = trainer.run_dir / "ranks"
+        atomic_write_json(ranks / f"rank_{runtime.rank}.json", rank_record(trainer))
+        atomic_write_json(ranks / f"rank_{runtime.rank}.machine.json",
+                          rank_machine_record(trainer))  # fmt: skip
         trainer.timings.records_seconds += time.perf_counter() - started
         if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
             comm.Barrier()

@@ -1,7 +1,16 @@
-"""What a run records of itself, besides its checkpoints: a row per evaluated model and
-round (``metrics.jsonl``, :class:`~proxyfl.results.MetricRow`), each rank's record
-(``ranks/rank_R.json``), and ``run.json``, with each client's privacy guarantee stated in
-its notion (:data:`~proxyfl.results.PRIVACY_NOTIONS`)."""
+"""What a run records of itself, besides its checkpoints, in two kinds of file.
+
+Its results, the same bytes for the same configuration, stores and code on any machine
+(DVC's md5 of the run directory, dvc.lock): a row per evaluated model and round
+(``metrics.jsonl``, :class:`~proxyfl.results.MetricRow`), each rank's record
+(``ranks/rank_R.json``) and ``run.json``, with each client's privacy guarantee stated in
+its notion (:data:`~proxyfl.results.PRIVACY_NOTIONS`).
+
+Where and how it ran, which differs with every machine and launch: ``machine.json`` (when,
+the platform, each rank's host, process, files opened and seconds per phase) and
+``ranks/rank_R.machine.json``, beside ``job.log``. ``.dvcignore`` leaves these out of the
+run directory's hash.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +23,12 @@ from proxyfl.engine.access import ACCESS_LOG
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import PrivacyLedger
 from proxyfl.results import (
+    MACHINE_FILE,
     PRIVACY_NOTIONS,
     RUN_FILE,
     MetricRow,
     atomic_write_json,
+    machine_versions,
     training_library_versions,
 )
 from proxyfl.trainer import ClientTrainer, RoundLosses
@@ -51,7 +62,6 @@ def metric_rows(
     round_number: int,
     scores: dict[str, Scores],
     losses: RoundLosses,
-    comm_s: float,
 ) -> list[MetricRow]:
     """One row per evaluated model of ``trainer``'s client after ``round_number``
     (``metrics.jsonl``)."""
@@ -67,7 +77,6 @@ def metric_rows(
             epsilon=epsilon if math.isfinite(epsilon) else None,
             delta=trainer.ledger.delta,
             train_loss=losses.private if label == "private" else losses.shared,
-            comm_seconds=comm_s,
             evaluated_model=label,
             center=trainer.data.center,
             primary=label == trainer.strategy.primary_label,
@@ -81,37 +90,46 @@ def metric_rows(
 
 
 def rank_record(trainer: ClientTrainer) -> dict[str, Any]:
-    """What a rank did: its data, models, files opened, messages sent, time and privacy
-    (``ranks/rank_R.json``, and run.json's ``clients`` when the run has finished)."""
+    """What a rank did: its data, models, messages sent and privacy (``ranks/rank_R.json``,
+    and run.json's ``clients`` when the run has finished)."""
     return {
         "rank": trainer.runtime.rank,
         "client": trainer.data.client,
         "center": trainer.data.center,
         "device": str(trainer.runtime.device),
-        "hostname": trainer.runtime.hostname,
         "n_train": len(trainer.data.train),
         "proxy_parameters": trainer.proxy_parameters,
         "private_parameters": trainer.private_parameters,
-        "opened": list(ACCESS_LOG.opened),
         "sent": list(trainer.communicator.log.entries),
-        "timings": trainer.timings.as_dict(),
         "epsilon": trainer.epsilon(),
         "privacy": privacy_record(trainer.ledger),
         "active": trainer.active,
     }
 
 
-def client_summary(trainer: ClientTrainer) -> dict[str, Any]:
-    """A rank's set-up (run.json's ``clients`` while the run is running)."""
+def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
+    """Where and how a rank ran: its host and process, the files it opened (by path, as
+    this machine names them) and its seconds per phase (``ranks/rank_R.machine.json``,
+    and machine.json's ``ranks``)."""
     from proxyfl.engine.runtime import environment_summary
 
+    return {
+        "rank": trainer.runtime.rank,
+        "hostname": trainer.runtime.hostname,
+        "local_rank": trainer.runtime.local_rank,
+        **environment_summary(),
+        "opened": list(ACCESS_LOG.opened),
+        "timings": trainer.timings.as_dict(),
+    }
+
+
+def client_summary(trainer: ClientTrainer) -> dict[str, Any]:
+    """A rank's set-up (run.json's ``clients`` while the run is running)."""
     return {
         "rank": trainer.runtime.rank,
         "client": trainer.data.client,
         "center": trainer.data.center,
         "device": str(trainer.runtime.device),
-        "local_rank": trainer.runtime.local_rank,
-        "hostname": trainer.runtime.hostname,
         "n_train": len(trainer.data.train),
         "private_model": (
             trainer.config.private_model_for(trainer.data.client)
@@ -124,19 +142,15 @@ def client_summary(trainer: ClientTrainer) -> dict[str, Any]:
         "sample_rate": trainer.training.sample_rate,
         "steps_per_round": trainer.steps_per_round,
         "privacy_notion": trainer.ledger.notion,
-        **environment_summary(),
     }
 
 
 def write_run_json(
-    config: TrainConfig,
-    size: int,
-    records: list[dict[str, Any]],
-    status: str,
-    wall: list[float] | None = None,
+    config: TrainConfig, size: int, records: list[dict[str, Any]], status: str
 ) -> None:
     """``RUN_DIR/run.json``: the configuration, its identity, every client's record and
-    the versions; once finished, the timings and each client's ε in its notion."""
+    the versions; once finished, each client's ε in its notion. Nothing of the machine or
+    the clock (:func:`write_machine_json`): the same run gives the same bytes anywhere."""
     _, run_dir = config.require_paths()
     payload: dict[str, Any] = {
         "status": status,
@@ -148,23 +162,38 @@ def write_run_json(
         "clients": records,
         "devices": [record["device"] for record in records],
         "versions": training_library_versions(),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if status == "finished":
-        timings = [record["timings"] for record in records]
-        payload["timings"] = {
-            "per_rank": timings,
-            "wall_seconds": max(wall) if wall else None,
-            # this launch's seconds per rank (a resumed run's phases also hold the rounds
-            # run before: then they may sum to more)
-            "wall_seconds_per_rank": list(wall) if wall else None,
-            "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
-            "max_comm_seconds": max(t["comm_seconds"] for t in timings),
-            "total_train_seconds": sum(t["train_seconds"] for t in timings),
-            "total_eval_seconds": sum(t["eval_seconds"] for t in timings),
-        }
         payload["epsilon"] = {str(r["client"]): r["epsilon"] for r in records}
         # the same ε with the notion it is stated in (sample_dp | label_ldp), δ, the
         # per-round ε (PrivateKT) and how rounds compose
         payload["privacy"] = {str(r["client"]): r["privacy"] for r in records}
     atomic_write_json(run_dir / RUN_FILE, payload)
+
+
+def write_machine_json(
+    config: TrainConfig, records: list[dict[str, Any]], wall: list[float] | None = None
+) -> None:
+    """``RUN_DIR/machine.json``: when and where the run ran, each rank's
+    :func:`rank_machine_record` and, with ``wall`` (each rank's seconds since it started,
+    once finished), where the time went."""
+    _, run_dir = config.require_paths()
+    payload: dict[str, Any] = {
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": machine_versions(),
+        "ranks": records,
+    }
+    if wall is not None:
+        timings = [record["timings"] for record in records]
+        payload["timings"] = {
+            "per_rank": timings,
+            "wall_seconds": max(wall),
+            # this launch's seconds per rank (a resumed run's phases also hold the rounds
+            # run before: then they may sum to more)
+            "wall_seconds_per_rank": list(wall),
+            "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
+            "max_comm_seconds": max(t["comm_seconds"] for t in timings),
+            "total_train_seconds": sum(t["train_seconds"] for t in timings),
+            "total_eval_seconds": sum(t["eval_seconds"] for t in timings),
+        }
+    atomic_write_json(run_dir / MACHINE_FILE, payload)

@@ -4,8 +4,10 @@ atomically through :mod:`plumbing.atomic`.
 
 :class:`MetricRow` is the one schema of a metrics line (docs/design.md §3.4): the trainer
 builds rows with it, :func:`write_metrics` serialises them, and the report
-(:mod:`proxyfl.report.load`) validates every line it reads with it. Rounds count from 1;
-``comm_seconds`` is the time this client spent in MPI exchange calls that round.
+(:mod:`proxyfl.report.load`) validates every line it reads with it. Rounds count from 1.
+A row holds no time (rows written before 2026-11-24 had ``comm_seconds``, read as an
+extra key): the same run writes the same rows on any machine, and its seconds are in
+``machine.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ PRIVACY_NOTIONS: dict[str, str] = {
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"
+MACHINE_FILE = "machine.json"  # where and how the run ran (proxyfl.records); not hashed by DVC
 
 TRAINING_LIBRARIES = ("torch", "torchvision", "opacus", "mpi4py", "mpich", "numpy", "h5py")
 
@@ -67,7 +70,6 @@ class MetricRow(BaseModel):
     train_loss: float | None = Field(
         description="mean training loss of the evaluated model this round; null: no step taken"
     )
-    comm_seconds: float = Field(description="seconds this client spent in MPI exchange calls")
     evaluated_model: str = Field(description="which model: private, proxy, central, local")
     center: int = Field(description="the client's centre; -1 for Joint's pooled data")
     primary: bool = Field(
@@ -135,10 +137,9 @@ def read_metrics(path: Path) -> list[MetricRow]:
 
 def training_library_versions() -> dict[str, str | None]:
     """Versions of the interpreter, the MPI library and the packages training depends on
-    (``None`` for one that is not installed)."""
+    (``None`` for one that is not installed): what decides a run's numbers."""
     versions: dict[str, str | None] = {
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        **library_versions(TRAINING_LIBRARIES),
+        "python": sys.version.split()[0], **library_versions(TRAINING_LIBRARIES)
     }  # fmt: skip
     try:
         from mpi4py import MPI
@@ -147,3 +148,9 @@ def training_library_versions() -> dict[str, str | None]:
     except Exception:  # pragma: no cover - MPI missing
         versions["mpi_library"] = None
     return versions
+
+
+def machine_versions() -> dict[str, str]:
+    """The operating system and kernel (machine.json: they differ between machines that
+    give the same numbers)."""
+    return {"platform": platform.platform()}

@@ -372,7 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.engine import checkpoint as ckpt
     from proxyfl.engine.runtime import make_runtime
     from proxyfl.loop import StopAfterRound, latest_common_round, run_training
-    from proxyfl.records import client_summary, rank_record, write_run_json
+    from proxyfl.records import (
+        client_summary,
+        rank_machine_record,
+        rank_record,
+        write_machine_json,
+        write_run_json,
+    )
     from proxyfl.trainer import ClientTrainer
 
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
@@ -420,7 +426,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank == 0:
             (run_dir / METRICS_FILE).unlink(missing_ok=True)
     records = gather_json(comm, client_summary(trainer), root=0)
+    machines = gather_json(comm, rank_machine_record(trainer), root=0)
     if rank == 0:
+        write_machine_json(config, machines)
         write_run_json(config, size, records, status="running")
     comm.Barrier()
     trainer.timings.setup_seconds += time.perf_counter() - wall_start
@@ -438,9 +446,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
     records = gather_json(comm, rank_record(trainer), root=0)
+    machines = gather_json(comm, rank_machine_record(trainer), root=0)
     wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
-    if rank == 0:
-        write_run_json(config, size, records, status="finished", wall=wall)
+    if rank == 0:  # run.json "finished" last: it says the run is whole
+        write_machine_json(config, machines, wall)
+        write_run_json(config, size, records, status="finished")
     trainer.communicator.free()
     fatal_signals.close()
     return 0

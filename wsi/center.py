@@ -270,10 +270,13 @@ def write_center_store(
     if test_patients is None:
         test_patients = slides_test_patients(slides, sampling)
     first = plan = plan_center(center, remaining, sampling, test_patients)
+    # each slide read once for its digest, whatever the refills below (a full read)
+    by_name = {source.name: source for source in source_files(s.path for s in remaining)}
     while True:
         if dropped:  # refill each split from its own slides: no patch changes split
             plan = replan_within_splits(first, remaining, sampling, test_patients)
         paths = {slide.slide_id: slide.path for slide in remaining}
+        sources = {by_name[Path(paths[s]).name] for s in plan.selection.slide_ids}
         attrs = StoreAttrs(
             center=center,
             patch_size=patch.patch_size,
@@ -281,7 +284,7 @@ def write_center_store(
             mpp=mpp,
             n_classes=len(LABEL_NAMES),
             params_hash=params_hash(patch, sampling),
-            sources=source_files(paths[slide_id] for slide_id in set(plan.selection.slide_ids)),
+            sources=tuple(sorted(sources, key=lambda source: source.name)),
         )
         try:
             write_plan(plan, paths, out_path, attrs, read_patches, patch.level)

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.pipeline.conftest import dvc_project, tiny_params
 
@@ -77,6 +78,31 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
 
     second = _dvc(project, tool_env, "repro")
     assert "Running stage" not in second and "up to date" in second
+
+    # the switch to a data root that is not there (params-paper.yaml without the slides):
+    # dvc repro fails naming it, and every store and centre report stays as it was
+    outputs = sorted((project / "data" / "patches").glob("center_*.*"))
+    assert len(outputs) == 6
+    before_switch = {path.name: _sha(path) for path in outputs}
+    params_file = project / "params.yaml"
+    demo_params = params_file.read_text()
+    switched = yaml.safe_load(demo_params)
+    switched["data"]["root"] = "data/camelyon17"
+    params_file.write_text(yaml.safe_dump(switched, sort_keys=False))
+    failed = subprocess.run(["dvc", "repro"], cwd=project, env=tool_env, capture_output=True,
+                            text=True, timeout=900)  # fmt: skip
+    assert failed.returncode != 0
+    assert "data/camelyon17/center_" in failed.stdout + failed.stderr, failed.stderr
+    assert {path.name: _sha(path) for path in outputs} == before_switch
+    params_file.write_text(demo_params)
+    assert "up to date" in _dvc(project, tool_env, "status")
+
+    # the Prefect path after DVC's: it writes the same bytes, so DVC finds nothing to do
+    prefect_path = subprocess.run(["python", "-m", "flows.pipeline"], cwd=project, env=tool_env,
+                                  capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert prefect_path.returncode == 0, prefect_path.stdout[-3000:] + prefect_path.stderr[-3000:]
+    assert {path.name: _sha(path) for path in outputs} == before_switch
+    assert "up to date" in _dvc(project, tool_env, "status")
 
     # one centre alone: forced, it rebuilds the same bytes and nothing else runs
     store = project / "data" / "patches" / "center_1.h5"

@@ -58,7 +58,6 @@ def row(
         "epsilon": epsilon,
         "delta": 1e-5,
         "train_loss": 0.5,
-        "comm_seconds": 0.0,
         "evaluated_model": MODEL.get(algorithm, "local") if primary else "proxy",
         "center": -1 if algorithm == "Joint" else client,
         "primary": primary,

@@ -19,10 +19,11 @@ from proxyfl.results import (
     write_metrics,
 )
 
-# The keys of a metrics line, in the order the trainer has always written them.
+# The keys of a metrics line, in the order the trainer writes them (rows written before
+# 2026-11-24 also had comm_seconds after train_loss: read as an extra key).
 KEYS = (
     "algorithm", "seed", "client", "round", "accuracy", "macro_accuracy", "epsilon", "delta",
-    "train_loss", "comm_seconds", "evaluated_model", "center", "primary", "active", "n_train",
+    "train_loss", "evaluated_model", "center", "primary", "active", "n_train",
     "privacy_notion", "epsilon_per_round",
 )  # fmt: skip
 
@@ -38,7 +39,6 @@ def values(**changes: Any) -> dict[str, Any]:
         "epsilon": 1.3989672054699682,
         "delta": 1e-05,
         "train_loss": 0.42589749296506246,
-        "comm_seconds": 0.0025041779999810387,
         "evaluated_model": "private",
         "center": 1,
         "primary": True,
@@ -60,7 +60,7 @@ def test_a_row_is_written_as_the_plain_dict_was() -> None:
     """Byte for byte what ``json.dumps(json_safe(dict))`` wrote before the schema."""
     for row in (
         values(),
-        values(accuracy=math.nan, epsilon=None, train_loss=None, comm_seconds=0.0),
+        values(accuracy=math.nan, epsilon=None, train_loss=None),
         values(algorithm="Joint", center=-1, primary=False, active=False),
     ):
         assert MetricRow(**row).as_json() == json.dumps(json_safe(row))

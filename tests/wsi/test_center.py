@@ -3,6 +3,8 @@ its centre's store with a "pixels" failure, and the store is built from the othe
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -131,3 +133,32 @@ def test_a_failing_slide_never_moves_patches_between_splits(
 def _patches(info, split: str) -> set[tuple[str, int, int]]:
     meta = info.splits[split]
     return {(s, int(x), int(y)) for s, (x, y) in zip(meta.slides, meta.coords, strict=True)}
+
+
+def test_the_same_slides_give_the_same_store_in_any_copy(
+    synthetic_dataset: SynthManifest, tmp_path: Path
+) -> None:
+    """The demo's slides copied to two places with different times give byte-identical
+    stores (dvc.lock's md5 is the same on every machine); a changed slide does not."""
+    params, sampling = PatchParams(patch_size=128), SamplingParams(patches_per_class=4)
+    digests = []
+    for copy, when in (("a", 1_600_000_000), ("b", 1_700_000_000), ("c", 1_700_000_000)):
+        root = tmp_path / copy / "data"
+        shutil.copytree(synthetic_dataset.root, root)
+        records = scan_camelyon(root).for_centers([0])
+        for record in records:
+            os.utime(record.path, (when, when))
+        if copy == "c":  # one slide's bytes changed, its size and time kept
+            changed = records[0].path
+            with open(changed, "r+b") as handle:
+                handle.seek(-1, os.SEEK_END)
+                last = handle.read(1)
+                handle.seek(-1, os.SEEK_END)
+                handle.write(bytes([last[0] ^ 0xFF]))
+            os.utime(changed, (when, when))
+        patches = [slide_patches(r, params, CandidateCache(tmp_path / copy / "cache"))
+                   for r in records if r.node_label in ("negative", "macro")]  # fmt: skip
+        center_store(0, patches, params, sampling, tmp_path / copy / "out")
+        digests.append(hashlib.md5(store_path(tmp_path / copy / "out", 0).read_bytes()).digest())
+    assert digests[0] == digests[1]
+    assert digests[2] != digests[0]

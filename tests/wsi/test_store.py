@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import hashlib
 import json
 import os
 import pickle
@@ -251,7 +252,8 @@ def test_provenance_round_trip(tmp_path: Path) -> None:
         slide.write_bytes(b"\0" * size)
     sources = source_files([*slides, slides[0]])
     assert [s.name for s in sources] == ["patient_000_node_1.tif", "patient_001_node_2.tif"]
-    assert sources[1] == SourceFile("patient_001_node_2.tif", 10, slides[0].stat().st_mtime_ns)
+    zeros = hashlib.sha256(b"\0" * 10).hexdigest()  # by content: the time is not recorded
+    assert sources[1] == SourceFile("patient_001_node_2.tif", 10, sha256=zeros)
     attrs = replace(ATTRS, sources=sources)
     path = tmp_path / "center_2.h5"
     write_patch_store(path, attrs, {"train": _batch(3, 0), "test": _batch(2, 1)})
@@ -269,13 +271,26 @@ def test_provenance_round_trip(tmp_path: Path) -> None:
         text = h5.attrs["provenance"]
     assert isinstance(text, str)
     assert json.loads(text)["sources"][0] == {
-        "name": "patient_000_node_1.tif", "size": 11, "mtime_ns": slides[1].stat().st_mtime_ns
-    }
+        "name": "patient_000_node_1.tif", "size": 11,
+        "sha256": hashlib.sha256(b"\0" * 11).hexdigest(),
+    }  # fmt: skip
     assert Provenance.from_json(text) == info.provenance
 
 
+def test_provenance_by_time_is_still_read_and_kept_byte_for_byte() -> None:
+    """Stores written before content digests recorded each slide's mtime: they parse, and
+    serialize to the same text (so the runs trained on them stay up to date)."""
+    legacy = (
+        '{"libraries":{"numpy":"1.26.4"},"project":{"name":"camelyon-proxyfl","version":'
+        '"0.1.0"},"sources":[{"mtime_ns":1700000000000000000,"name":"s.tif","size":5}]}'
+    )
+    provenance = Provenance.from_json(legacy)
+    assert provenance.sources == (SourceFile("s.tif", 5, mtime_ns=1_700_000_000_000_000_000),)
+    assert provenance.to_json() == legacy
+
+
 def test_same_inputs_give_the_same_bytes(tmp_path: Path) -> None:
-    attrs = replace(ATTRS, sources=(SourceFile("s.tif", 5, 1_700_000_000_000_000_000),))
+    attrs = replace(ATTRS, sources=(SourceFile("s.tif", 5, sha256="0" * 64),))
     first, second = tmp_path / "a" / "center_2.h5", tmp_path / "b" / "center_2.h5"
     for path in (first, second):
         write_patch_store(path, attrs, {"train": _batch(10, 0), "test": _batch(3, 1)})
