@@ -1,10 +1,16 @@
 """Report flow: runs/ -> the paper's Table 2 (accuracy, macro-accuracy, ε) and Figure 8.
 
-    finished runs -> report files: results/tables/{accuracy,privacy}.{md,csv},
+    finished runs -> report files: results/tables/{accuracy,privacy}.{md,csv} (accuracy:
+                     the model each row evaluates, and the majority class's row),
+                     results/tables/per_centre.{md,csv} (accuracy per test centre),
+                     results/tables/clinical.{md,csv} (sensitivity, specificity, AUC with
+                     95 % patient-bootstrap intervals; from the runs' per-patch predictions),
+                     results/tables/configuration.{md,csv} (data, patches, settings),
                      results/metrics.json, results/curves/*.csv, results/plots/*.png
                      (plots/curves.png: Figure 8, accuracy and macro-accuracy per round),
-                     results/report.html (all of it, with Table 1 and the failures of the
-                     stores in train.data, in one self-contained page)
+                     results/report.html (all of it, saying whether the slides were
+                     synthetic or real, with Table 1 and the failures of the stores in
+                     train.data, in one self-contained page)
 
     python -m flows.report
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
@@ -15,7 +21,9 @@ centres and options of ``train:``). Only runs made with those parameters are tab
 listed run made with others (or stopped at another round) is refused by name with the
 difference, or with ``--other-configurations separate`` tabled apart, labelled with its
 parameters (``tables/other_configurations.md``); runs found but not listed are named in a
-note. Prints both tables. Exits 1 when a requested run is missing, unfinished or of other
+note. Runs made before per-patch predictions were recorded are reported too: their
+per-centre and clinical cells say "no predictions recorded". Prints the accuracy, clinical
+and privacy tables. Exits 1 when a requested run is missing, unfinished or of other
 parameters, 2 on a bad parameter.
 """
 
@@ -40,7 +48,7 @@ from tasks.report import finished_runs, report_files
 
 @flow(name="report")
 def report(config: ReportConfig) -> ReportPaths:
-    """Write the report of ``config.runs`` under ``config.out`` and print both tables."""
+    """Write the report of ``config.runs`` under ``config.out`` and print its tables."""
     selection = finished_runs(config)
     paths = report_files(selection, config.out, config.data)
     publish_report(paths)
@@ -50,7 +58,9 @@ def report(config: ReportConfig) -> ReportPaths:
 
 def print_tables(paths: ReportPaths) -> None:
     console = Console()
-    for title, table in (("Accuracy", paths.accuracy_md), ("Privacy", paths.privacy_md)):
+    for title, table in (("Accuracy", paths.accuracy_md),
+                         ("Sensitivity, specificity, AUC", paths.clinical_md),
+                         ("Privacy", paths.privacy_md)):  # fmt: skip
         console.print(f"\n[bold]{title}[/bold] ({table})")
         console.print(Markdown(table.read_text()))
     console.print(f"\nplots: {', '.join(str(p) for p in paths.plots())}")

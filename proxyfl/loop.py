@@ -12,7 +12,12 @@ from typing import Any
 
 from proxyfl.comm.control import allgather_json, gather_json
 from proxyfl.engine import checkpoint as ckpt
-from proxyfl.records import metric_rows, rank_machine_record, rank_record
+from proxyfl.records import (
+    metric_rows,
+    rank_machine_record,
+    rank_record,
+    write_client_predictions,
+)
 from proxyfl.results import METRICS_FILE, MetricRow, atomic_write_json, read_metrics, write_metrics
 from proxyfl.trainer import ClientTrainer, RoundLosses
 
@@ -73,7 +78,10 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         trainer.timings.comm_seconds += comm_seconds
 
         started = time.perf_counter()
-        if trainer.active or trainer.last_scores is None:  # a stopped client's models are frozen
+        if round_number == cfg.rounds:  # the final models, patch by patch, for the report
+            trainer.last_scores, probabilities = trainer.evaluate_with_probabilities()
+            write_client_predictions(trainer, probabilities)
+        elif trainer.active or trainer.last_scores is None:  # a stopped client's are frozen
             trainer.last_scores = trainer.evaluate()
         trainer.timings.eval_seconds += time.perf_counter() - started
 

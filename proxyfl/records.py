@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from proxyfl.config import TrainConfig
 from proxyfl.engine.access import ACCESS_LOG
@@ -27,9 +30,12 @@ from proxyfl.results import (
     PRIVACY_NOTIONS,
     RUN_FILE,
     MetricRow,
+    Predictions,
     atomic_write_json,
     machine_versions,
+    predictions_path,
     training_library_versions,
+    write_predictions,
 )
 from proxyfl.trainer import ClientTrainer, RoundLosses
 
@@ -87,6 +93,40 @@ def metric_rows(
         )
         for label in trainer.strategy.evaluated_labels
     ]
+
+
+TUMOR = 1  # the positive class of the stores' labels (wsi.store.schema: 0 healthy, 1 tumour)
+
+
+def client_predictions(
+    trainer: ClientTrainer, probabilities: Mapping[str, np.ndarray]
+) -> Predictions:
+    """Each evaluated model's probability of tumour on every test patch, with the patch's
+    centre, row in that centre's test split, patient and label (``probabilities``: model
+    label -> (N, classes) in the order of the client's test splits)."""
+    splits = trainer.data.test_splits
+    center = np.concatenate([np.full(len(s), s.info.attrs.center, np.int64) for s in splits])
+    row = np.concatenate([np.arange(len(s), dtype=np.int64) for s in splits])
+    patient = np.concatenate([np.asarray(s.info.splits[s.split].patients, dtype=str)
+                              for s in splits])  # fmt: skip
+    label = np.concatenate([np.asarray(s.labels, dtype=np.int64) for s in splits])
+    models = sorted(probabilities)
+    return Predictions(
+        evaluated_model=np.repeat(np.array(models, dtype=str), len(label)),
+        center=np.tile(center, len(models)),
+        row=np.tile(row, len(models)),
+        patient=np.tile(patient, len(models)),
+        label=np.tile(label, len(models)),
+        p_tumor=np.concatenate([probabilities[name][:, TUMOR] for name in models]),
+    )
+
+
+def write_client_predictions(
+    trainer: ClientTrainer, probabilities: Mapping[str, np.ndarray]
+) -> None:
+    """``predictions/client_{c}.csv`` (:func:`client_predictions`)."""
+    write_predictions(predictions_path(trainer.run_dir, trainer.data.client),
+                      client_predictions(trainer, probabilities))  # fmt: skip
 
 
 def rank_record(trainer: ClientTrainer) -> dict[str, Any]:

@@ -12,14 +12,17 @@ extra key): the same run writes the same rows on any machine, and its seconds ar
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import platform
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing import atomic
@@ -154,3 +157,78 @@ def machine_versions() -> dict[str, str]:
     """The operating system and kernel (machine.json: they differ between machines that
     give the same numbers)."""
     return {"platform": platform.platform()}
+
+
+# --------------------------------------------------------------------------------------
+# Per-patch predictions of the final round
+# --------------------------------------------------------------------------------------
+
+PREDICTIONS_DIR = "predictions"
+PREDICTION_FIELDS: tuple[str, ...] = (
+    "evaluated_model", "center", "row", "patient", "label", "p_tumor",
+)  # fmt: skip
+"""The columns of ``predictions/client_{c}.csv``: which model of the client, the test
+patch's centre, its row in that centre's test split, its patient, its label (0 healthy,
+1 tumour) and the model's softmax probability of tumour (the predicted class is tumour iff
+``p_tumor > 0.5``: argmax, which keeps the first class on a tie)."""
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """One client's final-round predictions on the merged test splits, one entry per
+    (evaluated model, test patch), as columns."""
+
+    evaluated_model: np.ndarray  # str
+    center: np.ndarray  # int64
+    row: np.ndarray  # int64
+    patient: np.ndarray  # str
+    label: np.ndarray  # int64
+    p_tumor: np.ndarray  # float64
+
+    def of_model(self, evaluated_model: str) -> Predictions:
+        """The entries of one evaluated model (``private``, ``proxy``, ``central``, ``local``)."""
+        keep = self.evaluated_model == evaluated_model
+        return Predictions(*(getattr(self, name)[keep] for name in PREDICTION_FIELDS))
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+def predictions_path(run_dir: Path, client: int) -> Path:
+    return Path(run_dir) / PREDICTIONS_DIR / f"client_{client}.csv"
+
+
+def write_predictions(path: Path, predictions: Predictions) -> None:
+    """``predictions`` as CSV sorted by model, centre and row, probabilities to 6 decimals
+    (the same bytes for the same run on any machine), written atomically."""
+    order = np.lexsort((predictions.row, predictions.center, predictions.evaluated_model))
+    lines = [",".join(PREDICTION_FIELDS)]
+    for i in order:
+        lines.append(
+            f"{predictions.evaluated_model[i]},{int(predictions.center[i])},"
+            f"{int(predictions.row[i])},{predictions.patient[i]},{int(predictions.label[i])},"
+            f"{float(predictions.p_tumor[i]):.6f}"
+        )
+    atomic.write_text(path, "\n".join(lines) + "\n")
+
+
+def read_predictions(path: Path) -> Predictions:
+    """A ``predictions/client_{c}.csv``; ``ValueError`` naming the file for another."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if tuple(header or ()) != PREDICTION_FIELDS:
+            raise ValueError(f"{path}: expected the columns {','.join(PREDICTION_FIELDS)}")
+        records = list(reader)
+    try:
+        columns = list(zip(*records, strict=True)) if records else [()] * len(PREDICTION_FIELDS)
+        return Predictions(
+            evaluated_model=np.array(columns[0], dtype=str),
+            center=np.array(columns[1], dtype=np.int64),
+            row=np.array(columns[2], dtype=np.int64),
+            patient=np.array(columns[3], dtype=str),
+            label=np.array(columns[4], dtype=np.int64),
+            p_tumor=np.array(columns[5], dtype=np.float64),
+        )
+    except ValueError as error:
+        raise ValueError(f"{path}: malformed predictions ({error})") from error

@@ -59,7 +59,7 @@ from proxyfl.comm.exchange import (
 from proxyfl.comm.graphs import Schedule
 from proxyfl.config import TrainConfig
 from proxyfl.engine.data import PatchDataset, prepare_images
-from proxyfl.engine.evaluate import Scores, evaluate_models
+from proxyfl.engine.evaluate import Scores, evaluate_models, evaluate_with_probabilities
 from proxyfl.engine.local_training import PlainTraining, make_plain
 from proxyfl.engine.models import build_model, count_parameters
 from proxyfl.engine.runtime import Runtime, derived_seed, seeded_generator
@@ -289,12 +289,28 @@ class ClientTrainer:
             assign_flat_parameters(self.training.model, new_theta)
         return seconds
 
-    def evaluate(self) -> dict[str, Scores]:
+    def evaluated_models(self) -> dict[str, nn.Module]:
+        """The client's models by their metrics label (``private``; ``proxy``, ``central``
+        or ``local`` for the shared one)."""
         models: dict[str, nn.Module] = {self.strategy.shared_label: self.training.model}
         if self.private is not None:
             models["private"] = self.private
+        return models
+
+    def evaluate(self) -> dict[str, Scores]:
         return evaluate_models(
-            models,
+            self.evaluated_models(),
+            self.data.test_splits,
+            self.data.n_classes,
+            self.runtime.device,
+            self.input_size,
+            self.config.eval_batch_size,
+        )
+
+    def evaluate_with_probabilities(self) -> tuple[dict[str, Scores], dict[str, np.ndarray]]:
+        """:meth:`evaluate`, and each model's per-patch probabilities (the final round)."""
+        return evaluate_with_probabilities(
+            self.evaluated_models(),
             self.data.test_splits,
             self.data.n_classes,
             self.runtime.device,

@@ -22,6 +22,8 @@ def finished_runs(config: ReportConfig) -> RunSelection:
 
 @task(name="report files")
 def report_files(selection: RunSelection, out_dir: Path, stores_dir: Path | None) -> ReportPaths:
-    """Tables (md, csv), metrics.json, per-method curves, the Figure 8 plots and
-    report.html (with Table 1 and the failures of the stores in ``stores_dir``)."""
+    """Tables (md, csv: accuracy, per-centre accuracy, sensitivity/specificity/AUC,
+    configuration, privacy), metrics.json, per-method curves, the Figure 8 plots and
+    report.html (with the data line, Table 1 and the failures of the stores in
+    ``stores_dir``)."""
     return write_report(selection.runs, out_dir, stores_dir, selection)

@@ -37,7 +37,7 @@ from wsi.patches import (
     compute_candidates,
 )
 from wsi.sampling import SlidePatches
-from wsi.slide import Backend, SlideReadError, open_slide
+from wsi.slide import Backend, SlideReadError, is_synthetic_slide, open_slide
 from wsi.store.schema import store_path
 from wsi.summary import CenterReport, SlideFailure, report_path
 
@@ -248,9 +248,9 @@ def center_store(
     test_patients = (
         catalogue_test_patients(records, patch, sampling) if records is not None else None
     )
+    mpp = _level_mpp(slides, patch.level, backend)
     result: CenterResult = write_center_store(
-        center, slides, patch, sampling, path, reader,
-        mpp=_level_mpp(slides, patch.level, backend), test_patients=test_patients,
+        center, slides, patch, sampling, path, reader, mpp=mpp, test_patients=test_patients,
     )  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     patients: dict[str, list[str]] = {}
@@ -269,6 +269,21 @@ def center_store(
             *slide_failures,
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],
+        data_root=data_root_of(slides[0].path, center),
+        synthetic=all(is_synthetic_slide(slide.path) for slide in slides),
+        patch_size=patch.patch_size,
+        level=patch.level,
+        mpp=mpp,
     )
     write_json(report_path(out_dir, center), report.to_json(), sort_keys=True)
     return report
+
+
+def data_root_of(slide: str | os.PathLike[str], center: int) -> str | None:
+    """The data root a slide of ``center`` lies under (the folder holding ``center_{c}``,
+    as the path names it: relative stays relative); ``None`` outside that layout."""
+    path = Path(slide)
+    for parent in path.parents:
+        if parent.name == f"center_{center}":
+            return parent.parent.as_posix()
+    return None

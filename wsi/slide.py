@@ -498,3 +498,18 @@ def open_slide(
             log.debug("%s opened with %s after %s", path, name, reasons)
         return Slide(path, name, handle, slide_mpp)
     raise SlideReadError(path, reasons)
+
+
+def is_synthetic_slide(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a slide that :mod:`wsi.synth` wrote (its marker in the first
+    page's TIFF ImageDescription, read from the header alone); ``False`` for any other
+    file, or one that is not a TIFF."""
+    import tifffile
+
+    from wsi.synth.config import SYNTHETIC_MARKER
+
+    try:
+        with tifffile.TiffFile(path) as tiff:
+            return bool(tiff.pages) and f"({SYNTHETIC_MARKER}" in tiff.pages[0].description
+    except (OSError, ValueError, tifffile.TiffFileError):
+        return False

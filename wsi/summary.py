@@ -57,6 +57,14 @@ class CenterReport:
     failures: list[SlideFailure] = field(default_factory=list)
     status: CenterStatus = "complete"
     error: str | None = None
+    # the slides' root as the parameters gave it, and whether every slide was written by
+    # wsi.synth (None: a report written before these were recorded, or a failed centre)
+    data_root: str | None = None
+    synthetic: bool | None = None
+    # the store's patches: pixels per side, pyramid level, µm per pixel at that level
+    patch_size: int | None = None
+    level: int | None = None
+    mpp: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "failures": [asdict(f) for f in self.failures]}
@@ -72,6 +80,11 @@ class CenterReport:
             failures=failures,
             status=data.get("status", "complete"),  # type: ignore[arg-type]
             error=data.get("error"),  # type: ignore[arg-type]
+            data_root=data.get("data_root"),  # type: ignore[arg-type]
+            synthetic=data.get("synthetic"),  # type: ignore[arg-type]
+            patch_size=data.get("patch_size"),  # type: ignore[arg-type]
+            level=data.get("level"),  # type: ignore[arg-type]
+            mpp=data.get("mpp"),  # type: ignore[arg-type]
         )
 
 

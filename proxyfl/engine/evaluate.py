@@ -53,7 +53,6 @@ def confusion_matrix(predictions: np.ndarray, targets: np.ndarray, n_classes: in
     return np.bincount(flat, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
 
 
-@torch.no_grad()
 def evaluate_models(
     models: Mapping[str, nn.Module],
     test_splits: Sequence[PatchSplitReader],
@@ -63,7 +62,40 @@ def evaluate_models(
     batch_size: int = 64,
 ) -> dict[str, Scores]:
     """Score every model in ``models`` on the concatenation of ``test_splits`` (read once)."""
+    scores, _ = _evaluate(models, test_splits, n_classes, device, input_size, batch_size, False)
+    return scores
+
+
+def evaluate_with_probabilities(
+    models: Mapping[str, nn.Module],
+    test_splits: Sequence[PatchSplitReader],
+    n_classes: int,
+    device: torch.device,
+    input_size: int | None,
+    batch_size: int = 64,
+) -> tuple[dict[str, Scores], dict[str, np.ndarray]]:
+    """:func:`evaluate_models`, and each model's softmax probabilities ``p[i, c]`` of every
+    test patch i (in the order of ``test_splits``, then rows) and class c, from the same
+    pass: the final round's per-patch record (sensitivity, specificity, AUC)."""
+    scores, probabilities = _evaluate(
+        models, test_splits, n_classes, device, input_size, batch_size, True
+    )
+    assert probabilities is not None
+    return scores, probabilities
+
+
+@torch.inference_mode()
+def _evaluate(
+    models: Mapping[str, nn.Module],
+    test_splits: Sequence[PatchSplitReader],
+    n_classes: int,
+    device: torch.device,
+    input_size: int | None,
+    batch_size: int,
+    keep_probabilities: bool,
+) -> tuple[dict[str, Scores], dict[str, np.ndarray] | None]:
     confusions = {name: np.zeros((n_classes, n_classes), dtype=np.int64) for name in models}
+    kept: dict[str, list[np.ndarray]] = {name: [] for name in models}
     modes = {name: model.training for name, model in models.items()}
     for model in models.values():
         model.eval()
@@ -72,9 +104,16 @@ def evaluate_models(
             x = prepare_images(images, device, input_size)
             targets = labels.numpy()
             for name, model in models.items():
-                predictions = model(x).argmax(dim=-1).cpu().numpy()
+                logits = model(x)
+                predictions = logits.argmax(dim=-1).cpu().numpy()
                 confusions[name] += confusion_matrix(predictions, targets, n_classes)
+                if keep_probabilities:
+                    kept[name].append(torch.softmax(logits.double(), dim=-1).cpu().numpy())
     finally:
         for name, model in models.items():
             model.train(modes[name])
-    return {name: scores_from_confusion(confusion) for name, confusion in confusions.items()}
+    scores = {name: scores_from_confusion(confusion) for name, confusion in confusions.items()}
+    if not keep_probabilities:
+        return scores, None
+    empty = np.zeros((0, n_classes))
+    return scores, {name: np.concatenate(parts) if parts else empty for name, parts in kept.items()}

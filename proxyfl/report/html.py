@@ -1,11 +1,16 @@
 """``report.html``: the whole report in one self-contained page.
 
-Figure 8 (embedded as a ``data:`` PNG), the accuracy table, the privacy table with the
-notion of every ε, the paper's Table 1 (patches per centre, split and label) and what
-preprocessing left out. The page has no script, no stylesheet or font to fetch and no
-link outside the report's own folder, so it opens offline, from a mail attachment or a
-DVC cache alike. Cells are the markdown tables' cells (:data:`~proxyfl.report.render.LAYOUTS`),
-so the page and ``tables/*.md`` always say the same numbers.
+What the numbers are of first (synthetic or real slides and their root; the title never
+claims Camelyon-17 results on synthetic slides), then Figure 8 (embedded as a ``data:``
+PNG), the accuracy table (the model each row evaluates, and the majority class's score),
+the per-centre accuracy, sensitivity, specificity and AUC with patient-bootstrap intervals
+(how they were computed and on how many test patients), the privacy table with the notion
+of every ε, the configuration the runs were made with, the paper's Table 1 (patches per
+centre, split and label) and what preprocessing left out. The page has no script, no
+stylesheet or font to fetch and no link outside the report's own folder, so it opens
+offline, from a mail attachment or a DVC cache alike. Cells are the markdown tables' cells
+(:data:`~proxyfl.report.render.LAYOUTS`), so the page and ``tables/*.md`` always say the
+same numbers.
 
 Pure: :func:`report_html` returns text; :mod:`proxyfl.report.write` writes it.
 """
@@ -18,8 +23,11 @@ from dataclasses import dataclass, field
 
 import jinja2
 
+from proxyfl.report.context import ConfigurationRow, DataSource
 from proxyfl.report.load import RunResult
-from proxyfl.report.render import LAYOUTS, TableRow, public_pool_note
+from proxyfl.report.plots import method_groups
+from proxyfl.report.predictions import ClinicalRow, PerCentreRow
+from proxyfl.report.render import LAYOUTS, TableRow, per_centre_cells, public_pool_note
 from proxyfl.report.stats import PRIVATE_KT, AccuracyRow, PrivacyRow
 from proxyfl.results import LABEL_LDP
 from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER, CenterReport, summary_rows
@@ -47,12 +55,26 @@ class Preprocessing:
     unreadable: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
 
+def _align(markdown_align: Sequence[str]) -> list[str]:
+    return ["right" if a.endswith(":") and not a.startswith(":") else "left"
+            for a in markdown_align]  # fmt: skip
+
+
 def result_table(rows: Sequence[TableRow]) -> HtmlTable:
-    """An accuracy or privacy table with the markdown table's header and cells."""
+    """A table of :data:`~proxyfl.report.render.LAYOUTS` (accuracy, privacy, clinical,
+    configuration) with the markdown table's header and cells."""
     layout = LAYOUTS[type(rows[0])]
-    align = ["right" if a.endswith(":") and not a.startswith(":") else "left"
-             for a in layout.markdown_align]  # fmt: skip
-    return HtmlTable(layout.markdown_header, align, [layout.markdown_cells(r) for r in rows])
+    return HtmlTable(layout.markdown_header, _align(layout.markdown_align),
+                     [layout.markdown_cells(r) for r in rows])  # fmt: skip
+
+
+def per_centre_table(rows: Sequence[PerCentreRow]) -> HtmlTable | None:
+    """The per-centre accuracy with per_centre.md's header and cells; None without any
+    predictions."""
+    if not any(row.center is not None for row in rows):
+        return None
+    header, align, cells = per_centre_cells(rows)
+    return HtmlTable(header, _align(align), cells)
 
 
 def centre_roles(runs: Iterable[RunResult]) -> dict[int, str]:
@@ -98,20 +120,41 @@ def report_html(
     links: Sequence[str],
     unlisted_note: str = "",
     other_configurations: Mapping[str, Sequence[AccuracyRow]] | None = None,
+    data: DataSource | None = None,
+    configuration: Sequence[ConfigurationRow] = (),
+    configuration_note: str = "",
+    per_centre: Sequence[PerCentreRow] = (),
+    per_centre_note: str = "",
+    clinical: Sequence[ClinicalRow] = (),
+    clinical_note: str = "",
 ) -> str:
     """The report page. ``links`` are the report's other files, relative to the page;
     ``preprocessing`` is None when no store directory is known; ``unlisted_note`` names
     runs found but not listed; ``other_configurations`` are accuracy rows of runs made
-    with other parameters, by the label of those parameters, shown apart."""
+    with other parameters, by the label of those parameters, shown apart. ``data`` says
+    what slides the numbers are of (unknown when None); ``configuration``, ``per_centre``
+    and ``clinical`` are their tables' rows, each with the note that goes under it."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
+    data = data or DataSource("unknown", detail="not given to the page")
     return _TEMPLATE.render(
+        heading=data.heading(),
+        data_sentence=data.sentence(),
+        data_kind=data.kind,
+        configuration=result_table(configuration) if configuration else None,
+        configuration_note=configuration_note.strip(),
+        per_centre=per_centre_table(per_centre),
+        per_centre_note=per_centre_note.strip(),
+        clinical=result_table(clinical) if any(r.n_models for r in clinical) else None,
+        clinical_note=clinical_note.strip(),
         summary=summary,
         runs_dir=runs_dir,
         methods=list(dict.fromkeys(run.algorithm for run in runs)),
         seeds=sorted({run.seed for run in runs}),
         figure=base64.b64encode(figure_png).decode("ascii"),
         figure_title=figure_title,
+        figure_groups=method_groups(dict.fromkeys(run.algorithm for run in runs)),
+        majority_line=any(row.baseline for row in accuracy),
         accuracy=result_table(accuracy) if accuracy else None,
         accuracy_note=accuracy_note.strip(),
         privacy=result_table(privacy) if privacy else None,
@@ -136,7 +179,7 @@ _TEMPLATE = _ENVIRONMENT.from_string(
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Federated learning on Camelyon-17: report</title>
+<title>{{ heading }}: report</title>
 <style>
   body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f;
          max-width: 72rem; margin: 2rem auto; padding: 0 1.5rem; }
@@ -155,15 +198,22 @@ _TEMPLATE = _ENVIRONMENT.from_string(
   tr:hover td { background: #fafafc; }
   .empty { font-style: italic; color: #555; }
   .problem { color: #a33; }
+  .data { font-size: 1.05rem; padding: .5rem .9rem; border-left: 4px solid #999; }
+  .data.synthetic, .data.mixed { background: #fdf3e1; border-left-color: #e69f00; }
+  .data.unknown { background: #f6f6f8; }
+  .note p, p.note { margin: .3rem 0; }
   code { font-size: .9em; }
 </style>
 </head>
 <body>
-<h1>Federated learning on Camelyon-17 patches</h1>
+<h1>{{ heading }}</h1>
+<p class="data {{ data_kind }}" id="data-source">{{ data_sentence }}</p>
 <p class="meta">{{ methods | length }} method(s): {{ methods | join(", ") }};
 seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 <p class="summary" id="summary">{{ summary }}</p>
-<nav><a href="#curves">Curves</a><a href="#accuracy">Accuracy</a><a href="#privacy">Privacy</a>
+<nav><a href="#curves">Curves</a><a href="#accuracy">Accuracy</a>
+<a href="#per-centre">Per centre</a><a href="#clinical">Sensitivity, specificity, AUC</a>
+<a href="#privacy">Privacy</a><a href="#configuration">Configuration</a>
 <a href="#patches">Patches (Table 1)</a><a href="#failures">Failures</a></nav>
 
 <h2 id="curves">Accuracy and macro-accuracy per round (Figure 8)</h2>
@@ -172,7 +222,9 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
      alt="Test accuracy (left) and macro-accuracy (right) per round, one line per method"
      src="data:image/png;base64,{{ figure }}">
 <figcaption>{{ figure_title }}: mean over clients × seeds (line) and ± one standard deviation
-(band), every round.</figcaption>
+(band), every round{% if figure_groups | length > 1 %}: {{ figure_groups[0][0] }} in the top
+row, {{ figure_groups[1][0] }} below{% endif %}{% if majority_line %}; the dashed line is the
+score of always answering the majority class{% endif %}.</figcaption>
 </figure>
 
 {% macro render(table, id) %}
@@ -190,7 +242,8 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 <h2 id="accuracy">Accuracy (Table 2)</h2>
 {% if accuracy %}{{ render(accuracy, "accuracy-table") }}
 {% else %}<p class="empty">No runs.</p>{% endif %}
-<p class="note">{{ accuracy_note }}</p>
+{% for line in accuracy_note.split("\n") if line %}<p class="note">{{ line }}</p>
+{% endfor %}
 {% if unlisted_note %}
 <p class="note" id="unlisted">{{ unlisted_note }}</p>
 {% endif %}
@@ -201,6 +254,19 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 {{ render(table, "other-configuration-" ~ loop.index) }}
 {% endfor %}
 {% endif %}
+
+<h2 id="per-centre">Accuracy per test centre</h2>
+{% if per_centre %}{{ render(per_centre, "per-centre-table") }}
+{% else %}<p class="empty">No predictions recorded: no per-centre accuracy.</p>{% endif %}
+{% for line in per_centre_note.split("\n") if line %}<p class="note">{{ line }}</p>
+{% endfor %}
+
+<h2 id="clinical">Sensitivity, specificity and AUC (tumour positive)</h2>
+{% if clinical %}{{ render(clinical, "clinical-table") }}
+{% else %}<p class="empty">No predictions recorded: no sensitivity, specificity or AUC.</p>
+{% endif %}
+{% for line in clinical_note.split("\n") if line %}<p class="note">{{ line }}</p>
+{% endfor %}
 
 <h2 id="privacy">Privacy</h2>
 {% if privacy %}{{ render(privacy, "privacy-table") }}
@@ -214,6 +280,11 @@ r rounds a client reported in (r·ε; a client the server did not select sends n
 round); its clients train without DP. The two are not comparable as numbers.
 {{ public_pool }}
 {% endif %}</p>
+
+<h2 id="configuration">Configuration</h2>
+{% if configuration %}{{ render(configuration, "configuration-table") }}
+{% else %}<p class="empty">No configuration recorded.</p>{% endif %}
+<p class="note">{{ configuration_note }}</p>
 
 <h2 id="patches">Patches per centre (Table 1)</h2>
 {% if preprocessing is none %}

@@ -1,5 +1,9 @@
 """Figure 8 of the ProxyFL paper with matplotlib: accuracy and macro-accuracy per round,
-one mean line and mean ± std band per method, as PNG files.
+one mean line and mean ± std band per method, as PNG files. The paper's seven methods share
+one row of panels and any other method (PrivateKT) has its own below
+(:func:`method_groups`), so that eight overlapping lines do not hide the paper's
+comparison; every panel shows the majority class's score as a dashed line, the accuracy a
+model gets without learning anything.
 
 Every method has one fixed style in every figure (:func:`method_style`): an Okabe–Ito
 colour, a dash pattern and a marker, each unique, so the lines stay apart with any common
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from plumbing import atomic
+from proxyfl.names import PAPER_ALGORITHMS
+from proxyfl.report.clinical import MajorityClass
 from proxyfl.report.load import JOINT, order_key
 from proxyfl.report.stats import CurvePoint, SampleSize
 
@@ -78,6 +84,11 @@ _PANELS: tuple[tuple[str, str], ...] = (
     ("accuracy", "Accuracy"),
     ("macro_accuracy", "Macro-accuracy"),
 )
+# The majority class's score: a dark grey dashed line under the methods' lines, no marker.
+_BASELINE_GID = "majority-class"
+_BASELINE_STYLE: dict[str, object] = {
+    "color": "#555555", "linestyle": "--", "linewidth": 1.3, "zorder": 2.0,
+}  # fmt: skip
 _MAX_MARKERS = 12  # per line; more rounds than this get a marker every few rounds
 _BAND_ALPHA = 0.12
 
@@ -119,6 +130,25 @@ def _count(values: Sequence[int], noun: str) -> str:
     return f"{number} {noun}{'' if high == 1 else 's'}"
 
 
+def method_groups(methods: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """The methods split for Figure 8's panels, each in paper order: the ProxyFL paper's
+    seven (:data:`~proxyfl.names.PAPER_ALGORITHMS`) together, every other method (PrivateKT,
+    unknown names) apart, so that the paper's comparison reads as in the paper; a group
+    without methods is left out. Each group: (its name, its methods)."""
+    ordered = sorted(methods, key=order_key)
+    paper = [name for name in ordered if name in PAPER_ALGORITHMS]
+    other = [name for name in ordered if name not in PAPER_ALGORITHMS]
+    groups = [("the ProxyFL paper's methods", paper)] if paper else []
+    if other:
+        groups.append((f"{', '.join(other)} (not in the paper)", other))
+    return groups
+
+
+def baseline_label(majority: MajorityClass) -> str:
+    """The majority line's legend entry, e.g. "majority class (always tumour)"."""
+    return f"majority class (always {majority.name})"
+
+
 def plot_curves(
     per_round: Mapping[str, Sequence[CurvePoint]],
     metric: str,
@@ -126,34 +156,66 @@ def plot_curves(
     path: Path,
     *,
     title: str | None = None,
+    majority: MajorityClass | None = None,
 ) -> Figure:
-    """Write one panel of Figure 8 as a PNG and return its figure: one line per method
-    (legend in paper order) with a mean ± std band; x = round. ``metric``: accuracy |
-    macro_accuracy."""
-    figure = _figure(figsize=(7.6, 4.4))
-    axes = figure.add_subplot()
-    lines = _draw_panel(axes, per_round, metric, label)
-    _legend(figure, lines, loc="outside right upper", ncols=1)
-    if title:  # over the panel, not the figure: the legend takes the top right corner
-        axes.set_title(title, fontsize="medium")
+    """Write one metric of Figure 8 as a PNG and return its figure: one panel per group of
+    :func:`method_groups` side by side, one line per method (legend in paper order) with a
+    mean ± std band, x = round, and the majority class's score as a dashed line when
+    ``majority`` is given. ``metric``: accuracy | macro_accuracy."""
+    groups = method_groups(per_round) or [("", [])]
+    figure = _figure(figsize=(7.6 + 4.6 * (len(groups) - 1), 4.4))
+    panels = figure.subplots(1, len(groups), squeeze=False)[0]
+    handles: list[Line2D] = []
+    for axes, (name, methods) in zip(panels, groups, strict=True):
+        handles += _draw_panel(axes, {m: per_round[m] for m in methods}, metric, label, majority)
+        if len(groups) > 1:
+            axes.set_title(name[:1].upper() + name[1:], fontsize="medium")  # "The ProxyFL ..."
+    _legend(figure, _unique(handles), loc="outside right upper", ncols=1)
+    if title and len(groups) == 1:  # over the panel: the legend takes the top right corner
+        panels[0].set_title(title, fontsize="medium")
+    elif title:
+        figure.suptitle(title)
     _save_png(figure, path)
     return figure
 
 
-def plot_figure(per_round: Mapping[str, Sequence[CurvePoint]], path: Path, *, title: str) -> Figure:
+def plot_figure(
+    per_round: Mapping[str, Sequence[CurvePoint]],
+    path: Path,
+    *,
+    title: str,
+    majority: MajorityClass | None = None,
+) -> Figure:
     """Write Figure 8 of the ProxyFL paper as a PNG and return it: accuracy (left) and
-    macro-accuracy (right) per round, one mean line and mean ± std band per method, one
-    legend in paper order below both panels and ``title`` (see :func:`sample_title`) above."""
-    figure = _figure(figsize=(11.0, 4.6))
-    panels = figure.subplots(1, len(_PANELS))
-    lines: list[Line2D] = []
-    for axes, (metric, label) in zip(panels, _PANELS, strict=True):
-        lines = _draw_panel(axes, per_round, metric, label)
-        axes.set_title(label)
-    _legend(figure, lines, loc="outside lower center", ncols=min(len(lines), 7))
+    macro-accuracy (right) per round, one mean line and mean ± std band per method, one row
+    of panels per group of :func:`method_groups` (the paper's seven methods, then the
+    others), the majority class's scores as dashed lines when ``majority`` is given, one
+    legend in paper order below the panels and ``title`` (see :func:`sample_title`) above."""
+    groups = method_groups(per_round) or [("", [])]
+    figure = _figure(figsize=(11.0, 4.6 + 3.8 * (len(groups) - 1)))
+    panels = figure.subplots(len(groups), len(_PANELS), squeeze=False)
+    handles: list[Line2D] = []
+    for row, (name, methods) in zip(panels, groups, strict=True):
+        for axes, (metric, label) in zip(row, _PANELS, strict=True):
+            curves_here = {m: per_round[m] for m in methods}
+            handles += _draw_panel(axes, curves_here, metric, label, majority)
+            axes.set_title(label if len(groups) == 1 else f"{label}: {name}")
+    handles = _unique(handles)
+    ncols = len(handles) if len(handles) <= 7 else math.ceil(len(handles) / 2)
+    _legend(figure, handles, loc="outside lower center", ncols=ncols)
     figure.suptitle(title)
     _save_png(figure, path)
     return figure
+
+
+def _unique(handles: Sequence[Line2D]) -> list[Line2D]:
+    """One legend entry per label: the methods in paper order, the majority line last."""
+    seen: dict[str, Line2D] = {}
+    for handle in handles:
+        seen.setdefault(str(handle.get_label()), handle)
+    methods = [h for h in seen.values() if h.get_gid() != _BASELINE_GID]
+    baseline = [h for h in seen.values() if h.get_gid() == _BASELINE_GID]
+    return sorted(methods, key=lambda h: order_key(str(h.get_label()))) + baseline
 
 
 def _figure(figsize: tuple[float, float]) -> Figure:
@@ -174,10 +236,16 @@ def _legend(figure: Figure, lines: Sequence[Line2D], *, loc: str, ncols: int) ->
 
 
 def _draw_panel(
-    axes: Axes, per_round: Mapping[str, Sequence[CurvePoint]], metric: str, label: str
+    axes: Axes,
+    per_round: Mapping[str, Sequence[CurvePoint]],
+    metric: str,
+    label: str,
+    majority: MajorityClass | None = None,
 ) -> list[Line2D]:
-    """Draw every method's mean line and mean ± std band of ``metric`` on ``axes``; return
-    the lines in paper order (the legend's handles)."""
+    """Draw every method's mean line and mean ± std band of ``metric`` on ``axes``, and the
+    majority class's score (accuracy: its share; macro-accuracy: 1 / classes) as a
+    horizontal dashed line; return the lines in paper order, the majority line last (the
+    legend's handles)."""
     from matplotlib.ticker import MaxNLocator
 
     methods = sorted(per_round, key=order_key)
@@ -212,6 +280,12 @@ def _draw_panel(
         )
         lines.append(line)
         band_edges += [mean - std, mean + std]
+    if majority is not None:
+        value = majority.rate if metric == "accuracy" else majority.macro_accuracy
+        baseline = axes.axhline(value, label=baseline_label(majority), gid=_BASELINE_GID,
+                                **_BASELINE_STYLE)  # fmt: skip
+        lines.append(baseline)
+        band_edges.append(np.array([value]))
     axes.set_xlabel("Round")
     axes.set_ylabel(label)
     axes.set_ylim(*_y_limits(band_edges))

@@ -16,11 +16,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from proxyfl.report.clinical import MajorityClass
+from proxyfl.report.context import ConfigurationRow, DataSource
 from proxyfl.report.load import JOINT, RunResult
-from proxyfl.report.stats import AccuracyRow, CurvePoint, PrivacyRow, TableRow
+from proxyfl.report.predictions import ClinicalRow, PerCentreRow
+from proxyfl.report.stats import AccuracyRow, CurvePoint, PrivacyRow
 from proxyfl.results import LABEL_LDP, SAMPLE_DP
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+TableRow = AccuracyRow | PrivacyRow | ClinicalRow | ConfigurationRow
 
 CURVE_FIELDS: tuple[str, ...] = (
     "round",
@@ -44,8 +49,12 @@ class TableLayout:
 
 
 def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
+    if row.baseline:  # a constant answer: no model, no spread, no sample
+        return (row.algorithm, row.evaluated_model, _number(row.accuracy_mean),
+                _number(row.macro_accuracy_mean), "—")  # fmt: skip
     return (
         row.algorithm,
+        row.evaluated_model or "—",
         _pm(row.accuracy_mean, row.accuracy_std),
         _pm(row.macro_accuracy_mean, row.macro_accuracy_std),
         str(row.n),
@@ -55,7 +64,38 @@ def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
 def _accuracy_record(row: AccuracyRow) -> dict[str, Any]:
     record = asdict(row)
     record["method"] = record.pop("algorithm")
+    if record.pop("baseline"):
+        record.update(evaluated_model="", n=None, n_seeds=None, final_round=None)
     return record
+
+
+def _clinical_cells(row: ClinicalRow) -> tuple[str, ...]:
+    if row.n_models == 0:
+        return (row.algorithm, row.evaluated_model or "—", NO_PREDICTIONS, "—", "—", "0",
+                "—", "—")  # fmt: skip
+    return (
+        row.algorithm,
+        row.evaluated_model,
+        _interval(row.sensitivity, row.sensitivity_low, row.sensitivity_high),
+        _interval(row.specificity, row.specificity_low, row.specificity_high),
+        _interval(row.auc, row.auc_low, row.auc_high),
+        str(row.n_models),
+        str(row.n_patients),
+        str(row.n_patches),
+    )
+
+
+def _clinical_record(row: ClinicalRow) -> dict[str, Any]:
+    record = asdict(row)
+    record["method"] = record.pop("algorithm")
+    if row.n_models == 0:
+        record.update(n_patients=None, n_patches=None, n_resamples=None,
+                      undefined_resamples=None)  # fmt: skip
+    return record
+
+
+def _configuration_cells(row: ConfigurationRow) -> tuple[str, ...]:
+    return (row.setting, row.value, row.used_by)
 
 
 def _privacy_cells(row: PrivacyRow) -> tuple[str, ...]:
@@ -79,13 +119,16 @@ _NOTION_TEXT = {
 }
 
 
+NO_PREDICTIONS = "no predictions recorded"
+
 LAYOUTS: dict[type, TableLayout] = {
     AccuracyRow: TableLayout(
-        markdown_header=("Method", "Accuracy", "Macro-accuracy", "n"),
-        markdown_align=(":--", "--:", "--:", "--:"),
+        markdown_header=("Method", "Model", "Accuracy", "Macro-accuracy", "n"),
+        markdown_align=(":--", ":--", "--:", "--:", "--:"),
         markdown_cells=_accuracy_cells,
         csv_fields=(
             "method",
+            "evaluated_model",
             "accuracy_mean",
             "accuracy_std",
             "macro_accuracy_mean",
@@ -124,18 +167,38 @@ LAYOUTS: dict[type, TableLayout] = {
         ),
         csv_record=asdict,
     ),
-}
+    ClinicalRow: TableLayout(
+        markdown_header=("Method", "Model", "Sensitivity [95 % CI]", "Specificity [95 % CI]",
+                         "AUC [95 % CI]", "Models", "Test patients", "Test patches"),
+        markdown_align=(":--", ":--", "--:", "--:", "--:", "--:", "--:", "--:"),
+        markdown_cells=_clinical_cells,
+        csv_fields=("method", "evaluated_model", "n_models", "sensitivity", "sensitivity_low",
+                    "sensitivity_high", "specificity", "specificity_low", "specificity_high",
+                    "auc", "auc_low", "auc_high", "n_patients", "n_patches", "n_resamples",
+                    "undefined_resamples"),
+        csv_record=_clinical_record,
+    ),
+    ConfigurationRow: TableLayout(
+        markdown_header=("Setting", "Value", "Used by"),
+        markdown_align=(":--", ":--", ":--"),
+        markdown_cells=_configuration_cells,
+        csv_fields=("setting", "value", "used_by"),
+        csv_record=asdict,
+    ),
+}  # fmt: skip
 
 
 def _layout(rows: Sequence[TableRow]) -> TableLayout:
     kind = type(rows[0])
     if any(type(row) is not kind for row in rows):
-        raise TypeError("format_table: rows of one kind only (AccuracyRow or PrivacyRow)")
+        kinds = ", ".join(t.__name__ for t in LAYOUTS)
+        raise TypeError(f"format_table: rows of one kind only ({kinds})")
     return LAYOUTS[kind]
 
 
 def format_table(rows: Sequence[TableRow]) -> str:
-    """The markdown table of accuracy or privacy rows ("" for no rows), newline-terminated.
+    """The markdown table of rows of one kind of :data:`LAYOUTS` ("" for no rows),
+    newline-terminated.
 
     Accuracy cells read "0.812 ± 0.034" (3 decimals), ε has 2 decimals.
     """
@@ -148,7 +211,8 @@ def format_table(rows: Sequence[TableRow]) -> str:
 
 
 def format_csv(rows: Sequence[TableRow]) -> str:
-    """CSV of accuracy or privacy rows, mean and std in separate columns ("" for no rows)."""
+    """CSV of rows of one kind of :data:`LAYOUTS`, mean and std (and interval ends) in
+    separate columns ("" for no rows)."""
     if not rows:
         return ""
     layout = _layout(rows)
@@ -162,11 +226,164 @@ def format_csv(rows: Sequence[TableRow]) -> str:
 
 def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
     """The line under the accuracy table saying which round and which statistics."""
-    finals = sorted({row.final_round for row in rows})
+    finals = sorted({row.final_round for row in rows if not row.baseline})
     return (
         f"\nFinal round {', '.join(map(str, finals))}; mean ± population std (ddof=0) "
-        "over clients × seeds of the reported model.\n"
+        "over clients × seeds of the reported model (Model: private, central, local ...).\n"
     )
+
+
+def majority_note(majority: MajorityClass | None, source: str) -> str:
+    """The sentence saying what the majority-class row is and where its rate comes from
+    ("" when no test set's labels are known)."""
+    if majority is None:
+        return ("\nMajority class: not known (no predictions recorded and no centre report "
+                "with the clients' test counts).\n")  # fmt: skip
+    return (
+        f"\nMajority class: {majority.rate:.1%} of the {majority.n_patches} merged test "
+        f"patches are {majority.name} ({source}); a model that always answers "
+        f"{majority.name} scores {majority.rate:.3f} accuracy and {majority.macro_accuracy:.3f} "
+        "macro-accuracy.\n"
+    )
+
+
+def data_note(source: DataSource) -> str:
+    """The data line under a table: synthetic or real slides, and which root."""
+    return f"\n{source.sentence()}\n"
+
+
+def per_centre_cells(
+    rows: Sequence[PerCentreRow],
+) -> tuple[tuple[str, ...], tuple[str, ...], list[tuple[str, ...]]]:
+    """Header, markdown alignment and cells of the per-centre table: one row per method,
+    one column per test centre ("0.812 ± 0.034", "—" where none), then the models."""
+    centres = sorted({row.center for row in rows if row.center is not None})
+    patches = {c: max(r.n_patches for r in rows if r.center == c) for c in centres}
+    header = ("Method", "Model", *(f"Centre {c} ({patches[c]} patches)" for c in centres),
+              "Models")  # fmt: skip
+    align = (":--", ":--", *("--:" for _ in centres), "--:")
+    table: list[tuple[str, ...]] = []
+    for algorithm in dict.fromkeys(row.algorithm for row in rows):
+        own = [row for row in rows if row.algorithm == algorithm]
+        by_centre = {row.center: row for row in own}
+        if own[0].center is None:
+            cells = [NO_PREDICTIONS, *("—" for _ in centres[1:])] if centres else []
+            table.append((algorithm, own[0].evaluated_model or "—", *cells, "0"))
+            continue
+        cells = [_pm(by_centre[c].accuracy_mean, by_centre[c].accuracy_std)
+                 if c in by_centre and not math.isnan(by_centre[c].accuracy_mean) else "—"
+                 for c in centres]  # fmt: skip
+        models = max(row.n_models for row in own)
+        table.append((algorithm, own[0].evaluated_model, *cells, str(models)))
+    return header, align, table
+
+
+def per_centre_markdown(rows: Sequence[PerCentreRow], note: str) -> str:
+    """per_centre.md: the table of :func:`per_centre_cells` and ``note`` under it; without
+    any predictions, only the note."""
+    if not any(row.center is not None for row in rows):
+        return ("No predictions recorded: no per-centre accuracy (it needs the runs' per-patch "
+                "predictions, RUN_DIR/predictions/client_C.csv, which runs made before they "
+                "were recorded lack).\n" + note)  # fmt: skip
+    header, align, cells = per_centre_cells(rows)
+    lines = [_markdown_line(header), _markdown_line(align), *map(_markdown_line, cells)]
+    return "\n".join(lines) + "\n" + note
+
+
+PER_CENTRE_FIELDS = ("method", "evaluated_model", "center", "accuracy_mean", "accuracy_std",
+                     "n_models", "n_patches")  # fmt: skip
+
+
+def per_centre_csv(rows: Sequence[PerCentreRow]) -> str:
+    """per_centre.csv: one line per method and centre (a method without predictions: one
+    line, centre and values empty)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=PER_CENTRE_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        record = asdict(row)
+        record["method"] = record.pop("algorithm")
+        if row.center is None:
+            record.update(n_models=None, n_patches=None)
+        writer.writerow({key: _csv_value(record[key]) for key in PER_CENTRE_FIELDS})
+    return buffer.getvalue()
+
+
+def per_centre_note(missing: Sequence[str]) -> str:
+    """What the per-centre table holds, and the methods without predictions."""
+    note = ("\nAccuracy of each method's reported model on each centre's test patches (a patch "
+            "is called tumour when the model's probability of tumour exceeds 0.5), mean ± "
+            "population std (ddof=0) over clients × seeds. Every client is tested on every "
+            "centre's test split: only its own centre's is from the hospital it trained on.\n")
+    return note + _missing_note(missing)
+
+
+def clinical_note(
+    rows: Sequence[ClinicalRow], missing: Sequence[str], n_resamples: int, seed: int,
+    level: float,
+) -> str:
+    """How the clinical table was computed: the measures, the patient bootstrap, how many
+    test patients it rests on (and, when they are few, that the intervals are wide and
+    rough), the resamples left out and the methods without predictions."""
+    measured = [row for row in rows if row.n_models > 0]
+    if not measured:
+        return ("\nNo predictions recorded: sensitivity, specificity and AUC need the runs' "
+                "per-patch predictions (RUN_DIR/predictions/client_C.csv), which runs made "
+                "before they were recorded lack.\n") + _missing_note(missing)
+    patients = _range(row.n_patients for row in measured)
+    patches = _range(row.n_patches for row in measured)
+    fewest = min(row.n_patients for row in measured)
+    percent = f"{100 * level:g} %"
+    tails = f"{100 * (1 - level) / 2:g}th and {100 - 100 * (1 - level) / 2:g}th"
+    note = (
+        "\nTumour is the positive class; a patch is called tumour when the model's probability "
+        "of tumour exceeds 0.5. Sensitivity = TP / (TP + FN), specificity = TN / (TN + FP), "
+        "AUC = the probability that a random tumour patch scores above a random healthy one "
+        "(Mann–Whitney, ties count ½). A method's value is the mean over its reported models "
+        f"(clients × seeds). {percent} intervals: percentile bootstrap over the {patients} test "
+        f"patients ({patches} test patches), the independent units (a patient's patches are "
+        f"not): {n_resamples} resamples of the patients with replacement "
+        f"(numpy default_rng({seed})), the same resamples for every model of a method, the "
+        f"method's value recomputed on each; the {tails} percentiles.\n"
+    )
+    if fewest < FEW_PATIENTS:
+        note += (
+            f"\nOnly {fewest} test patient{'s' if fewest != 1 else ''}: these intervals are "
+            f"wide, and with so few patients they tend to be too narrow rather than too wide "
+            f"(a bootstrap can only recombine the {fewest} patients there are): read them as "
+            "a rough guide, not as evidence that one method beats another.\n"
+        )
+    undefined = max(row.undefined_resamples for row in measured)
+    if undefined:
+        note += (f"\nIn up to {undefined} of the {n_resamples} resamples a measure was "
+                 "undefined (no tumour or no healthy patch drawn); they are left out of its "
+                 "percentiles.\n")  # fmt: skip
+    return note + _missing_note(missing)
+
+
+FEW_PATIENTS = 30  # below this many test patients the page says the intervals are rough
+
+
+def _missing_note(missing: Sequence[str]) -> str:
+    if not missing:
+        return ""
+    return (
+        f"\nNo predictions recorded for: {', '.join(missing)} (runs made before per-patch "
+        "predictions were recorded, or files missing): a method without any has empty "
+        "cells, one with some is computed from the models that have them (Models).\n"
+    )
+
+
+def _range(values: Iterable[int]) -> str:
+    numbers = sorted(set(values))
+    return str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}–{numbers[-1]}"
+
+
+def configuration_note() -> str:
+    """Where the configuration table's values come from."""
+    return ("\nFrom run.json's config of the runs reported (the keys of train.options in "
+            "params.yaml); data from the centre reports beside the stores, patches from the "
+            "stores' attributes. Used by: the methods a setting applies to.\n")  # fmt: skip
 
 
 def public_pool_note(runs: Iterable[RunResult]) -> str:
@@ -199,19 +416,32 @@ def other_configurations_markdown(tables: Mapping[str, Sequence[AccuracyRow]]) -
     return "".join(parts)
 
 
-def dvc_metrics(accuracy: Sequence[AccuracyRow], privacy: Sequence[PrivacyRow]) -> dict[str, Any]:
+def dvc_metrics(
+    accuracy: Sequence[AccuracyRow],
+    privacy: Sequence[PrivacyRow],
+    clinical: Sequence[ClinicalRow] = (),
+) -> dict[str, Any]:
     """The few numbers experiments are compared by (``dvc exp show``, ``dvc metrics
     diff``): ``{method: {accuracy, macro_accuracy}, "max_epsilon": ε}``, the means of the
     accuracy table and the largest sample-level ε of any client (Joint's pooled data
     excluded when there are clients), and PrivateKT's label-level ε-LDP apart as
-    ``max_epsilon_label_ldp``; keys free of dots and spaces. The tables hold the rest."""
+    ``max_epsilon_label_ldp``; keys free of dots and spaces. A method with predictions
+    adds its sensitivity, specificity and auc (the clinical table's values) to its entry.
+    Baseline rows (the majority class) are not methods and stay out. The tables hold the
+    rest."""
     metrics: dict[str, Any] = {
         safe_name(row.algorithm): {
             "accuracy": row.accuracy_mean,
             "macro_accuracy": row.macro_accuracy_mean,
         }
         for row in accuracy
+        if not row.baseline
     }
+    for row in clinical:
+        if row.n_models > 0 and safe_name(row.algorithm) in metrics:
+            metrics[safe_name(row.algorithm)].update(
+                sensitivity=row.sensitivity, specificity=row.specificity, auc=row.auc
+            )
     sample_level = [row for row in privacy if row.notion == SAMPLE_DP]
     clients = [row.epsilon for row in sample_level if row.client != JOINT] or [
         row.epsilon for row in sample_level
@@ -262,6 +492,15 @@ def _markdown_line(cells: Iterable[str]) -> str:
 
 def _pm(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
+
+
+def _interval(value: float, low: float, high: float) -> str:
+    """``0.812 [0.700, 0.900]``; "—" for an undefined value or interval."""
+    if math.isnan(value):
+        return "—"
+    if math.isnan(low) or math.isnan(high):
+        return f"{value:.3f} [—]"
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def _general(value: float | None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from proxyfl.report.clinical import MajorityClass
 from proxyfl.report.load import JOINT, RunResult, by_algorithm
 from proxyfl.results import LABEL_LDP, SAMPLE_DP, MetricRow
 
@@ -34,7 +35,9 @@ EPSILON_SOURCES: tuple[str, ...] = ("ProxyFL", "AvgPush", "CWT", "FedAvg", "FML"
 
 @dataclass(frozen=True)
 class AccuracyRow:
-    """Final-round accuracy of one method: mean and population std over n = clients × seeds."""
+    """Final-round accuracy of one method: mean and population std over n = clients × seeds
+    of its reported model (``evaluated_model``: private, central, local, ...). A
+    ``baseline`` row is no method but a constant answer (:func:`majority_row`)."""
 
     algorithm: str
     accuracy_mean: float
@@ -44,6 +47,8 @@ class AccuracyRow:
     n: int
     n_seeds: int
     final_round: int
+    evaluated_model: str = ""
+    baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,11 +93,9 @@ class SampleSize:
     seeds: int
 
 
-TableRow = AccuracyRow | PrivacyRow
-
-
 def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
-    """Per method (paper order, unknown names after): final-round accuracy statistics.
+    """Per method (paper order, unknown names after): final-round accuracy statistics of
+    the reported model (its name(s) in ``evaluated_model``, in order of first appearance).
 
     For method A with seeds S and clients C, the sample is {x_{c,s}}: the primary row of
     client c at the final round of seed s, n = |C|·|S| values. Mean and *population* std
@@ -116,9 +119,28 @@ def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
                 n=len(rows),
                 n_seeds=len(group),
                 final_round=finals[-1],
+                evaluated_model="/".join(dict.fromkeys(row.evaluated_model for row in rows)),
             )
         )
     return table
+
+
+def majority_row(majority: MajorityClass) -> AccuracyRow:
+    """The accuracy table's baseline: always answering the merged test set's most frequent
+    label scores its share n_max / N as accuracy and 1 / (classes present) as
+    macro-accuracy (recall 1 on that class, 0 on the others); no model, no spread."""
+    return AccuracyRow(
+        algorithm=f"majority class (always {majority.name})",
+        accuracy_mean=majority.rate,
+        accuracy_std=0.0,
+        macro_accuracy_mean=majority.macro_accuracy,
+        macro_accuracy_std=0.0,
+        n=0,
+        n_seeds=0,
+        final_round=0,
+        evaluated_model="—",
+        baseline=True,
+    )
 
 
 def privacy_table(runs: Sequence[RunResult]) -> list[PrivacyRow]:

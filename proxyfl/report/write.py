@@ -1,6 +1,8 @@
 """The report's files: every table, metrics.json, curve and figure of some runs, and
 ``report.html`` holding them all with the stores' Table 1, written atomically through
-:mod:`plumbing.atomic` under one output directory."""
+:mod:`plumbing.atomic` under one output directory. Every file is a function of the runs,
+the stores' reports and attributes alone (no clock, fixed bootstrap seed, sorted orders):
+the same input gives the same bytes."""
 
 from __future__ import annotations
 
@@ -10,16 +12,41 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plumbing import atomic
+from proxyfl.report.clinical import BOOTSTRAP_SEED, LEVEL, N_RESAMPLES, MajorityClass
+from proxyfl.report.context import (
+    client_centres,
+    configuration_table,
+    data_source,
+    describe_geometry,
+    majority_from_reports,
+    report_centres,
+    store_geometry,
+)
 from proxyfl.report.html import Preprocessing, report_html
 from proxyfl.report.load import ReportError, RunResult
 from proxyfl.report.plots import plot_curves, plot_figure, sample_title
+from proxyfl.report.predictions import (
+    MethodPredictions,
+    clinical_table,
+    load_predictions,
+    merged_majority,
+    per_centre_table,
+    without_predictions,
+)
 from proxyfl.report.render import (
     accuracy_note,
+    clinical_note,
+    configuration_note,
     curve_csv,
+    data_note,
     dvc_metrics,
     format_csv,
     format_table,
+    majority_note,
     other_configurations_markdown,
+    per_centre_csv,
+    per_centre_markdown,
+    per_centre_note,
     public_pool_note,
     safe_name,
     summary_line,
@@ -29,6 +56,7 @@ from proxyfl.report.stats import (
     CurvePoint,
     accuracy_table,
     curves,
+    majority_row,
     privacy_table,
     sample_sizes,
 )
@@ -46,6 +74,12 @@ class ReportPaths:
     accuracy_csv: Path
     privacy_md: Path
     privacy_csv: Path
+    per_centre_md: Path
+    per_centre_csv: Path
+    clinical_md: Path
+    clinical_csv: Path
+    configuration_md: Path
+    configuration_csv: Path
     metrics_json: Path
     curves: Mapping[str, Path]
     accuracy_png: Path
@@ -55,7 +89,9 @@ class ReportPaths:
     other_configurations_md: Path | None = None  # runs of other parameters, tabled apart
 
     def all(self) -> list[Path]:
-        fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv]
+        fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv,
+                 self.per_centre_md, self.per_centre_csv, self.clinical_md, self.clinical_csv,
+                 self.configuration_md, self.configuration_csv]  # fmt: skip
         other = [self.other_configurations_md] if self.other_configurations_md else []
         return [*fixed, *other, self.metrics_json, *self.curves.values(), *self.plots(),
                 self.report_html]  # fmt: skip
@@ -69,37 +105,69 @@ def write_report(
     out_dir: Path,
     stores_dir: Path | None = None,
     selection: RunSelection | None = None,
+    *,
+    n_resamples: int = N_RESAMPLES,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
-    ``out_dir``; the page's Table 1 and failures come from the centre reports beside the
-    stores in ``stores_dir`` (none shown when it is None). ``selection`` (how ``runs`` were
-    chosen, :func:`~proxyfl.report.select.select_runs`) adds its note on runs not listed
-    and, in ``tables/other_configurations.md`` and on the page, the runs of other
-    parameters, each set apart and labelled with them.
+    ``out_dir``; the page's Table 1 and failures, the data line (synthetic or real slides)
+    and the patch geometry come from the centre reports and stores in ``stores_dir`` (not
+    shown when it is None). ``selection`` (how ``runs`` were chosen,
+    :func:`~proxyfl.report.select.select_runs`) adds its note on runs not listed and, in
+    ``tables/other_configurations.md`` and on the page, the runs of other parameters, each
+    set apart and labelled with them. The runs' per-patch predictions (when recorded) give
+    the per-centre accuracy, the clinical table (``n_resamples`` patient resamples per
+    method) and the majority class; else the centre reports' test counts give the latter.
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed.
     """
     if not runs:
         raise ReportError("no runs to report")
     out_dir = Path(out_dir)
-    accuracy = accuracy_table(runs)
-    privacy = privacy_table(runs)
-    per_round = curves(runs)
     tables = out_dir / "tables"
     paths = ReportPaths(
         accuracy_md=tables / "accuracy.md",
         accuracy_csv=tables / "accuracy.csv",
         privacy_md=tables / "privacy.md",
         privacy_csv=tables / "privacy.csv",
+        per_centre_md=tables / "per_centre.md",
+        per_centre_csv=tables / "per_centre.csv",
+        clinical_md=tables / "clinical.md",
+        clinical_csv=tables / "clinical.csv",
+        configuration_md=tables / "configuration.md",
+        configuration_csv=tables / "configuration.csv",
         metrics_json=out_dir / "metrics.json",
-        curves={name: out_dir / "curves" / f"{safe_name(name)}.csv" for name in per_round},
+        curves={},
         accuracy_png=out_dir / "plots" / "accuracy.png",
         macro_accuracy_png=out_dir / "plots" / "macro_accuracy.png",
         curves_png=out_dir / "plots" / "curves.png",
         report_html=out_dir / "report.html",
     )
+    preprocessing = None if stores_dir is None else read_preprocessing(Path(stores_dir))
+    centres = report_centres(runs)
+    source = data_source(None if preprocessing is None else preprocessing.reports, centres,
+                         str(stores_dir))  # fmt: skip
+    if source.kind == "unknown":
+        logger.warning("report: the data are unknown (%s)", source.detail)
+    geometry = describe_geometry(
+        *store_geometry(None if preprocessing is None else preprocessing.reports, centres)
+    )
+    predictions = load_predictions(runs)
+    majority, majority_source = _majority(predictions, preprocessing, client_centres(runs))
+    missing = without_predictions(predictions)
+
+    accuracy = accuracy_table(runs)
+    shown = [*accuracy, majority_row(majority)] if majority is not None else accuracy
+    privacy = privacy_table(runs)
+    per_centre = per_centre_table(predictions)
+    clinical = clinical_table(predictions, n_resamples, BOOTSTRAP_SEED, LEVEL)
+    configuration = configuration_table(runs, source, geometry)
+    per_round = curves(runs)
+    paths = replace(
+        paths, curves={name: out_dir / "curves" / f"{safe_name(name)}.csv" for name in per_round}
+    )
     unlisted = selection.unlisted_note() if selection is not None else ""
-    note = accuracy_note(accuracy) + (f"\n{unlisted}\n" if unlisted else "")
+    note = accuracy_note(accuracy) + majority_note(majority, majority_source)
+    data = data_note(source)
     groups = selection.other_groups() if selection is not None else {}
     others = {label: accuracy_table(group) for label, group in groups.items()}
     other_md = tables / "other_configurations.md"
@@ -108,32 +176,63 @@ def write_report(
         atomic.write_text(other_md, other_configurations_markdown(others))
     elif other_md.exists():  # from an earlier report: these runs are no longer apart
         other_md.unlink()
-    atomic.write_text(paths.accuracy_md, format_table(accuracy) + note)
-    atomic.write_text(paths.accuracy_csv, format_csv(accuracy))
+    atomic.write_text(paths.accuracy_md, format_table(shown) + note
+                      + (f"\n{unlisted}\n" if unlisted else "") + data)  # fmt: skip
+    atomic.write_text(paths.accuracy_csv, format_csv(shown))
     atomic.write_text(paths.privacy_md, format_table(privacy) + public_pool_note(runs))
     atomic.write_text(paths.privacy_csv, format_csv(privacy))
+    centre_note = per_centre_note(missing)
+    atomic.write_text(paths.per_centre_md, per_centre_markdown(per_centre, centre_note + data))
+    atomic.write_text(paths.per_centre_csv, per_centre_csv(per_centre))
+    measured = any(row.n_models for row in clinical)
+    clinical_text = clinical_note(clinical, missing, n_resamples, BOOTSTRAP_SEED, LEVEL)
+    atomic.write_text(paths.clinical_md, (format_table(clinical) if measured else "")
+                      + clinical_text + data)  # fmt: skip
+    atomic.write_text(paths.clinical_csv, format_csv(clinical))
+    atomic.write_text(paths.configuration_md,
+                      format_table(configuration) + configuration_note() + data)  # fmt: skip
+    atomic.write_text(paths.configuration_csv, format_csv(configuration))
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
-    metrics = json_safe(dvc_metrics(accuracy, privacy))
+    metrics = json_safe(dvc_metrics(accuracy, privacy, clinical))
     atomic.write_json(paths.metrics_json, metrics)
     _write_curves(per_round, paths.curves)
     title = sample_title(sample_sizes(runs))
-    plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png, title=title)
-    plot_curves(
-        per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png, title=title
-    )
-    plot_figure(per_round, paths.curves_png, title=title)
+    plot_curves(per_round, "accuracy", "Accuracy", paths.accuracy_png, title=title,
+                majority=majority)  # fmt: skip
+    plot_curves(per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png,
+                title=title, majority=majority)  # fmt: skip
+    plot_figure(per_round, paths.curves_png, title=title, majority=majority)
     page = report_html(
-        accuracy=accuracy, privacy=privacy, accuracy_note=note, summary=summary_line(metrics),
+        accuracy=shown, privacy=privacy, accuracy_note=note, summary=summary_line(metrics),
         figure_png=paths.curves_png.read_bytes(), figure_title=title, runs=runs,
-        runs_dir=str(runs[0].path.parent.parent),
-        preprocessing=None if stores_dir is None else read_preprocessing(Path(stores_dir)),
+        runs_dir=str(runs[0].path.parent.parent), preprocessing=preprocessing,
         links=[path.relative_to(out_dir).as_posix()
                for path in paths.all() if path != paths.report_html],
-        unlisted_note=unlisted, other_configurations=others,
+        unlisted_note=unlisted, other_configurations=others, data=source,
+        configuration=configuration, configuration_note=configuration_note(),
+        per_centre=per_centre, per_centre_note=centre_note,
+        clinical=clinical, clinical_note=clinical_text,
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
     return paths
+
+
+def _majority(
+    predictions: Mapping[str, MethodPredictions],
+    preprocessing: Preprocessing | None,
+    centres: Sequence[int],
+) -> tuple[MajorityClass | None, str]:
+    """The merged test set's majority class and where it comes from: the predictions'
+    labels, else the centre reports' test counts of the clients' centres, else None."""
+    majority = merged_majority(predictions)
+    if majority is not None:
+        return majority, "from the predictions' labels"
+    if preprocessing is not None:
+        majority = majority_from_reports(preprocessing.reports, centres)
+        if majority is not None:
+            return majority, "from the centre reports' test counts"
+    return None, ""
 
 
 def _write_curves(per_round: Mapping[str, list[CurvePoint]], paths: Mapping[str, Path]) -> None:

@@ -18,7 +18,8 @@ import torch
 from proxyfl.comm.exchange import digest, flatten_parameters
 from proxyfl.engine.checkpoint import load_checkpoint
 from proxyfl.engine.models import build_model
-from proxyfl.results import METRIC_FIELDS
+from proxyfl.results import METRIC_FIELDS, predictions_path, read_predictions
+from tests.proxyfl.conftest import N_TEST
 
 ALGORITHMS = ("ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "Joint")
 ROUNDS = 2
@@ -103,6 +104,19 @@ def test_algorithm_runs_two_rounds_and_records_every_client(runs: Runs, algorith
     for client in range(clients):
         eps = [r["epsilon"] for r in rows if r["client"] == client]
         assert eps == sorted(eps) and eps[0] < eps[-1]
+
+    # the final models patch by patch: their argmax is the final round's accuracy
+    for client in range(clients):
+        predictions = read_predictions(predictions_path(run_dir, client))
+        assert set(predictions.evaluated_model) == set(labels)
+        for label in labels:
+            of_model = predictions.of_model(label)
+            assert len(of_model) == CLIENTS * N_TEST  # every centre's test split
+            assert ((of_model.p_tumor >= 0) & (of_model.p_tumor <= 1)).all()
+            correct = ((of_model.p_tumor > 0.5).astype(int) == of_model.label).mean()
+            final = next(r for r in rows if r["client"] == client and r["round"] == ROUNDS
+                         and r["evaluated_model"] == label)  # fmt: skip
+            assert correct == pytest.approx(final["accuracy"], abs=1e-12)
 
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "finished" and run["world_size"] == clients

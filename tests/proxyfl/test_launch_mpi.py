@@ -22,6 +22,7 @@ from proxyfl.launch.shared_memory import (
     RANK_SEGMENT_BYTES,
     SEGMENT_NAME,
     SHM_DIR,
+    mapped_paths,
     orphaned_segments,
     remove_orphaned_segments,
     warn_if_short,
@@ -175,7 +176,7 @@ def _rank_process(rank: int) -> psutil.Process | None:
     return None
 
 
-def _segments() -> set[str]:
+def _all_segments() -> set[str]:
     """The MPI shared-memory segments in /dev/shm now."""
     if not SHM_DIR.is_dir():
         return set()
@@ -214,12 +215,13 @@ def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
     could not release is removed once no process maps it."""
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
     job = _job(data, tmp_path / "run", rounds=5)  # killed after round 1: mid-run
-    before = _segments()
     killed: list[int] = []
+    segments: set[str] = set()  # what the ranks mapped in /dev/shm when they were killed
 
     def kill_every_rank(line: str) -> None:
         if not killed and "[rank " in line:
             ranks = [_rank_process(rank) for rank in (0, 1)]
+            segments.update(mapped_paths(SHM_DIR, [p for p in ranks if p is not None]))
             for process in ranks:
                 if process is not None:
                     process.kill()
@@ -231,10 +233,9 @@ def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
     error = failure.value
     assert error.exit_code == 128 + signal.SIGKILL and error.rank in (0, 1), str(error)
     assert "SIGKILL" in str(error)
-    leaked = _segments() - before
-    assert leaked, "killed ranks leave their segments (else this test shows nothing)"
-    remove_orphaned_segments(grace_seconds=0)  # the launcher's waits 10 s: this job was short
-    assert not (_segments() - before) & leaked
+    assert {Path(path).name for path in segments} & _all_segments(), "some were left"
+    remove_orphaned_segments(grace_seconds=0)  # the launcher's waits 10 s: a short job
+    assert segments and not {Path(path).name for path in segments} & _all_segments()
 
 
 def test_segments_mapped_by_a_living_process_are_kept(tmp_path: Path) -> None:

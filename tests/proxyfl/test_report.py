@@ -32,7 +32,18 @@ from proxyfl.report import (
     sample_title,
     write_report,
 )
-from proxyfl.results import MetricRow
+from proxyfl.report.clinical import majority_class
+from proxyfl.report.context import data_source, majority_from_reports
+from proxyfl.report.plots import method_groups
+from proxyfl.report.predictions import (
+    clinical_table,
+    load_predictions,
+    merged_majority,
+    per_centre_table,
+    without_predictions,
+)
+from proxyfl.results import MetricRow, Predictions, predictions_path, write_predictions
+from wsi.summary import CenterReport
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MODEL = {"ProxyFL": "private", "FML": "private", "FedAvg": "central"}
@@ -225,11 +236,11 @@ def test_privacy_table_falls_back_in_paper_order(runs_dir: Path) -> None:
 
 
 def test_format_table_markdown() -> None:
-    accuracy = [AccuracyRow("ProxyFL", 0.8123, 0.0344, 0.5, 0.0, 60, 15, 30)]
+    accuracy = [AccuracyRow("ProxyFL", 0.8123, 0.0344, 0.5, 0.0, 60, 15, 30, "private")]
     assert format_table(accuracy).splitlines() == [
-        "| Method | Accuracy | Macro-accuracy | n |",
-        "| :-- | --: | --: | --: |",
-        "| ProxyFL | 0.812 ± 0.034 | 0.500 ± 0.000 | 60 |",
+        "| Method | Model | Accuracy | Macro-accuracy | n |",
+        "| :-- | :-- | --: | --: | --: |",
+        "| ProxyFL | private | 0.812 ± 0.034 | 0.500 ± 0.000 | 60 |",
     ]
     privacy = [PrivacyRow("Joint", "pooled", 153, 1.4, 1e-5, 1.4643, "Joint", 1)]
     assert format_table(privacy).splitlines()[-1] == (
@@ -337,7 +348,9 @@ def test_write_report_files_parse_and_are_deterministic(runs_dir: Path, tmp_path
     assert [r["method"] for r in accuracy] == ["Regular", "FedAvg", "ProxyFL", "Joint"]
     assert float(accuracy[1]["accuracy_mean"]) == pytest.approx(0.75)
     assert float(accuracy[1]["accuracy_std"]) == pytest.approx(math.sqrt(0.0125))
-    assert "| FedAvg | 0.750 ± 0.112 | 0.750 ± 0.250 | 4 |" in paths.accuracy_md.read_text()
+    assert "| FedAvg | central | 0.750 ± 0.112 | 0.750 ± 0.250 | 4 |" in (
+        paths.accuracy_md.read_text()
+    )
     privacy = read_csv(paths.privacy_csv)
     assert [r["client"] for r in privacy] == ["0", "1", "Joint"]
     assert float(privacy[0]["epsilon"]) == pytest.approx(2.1)
@@ -525,3 +538,257 @@ def test_privatekt_privacy_rows_say_label_level_ldp_and_stay_out_of_max_epsilon(
     metrics = json.loads(paths.metrics_json.read_text())
     assert metrics["max_epsilon"] == 2.0 and metrics["max_epsilon_label_ldp"] == 15.0
     assert [r["method"] for r in read_csv(paths.accuracy_csv)] == ["ProxyFL", "PrivateKT"]
+
+
+# --------------------------------------------------------------------------------------
+# Per-patch predictions: the model each row evaluates, the majority class, per-centre
+# accuracy, sensitivity, specificity and AUC with patient-bootstrap intervals
+# --------------------------------------------------------------------------------------
+
+# The merged test set: centres 0 and 1, four patches each, two patients per centre;
+# 5 tumour and 3 healthy patches, so the majority class is tumour, 5/8 = 0.625.
+TEST_CENTER = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+TEST_ROW = np.array([0, 1, 2, 3, 0, 1, 2, 3])
+TEST_PATIENT = np.array(["patient_000", "patient_000", "patient_001", "patient_001",
+                         "patient_020", "patient_020", "patient_021", "patient_021"])  # fmt: skip
+TEST_LABEL = np.array([1, 0, 0, 1, 1, 1, 0, 1])
+# ProxyFL's private models (the reported ones), client 0 and client 1:
+#   client 0 says tumour (> 0.5) on patches 0, 2, 4, 7: TP 0, 4, 7; FN 3, 5; TN 1, 6; FP 2
+#     sensitivity 3/5, specificity 2/3; right on centre 0: 0, 1 (2/4), centre 1: 4, 6, 7 (3/4)
+#     AUC: tumour {.9, .4, .8, .3, .7} vs healthy {.2, .6, .1}: 3 + 2 + 3 + 2 + 3 = 13 of 15
+#   client 1 says tumour on 3, 4, 7: TP 3, 4, 7; FN 0, 5; TN 1, 2, 6; FP none
+#     sensitivity 3/5, specificity 3/3; right on centre 0: 1, 2, 3 (3/4), centre 1: 4, 6, 7
+#     AUC: tumour {.5, .9, .9, .5, .9} vs healthy {.5, .5, .2}: 2 + 3 + 3 + 2 + 3 = 13 of 15
+PRIVATE = {
+    0: [0.9, 0.2, 0.6, 0.4, 0.8, 0.3, 0.1, 0.7],
+    1: [0.5, 0.5, 0.5, 0.9, 0.9, 0.5, 0.2, 0.9],
+}
+
+
+def write_model_predictions(run_dir: Path, client: int, models: dict[str, Sequence[float]]) -> None:
+    """``predictions/client_{c}.csv`` of ``run_dir``: each model's p_tumor on TEST_*."""
+    n = len(TEST_LABEL)
+    write_predictions(
+        predictions_path(run_dir, client),
+        Predictions(
+            evaluated_model=np.repeat(list(models), n),
+            center=np.tile(TEST_CENTER, len(models)),
+            row=np.tile(TEST_ROW, len(models)),
+            patient=np.tile(TEST_PATIENT, len(models)),
+            label=np.tile(TEST_LABEL, len(models)),
+            p_tumor=np.concatenate([np.asarray(p, dtype=float) for p in models.values()]),
+        ),
+    )
+
+
+@pytest.fixture
+def clinical_runs(tmp_path: Path) -> Path:
+    """ProxyFL (clients 0 and 1, one seed) with predictions of its private models and of
+    decoy proxies (always 0.99: sensitivity 1, specificity 0), and FedAvg without any (a
+    run made before predictions were recorded)."""
+    root = tmp_path / "runs"
+    rows = []
+    for client in (0, 1):
+        rows.append(row("ProxyFL", 0, client, 1, 0.5))
+        rows.append(row("ProxyFL", 0, client, 1, 0.5, primary=False))
+    run_dir = make_run(root, "ProxyFL", 0, rows)
+    for client in (0, 1):
+        write_model_predictions(run_dir, client, {"private": PRIVATE[client],
+                                                  "proxy": [0.99] * 8})  # fmt: skip
+    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.6, 0.7], [0.5, 0.5]))
+    return root
+
+
+def test_clinical_measures_of_the_reported_models_by_hand(clinical_runs: Path) -> None:
+    methods = load_predictions(load_runs(clinical_runs))
+    assert list(methods) == ["FedAvg", "ProxyFL"]
+    assert [(m.client, m.evaluated_model) for m in methods["ProxyFL"].models] == [
+        (0, "private"), (1, "private")
+    ]  # fmt: skip
+    assert methods["FedAvg"].models == () and methods["FedAvg"].evaluated_models == ("central",)
+    fedavg, proxy = clinical_table(methods, n_resamples=300)
+    assert (proxy.algorithm, proxy.evaluated_model, proxy.n_models) == ("ProxyFL", "private", 2)
+    assert proxy.sensitivity == pytest.approx(3 / 5)  # (3/5 + 3/5) / 2
+    assert proxy.specificity == pytest.approx((2 / 3 + 1) / 2)
+    assert proxy.auc == pytest.approx(13 / 15)  # (13/15 + 13/15) / 2
+    assert (proxy.n_patients, proxy.n_patches, proxy.n_resamples) == (4, 8, 300)
+    for name in ("sensitivity", "specificity", "auc"):
+        low, value, high = (getattr(proxy, f"{name}_low"), getattr(proxy, name),
+                            getattr(proxy, f"{name}_high"))  # fmt: skip
+        assert 0 <= low <= value <= high <= 1
+    assert fedavg.n_models == 0 and math.isnan(fedavg.sensitivity) and math.isnan(fedavg.auc)
+    assert without_predictions(methods) == ["FedAvg"]
+
+
+def test_per_centre_accuracy_and_majority_class_by_hand(clinical_runs: Path) -> None:
+    methods = load_predictions(load_runs(clinical_runs))
+    table = per_centre_table(methods)
+    fedavg = [r for r in table if r.algorithm == "FedAvg"]
+    assert len(fedavg) == 1 and fedavg[0].center is None and fedavg[0].n_models == 0
+    proxy = {r.center: r for r in table if r.algorithm == "ProxyFL"}
+    assert sorted(proxy) == [0, 1]
+    # centre 0: client 0 right on 2 of 4, client 1 on 3 of 4; centre 1: 3 of 4 for both
+    assert (proxy[0].accuracy_mean, proxy[0].accuracy_std) == (pytest.approx(0.625), 0.125)
+    assert (proxy[1].accuracy_mean, proxy[1].accuracy_std) == (0.75, 0.0)
+    assert (proxy[0].n_models, proxy[0].n_patches) == (2, 4)
+    majority = merged_majority(methods)
+    assert majority is not None
+    assert (majority.name, majority.rate, majority.n_patches) == ("tumour", 0.625, 8)
+
+
+def test_report_files_say_the_model_the_majority_class_and_the_clinical_numbers(
+    clinical_runs: Path, tmp_path: Path
+) -> None:
+    runs = load_runs(clinical_runs)
+    paths = write_report(runs, tmp_path / "a", n_resamples=200)
+    accuracy = read_csv(paths.accuracy_csv)
+    assert [(r["method"], r["evaluated_model"]) for r in accuracy] == [
+        ("FedAvg", "central"), ("ProxyFL", "private"), ("majority class (always tumour)", ""),
+    ]  # fmt: skip
+    assert float(accuracy[2]["accuracy_mean"]) == 0.625
+    assert float(accuracy[2]["macro_accuracy_mean"]) == 0.5
+    assert accuracy[2]["n"] == "" and accuracy[2]["final_round"] == ""
+    markdown = paths.accuracy_md.read_text()
+    assert "| majority class (always tumour) | — | 0.625 | 0.500 | — |" in markdown
+    assert "62.5% of the 8 merged test patches are tumour (from the predictions' labels)" in (
+        markdown
+    )
+    assert "Data: unknown (no store directory given" in markdown
+
+    clinical = {r["method"]: r for r in read_csv(paths.clinical_csv)}
+    assert float(clinical["ProxyFL"]["auc"]) == pytest.approx(13 / 15)
+    assert float(clinical["ProxyFL"]["specificity"]) == pytest.approx(5 / 6)
+    assert clinical["ProxyFL"]["n_patients"] == "4" and clinical["ProxyFL"]["n_resamples"] == "200"
+    assert clinical["FedAvg"]["n_models"] == "0" and clinical["FedAvg"]["auc"] == ""
+    text = paths.clinical_md.read_text()
+    assert "| ProxyFL | private | 0.600 [" in text
+    assert "| FedAvg | central | no predictions recorded |" in text
+    assert "percentile bootstrap over the 4 test patients (8 test patches)" in text
+    assert "200 resamples" in text and "default_rng(0)" in text
+    assert "Only 4 test patients: these intervals are wide" in text
+    assert "No predictions recorded for: FedAvg" in text
+
+    per_centre = read_csv(paths.per_centre_csv)
+    assert [(r["method"], r["center"], r["accuracy_mean"]) for r in per_centre] == [
+        ("FedAvg", "", ""), ("ProxyFL", "0", "0.625"), ("ProxyFL", "1", "0.75"),
+    ]  # fmt: skip
+    assert "| ProxyFL | private | 0.625 ± 0.125 | 0.750 ± 0.000 | 2 |" in (
+        paths.per_centre_md.read_text()
+    )
+    assert "| Method | Model | Centre 0 (4 patches) | Centre 1 (4 patches) | Models |" in (
+        paths.per_centre_md.read_text()
+    )
+
+    metrics = json.loads(paths.metrics_json.read_text())
+    assert set(metrics) == {"FedAvg", "ProxyFL", "max_epsilon"}  # dvc's keys unchanged
+    assert metrics["FedAvg"] == {"accuracy": pytest.approx(0.65), "macro_accuracy": 0.5}
+    assert metrics["ProxyFL"]["auc"] == pytest.approx(13 / 15)
+    assert metrics["ProxyFL"]["sensitivity"] == pytest.approx(0.6)
+
+    configuration = {r["setting"]: r for r in read_csv(paths.configuration_csv)}
+    assert configuration["sigma"]["value"] == "1.4" and configuration["sigma"]["used_by"] == "all"
+    assert configuration["seeds"]["value"] == "0"
+    assert configuration["rounds"]["value"] == "2 (FedAvg); 1 (ProxyFL)"  # the runs disagree
+    assert configuration["private_model"]["used_by"] == "ProxyFL"
+    assert configuration["patches"]["value"] == (
+        "not read: centre 0: no report beside the stores; centre 1: no report beside the stores"
+    )
+
+    again = write_report(runs, tmp_path / "b", n_resamples=200)
+    for first, second in zip(paths.all(), again.all(), strict=True):
+        assert first.read_bytes() == second.read_bytes(), first.name
+
+
+def test_a_report_without_predictions_says_so(runs_dir: Path, tmp_path: Path) -> None:
+    paths = write_report(load_runs(runs_dir), tmp_path)
+    assert paths.clinical_md.read_text().startswith("\nNo predictions recorded: sensitivity")
+    assert [r["n_models"] for r in read_csv(paths.clinical_csv)] == ["0"] * 4
+    per_centre = paths.per_centre_md.read_text()
+    assert per_centre.startswith("No predictions recorded: no per-centre accuracy")
+    assert "No predictions recorded for: Regular, FedAvg, ProxyFL, Joint" in per_centre
+    assert [r["center"] for r in read_csv(paths.per_centre_csv)] == [""] * 4
+    assert "Majority class: not known" in paths.accuracy_md.read_text()
+    assert "majority class (always" not in paths.accuracy_csv.read_text()
+
+
+def test_a_client_file_missing_is_named_and_a_malformed_one_refused(
+    clinical_runs: Path, tmp_path: Path
+) -> None:
+    run_dir = clinical_runs / "ProxyFL" / "seed_0"
+    predictions_path(run_dir, 1).unlink()
+    methods = load_predictions(load_runs(clinical_runs))
+    assert [m.client for m in methods["ProxyFL"].models] == [0]
+    assert without_predictions(methods) == ["FedAvg", "ProxyFL seed_0 client 1"]
+    (_, proxy) = clinical_table(methods, n_resamples=50)
+    assert proxy.n_models == 1 and proxy.specificity == pytest.approx(2 / 3)
+
+    predictions_path(run_dir, 1).write_text("evaluated_model,center\nprivate,0\n")
+    with pytest.raises(ReportError, match=r"client_1\.csv: expected the columns"):
+        write_report(load_runs(clinical_runs), tmp_path / "out")
+    write_model_predictions(run_dir, 1, {"private": [1.5] * 8})
+    with pytest.raises(ReportError, match=r"client_1\.csv: p_tumor outside \[0, 1\]"):
+        load_predictions(load_runs(clinical_runs))
+
+
+def test_figure_8_sets_privatekt_apart_with_the_majority_line(tmp_path: Path) -> None:
+    runs_dir = tmp_path / "runs"
+    for name in ("FedAvg", "ProxyFL", "PrivateKT"):
+        make_run(runs_dir, name, 0, [row(name, 0, c, r, 0.7 + 0.05 * r) for c in (0, 1)
+                                     for r in (1, 2)])  # fmt: skip
+    per_round = curves(load_runs(runs_dir))
+    majority = majority_class([3, 5])
+    assert majority is not None
+    figure = plot_figure(per_round, tmp_path / "c.png", title="t", majority=majority)
+    panels = figure.axes
+    assert len(panels) == 4  # two rows: the paper's methods, then PrivateKT
+    assert [a.get_title() for a in panels] == [
+        "Accuracy: the ProxyFL paper's methods", "Macro-accuracy: the ProxyFL paper's methods",
+        "Accuracy: PrivateKT (not in the paper)", "Macro-accuracy: PrivateKT (not in the paper)",
+    ]  # fmt: skip
+    baseline = "majority class (always tumour)"
+    for axes, methods, level in zip(panels, (["FedAvg", "ProxyFL"], ["FedAvg", "ProxyFL"],
+                                             ["PrivateKT"], ["PrivateKT"]),
+                                    (0.625, 0.5, 0.625, 0.5), strict=True):  # fmt: skip
+        lines = {line.get_label(): line for line in axes.get_lines()}
+        assert list(lines) == [*methods, baseline]
+        dashed = lines[baseline]
+        assert dashed.get_linestyle() == "--" and list(dashed.get_ydata()) == [level, level]
+        low, high = axes.get_ylim()
+        assert low < level < high
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["FedAvg", "ProxyFL", "PrivateKT",
+                                                          baseline]  # fmt: skip
+    single = plot_curves(per_round, "accuracy", "Accuracy", tmp_path / "a.png", majority=majority)
+    assert [a.get_title() for a in single.axes] == [
+        "The ProxyFL paper's methods", "PrivateKT (not in the paper)"
+    ]  # fmt: skip
+    assert all(baseline in [line.get_label() for line in a.get_lines()] for a in single.axes)
+    assert method_groups(["Zeta", "Joint", "PrivateKT", "Regular"]) == [
+        ("the ProxyFL paper's methods", ["Regular", "Joint"]),
+        ("PrivateKT, Zeta (not in the paper)", ["PrivateKT", "Zeta"]),
+    ]
+
+
+def test_data_source_from_the_centre_reports() -> None:
+    def report(center: int, **recorded: Any) -> CenterReport:
+        return CenterReport.from_json({"center": center, "counts": {}, "patients": {},
+                                       "store": f"center_{center}.h5", **recorded})  # fmt: skip
+
+    synthetic = [report(0, data_root="data/synthetic", synthetic=True),
+                 report(1, data_root=None, synthetic=True)]  # fmt: skip
+    source = data_source(synthetic, [0, 1])
+    assert source.kind == "synthetic"
+    assert source.synthetic_roots == ("data/synthetic", "root not recorded")
+    assert "Camelyon-17" in source.sentence() and "not Camelyon-17" in source.heading()
+    assert data_source(synthetic, [0]).synthetic_roots == ("data/synthetic",)
+    real = data_source([report(2, data_root="/slides", synthetic=False)], [2])
+    assert (real.kind, real.sentence()) == ("real", "Real slides from /slides.")
+    old = data_source([report(0)], [0])  # a report from before data_root and synthetic
+    assert old.kind == "unknown" and "centre(s) 0" in old.detail
+    assert data_source(synthetic, [0, 3]).kind == "unknown"  # centre 3 has no report
+    assert data_source(None, [0]).detail.startswith("no store directory given")
+    counts = {"train": {"healthy": 9, "tumor": 9}, "test": {"healthy": 2, "tumor": 5}}
+    with_counts = [CenterReport(c, counts, {}, f"center_{c}.h5") for c in (0, 1)]
+    majority = majority_from_reports(with_counts, [0, 1])
+    assert majority is not None and (majority.name, majority.rate) == ("tumour", 10 / 14)
+    assert majority_from_reports(with_counts, [0, 2]) is None  # centre 2 not reported

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from proxyfl.report import load_runs, method_style, write_report
-from tests.proxyfl.test_report import make_run, row
+from tests.proxyfl.conftest import write_stores
+from tests.proxyfl.test_report import PRIVATE, make_run, row, write_model_predictions
 from wsi.preprocess import record_failed_center
 from wsi.summary import CenterReport, SlideFailure, report_path
 
@@ -34,6 +35,8 @@ class Page(HTMLParser):
         self.links: list[str] = []
         self.tables: dict[str, list[list[str]]] = {}
         self.text: list[str] = []
+        self.title = ""
+        self._in_title = False
         self._table: str | None = None
         self._cell: list[str] | None = None
         self.feed(text)
@@ -45,6 +48,7 @@ class Page(HTMLParser):
             self.sources.append(values["src"] or "")
         if "href" in values:
             self.links.append(values["href"] or "")
+        self._in_title = tag == "title"
         if tag == "table":
             self._table = values.get("id") or ""
             self.tables[self._table] = []
@@ -61,6 +65,10 @@ class Page(HTMLParser):
             self._table = None
 
     def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+            self._in_title = False
+            return
         self.text.append(data)
         if self._cell is not None:
             self._cell.append(data)
@@ -126,9 +134,27 @@ def test_the_page_holds_figure_tables_table_1_and_failures_and_fetches_nothing(
     # the same cells as the markdown tables
     assert page.tables["accuracy-table"] == markdown_cells(paths.accuracy_md)
     assert page.tables["privacy-table"] == markdown_cells(paths.privacy_md)
-    assert [r[0] for r in page.tables["accuracy-table"][1:]] == ["ProxyFL", "PrivateKT"]
+    # the model each row evaluates, then the majority class: no predictions here, so from
+    # the clients' centre reports' test counts (2 healthy, 2 tumour each: a tie, healthy)
+    assert [r[:2] for r in page.tables["accuracy-table"][1:]] == [
+        ["ProxyFL", "private"], ["PrivateKT", "central"], ["majority class (always healthy)", "—"],
+    ]  # fmt: skip
+    assert page.tables["accuracy-table"][3][2:] == ["0.500", "0.500", "—"]
     text = " ".join("".join(page.text).split())
     assert "label-level ε-local DP" in text and "not comparable as numbers" in text
+    assert "from the centre reports' test counts" in text
+
+    # what the numbers are of: these centre reports predate data_root and synthetic
+    assert "Data: unknown (the centre report(s) of centre(s) 0, 1, 4" in text
+    assert "Camelyon-17" not in page.title and "data unknown" in page.title
+    # no predictions recorded: the clinical sections say so, the page still renders
+    assert "clinical-table" not in page.tables and "per-centre-table" not in page.tables
+    assert "No predictions recorded: no sensitivity, specificity or AUC." in text
+    assert "No predictions recorded for: ProxyFL, PrivateKT" in text
+    configuration = dict((r[0], r[1:]) for r in page.tables["configuration-table"][1:])
+    assert configuration["sigma"] == ["1.4", "ProxyFL"]  # not PrivateKT: no DP-SGD
+    assert configuration["public_share / public_center"] == ["centre 4's store", "PrivateKT"]
+    assert configuration["patches"][0].startswith("not read: centre 0: ")
     assert ("accuracy / macro-accuracy: ProxyFL 0.925 / 0.925, PrivateKT 0.800 / 0.800; "
             "max ε 3.000 (sample-level DP), 15.000 (label-level LDP)") in text  # the result
 
@@ -213,3 +239,103 @@ def test_headless_chromium_renders_the_page_offline(
     rows = np.flatnonzero(near.any(axis=1))
     assert near.sum() > 200, "Figure 8's ProxyFL line is not on the screenshot"
     assert rows.min() < 900  # the figure comes first, above the tables
+
+
+def _record_data(stores: Path, sources: dict[int, tuple[str, bool]]) -> None:
+    """Add ``data_root`` and ``synthetic`` to the centre reports, as preprocessing now
+    writes them."""
+    for center, (root, synthetic) in sources.items():
+        path = report_path(stores, center)
+        data = json.loads(path.read_text())
+        data.update(data_root=root, synthetic=synthetic)
+        path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("sources", "line", "title"),
+    [
+        ({c: ("data/synthetic", True) for c in (0, 1, 4)},
+         "Synthetic slides (written by wsi.synth, data/synthetic): these numbers show the "
+         "pipeline works, not how the methods do on Camelyon-17.",
+         "Federated learning on synthetic slides (a pipeline check, not Camelyon-17): report"),
+        ({c: ("/data/camelyon17", False) for c in (0, 1, 4)},
+         "Real slides from /data/camelyon17.",
+         "Federated learning on real slides (/data/camelyon17): report"),
+        ({0: ("data/synthetic", True), 1: ("/data/camelyon17", False),
+          4: ("/data/camelyon17", False)},
+         "Mixed data: synthetic slides (written by wsi.synth, data/synthetic) and real slides "
+         "from /data/camelyon17 (centre 0: synthetic; centre 1: real; centre 4: real)",
+         "Federated learning on mixed synthetic and real slides: report"),
+        ({0: ("data/synthetic", True), 1: ("data/synthetic", True)},  # centre 4's says nothing
+         "Data: unknown (the centre report(s) of centre(s) 4 in",
+         "Federated learning on histopathology patches (data unknown): report"),
+    ],
+)  # fmt: skip
+def test_the_page_says_what_slides_the_numbers_are_of(
+    report: tuple[Path, Path], tmp_path: Path, sources: dict, line: str, title: str
+) -> None:
+    runs_dir, stores = report
+    _record_data(stores, sources)
+    paths = write_report(load_runs(runs_dir), tmp_path / "results", stores)
+    page = Page(paths.report_html.read_text())
+    text = " ".join("".join(page.text).split())
+    assert page.title == title
+    assert line in text
+    assert text.index(line) < text.index("accuracy / macro-accuracy:")  # above the results
+    for table in (paths.accuracy_md, paths.clinical_md, paths.per_centre_md,
+                  paths.configuration_md):  # fmt: skip
+        assert line in " ".join(table.read_text().split()), table.name
+
+
+def test_the_page_with_predictions_and_stores(tmp_path: Path) -> None:
+    """Runs with predictions, stores with their attributes and centre reports recording
+    synthetic slides: every new table is on the page with the markdown's cells, the
+    configuration states the patch geometry, the method of the intervals is stated."""
+    runs_dir = tmp_path / "runs"
+    rows = [row("ProxyFL", 0, c, 1, 0.6) for c in (0, 1)]
+    run_dir = make_run(runs_dir, "ProxyFL", 0, rows)
+    for client in (0, 1):
+        write_model_predictions(run_dir, client, {"private": PRIVATE[client]})
+    make_run(runs_dir, "Regular", 0, [row("Regular", 0, c, 1, 0.55) for c in (0, 1)])
+    stores = write_stores(tmp_path / "patches", centers=(0, 1), size=16)
+    for center in (0, 1):
+        report = CenterReport(center=center, counts={"train": {"healthy": 20, "tumor": 20},
+                              "test": {"healthy": 5, "tumor": 5}},
+                              patients={"train": ["x"], "test": ["y"]},
+                              store=f"center_{center}.h5", patch_size=16, level=0,
+                              mpp=0.25)  # fmt: skip
+        report_path(stores, center).write_text(json.dumps(report.to_json()))
+    _record_data(stores, {0: ("data/synthetic", True), 1: ("data/synthetic", True)})
+
+    paths = write_report(load_runs(runs_dir), tmp_path / "results", stores, n_resamples=100)
+    page = Page(paths.report_html.read_text())
+    text = " ".join("".join(page.text).split())
+    for table, path in (("accuracy-table", paths.accuracy_md),
+                        ("clinical-table", paths.clinical_md),
+                        ("per-centre-table", paths.per_centre_md),
+                        ("configuration-table", paths.configuration_md)):  # fmt: skip
+        assert page.tables[table] == markdown_cells(path), table
+    # the majority class of the predictions (5 tumour of 8), not the reports' 10 of 20
+    assert page.tables["accuracy-table"][-1][:3] == [
+        "majority class (always tumour)", "—", "0.625"
+    ]  # fmt: skip
+    clinical = page.tables["clinical-table"]
+    assert clinical[0][2:5] == ["Sensitivity [95 % CI]", "Specificity [95 % CI]", "AUC [95 % CI]"]
+    assert [r[:2] for r in clinical[1:]] == [["Regular", "local"], ["ProxyFL", "private"]]
+    assert clinical[1][2] == "no predictions recorded"
+    assert clinical[2][2].startswith("0.600 [") and clinical[2][4].startswith("0.867 [")
+    assert clinical[2][5:] == ["2", "4", "8"]
+    assert page.tables["per-centre-table"][2] == [
+        "ProxyFL", "private", "0.625 ± 0.125", "0.750 ± 0.000", "2"
+    ]  # fmt: skip
+    assert ("95 % intervals: percentile bootstrap over the 4 test patients (8 test patches)"
+            in text)  # fmt: skip
+    assert "100 resamples of the patients with replacement (numpy default_rng(0))" in text
+    assert "Only 4 test patients: these intervals are wide" in text
+    configuration = dict((r[0], r[1]) for r in page.tables["configuration-table"][1:])
+    assert configuration["patches"] == "16 px at level 0 (0.25 µm/px: 4 µm)"
+    assert configuration["data"] == "synthetic (wsi.synth): data/synthetic"
+    assert configuration["centers"] == "0, 1"
+    assert {"clinical.csv", "per_centre.csv", "configuration.md"} <= {
+        Path(x).name for x in page.links
+    }

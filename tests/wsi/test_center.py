@@ -15,9 +15,11 @@ from wsi.cache import CandidateCache
 from wsi.catalogue import scan_camelyon
 from wsi.center import SamplingParams
 from wsi.patches import PatchParams
-from wsi.preprocess import center_store, slide_patches
+from wsi.preprocess import center_store, data_root_of, slide_patches
+from wsi.slide import is_synthetic_slide
 from wsi.store.reader import read_store_info
 from wsi.store.schema import store_path
+from wsi.summary import read_center_report, report_path
 from wsi.synth import SynthManifest
 
 
@@ -162,3 +164,24 @@ def test_the_same_slides_give_the_same_store_in_any_copy(
         digests.append(hashlib.md5(store_path(tmp_path / copy / "out", 0).read_bytes()).digest())
     assert digests[0] == digests[1]
     assert digests[2] != digests[0]
+
+
+def test_the_centre_report_says_where_the_slides_are_and_that_they_are_synthetic(
+    synthetic_dataset: SynthManifest, openslide_fixtures: Path, tmp_path: Path
+) -> None:
+    """The report reads these to say what its numbers are of: wsi.synth's slides carry
+    its marker in their ImageDescription, a scanner's slides do not."""
+    params = PatchParams(patch_size=128)
+    records = scan_camelyon(synthetic_dataset.root).for_centers([1])
+    patches = [slide_patches(r, params, CandidateCache(tmp_path / "cache"))
+               for r in records if r.node_label in ("negative", "macro")]  # fmt: skip
+    report = center_store(1, patches, params, SamplingParams(patches_per_class=4), tmp_path)
+    assert report.synthetic is True
+    assert report.data_root == synthetic_dataset.root.as_posix()
+    assert read_center_report(report_path(tmp_path, 1)) == report
+    assert all(is_synthetic_slide(r.path) for r in records)
+    assert not is_synthetic_slide(openslide_fixtures / "small.svs")  # Aperio's
+    assert not is_synthetic_slide(openslide_fixtures / "boxes.tiff")
+    assert not is_synthetic_slide(openslide_fixtures / "boxes.png")  # not a TIFF
+    assert data_root_of("data/camelyon17/center_3/patient_060/p.tif", 3) == "data/camelyon17"
+    assert data_root_of("elsewhere/p.tif", 3) is None

@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wsi.catalogue import PATIENTS_PER_CENTER
 
+# in the ImageDescription of every slide wsi.synth writes: how a centre's report, and the
+# report, tell synthetic slides from real ones (wsi.slide.is_synthetic_slide)
+SYNTHETIC_MARKER = "wsi.synth"
+
 Layout = Literal["nested", "flat"]
 LAYOUTS: tuple[str, ...] = ("nested", "flat")
 TUMOUR_GROUP = "metastases"

@@ -11,7 +11,12 @@ import numpy as np
 import tifffile
 
 from plumbing.atomic import atomic_path
-from wsi.synth.config import _max_levels, auto_level_count, level_dimensions
+from wsi.synth.config import (
+    SYNTHETIC_MARKER,
+    _max_levels,
+    auto_level_count,
+    level_dimensions,
+)
 
 _BIG_BUFFER_BYTES = 512 * 2**20
 
@@ -57,7 +62,7 @@ def write_pyramidal_tiff(
     tile_size: int = 512,
     levels: int | None = None,
     shape: tuple[int, int] | None = None,
-    description: str = "Synthetic slide (wsi.synth)",
+    description: str = f"Synthetic slide ({SYNTHETIC_MARKER})",
     jpeg_quality: int = 90,
 ) -> list[tuple[int, int]]:
     """Write a tiled, JPEG-compressed pyramidal BigTIFF that OpenSlide and tiffslide read.
