@@ -54,8 +54,8 @@ JOB_LOG = "job.log"
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
 # how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
 _RANK_SIGNALED = re.compile(r"^\[\d+\](\d+):Return code = -?\d+, signaled with (.+)$")
-# the signal the fork launcher sends the other ranks once one has died
-_LAUNCHER_STOP = signal.SIGQUIT
+# the signals the fork launcher sends the other ranks once one has died
+_LAUNCHER_STOPS = (signal.SIGQUIT, signal.SIGINT)
 _SIGNAL_BY_DESCRIPTION = {
     description: number
     for number in signal.valid_signals()
@@ -220,11 +220,12 @@ class _SignaledRanks:
             self.by_rank.setdefault(int(match.group(1)), match.group(2).strip())
 
     def first(self) -> tuple[int, str] | None:
-        """The rank a signal ended first: the launcher stops the others with SIGQUIT once
-        one has died, so a rank ended by another signal is the cause."""
-        stop = signal.strsignal(_LAUNCHER_STOP)
-        causes = [(rank, what) for rank, what in self.by_rank.items() if what != stop]
-        return (causes or list(self.by_rank.items()) or [None])[0]
+        """The rank a signal ended first: the launcher stops the others with SIGINT or
+        SIGQUIT once one has died, so a rank ended by another signal is the cause."""
+        stops = {signal.strsignal(number) for number in _LAUNCHER_STOPS}
+        causes = [(rank, what) for rank, what in self.by_rank.items() if what not in stops]
+        ended = causes or list(self.by_rank.items())
+        return ended[0] if ended else None
 
 
 def _signal_failure(rank: int, description: str) -> tuple[int, RankFailure]:
