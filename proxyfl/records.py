@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -127,6 +128,29 @@ def write_client_predictions(
     """``predictions/client_{c}.csv`` (:func:`client_predictions`)."""
     write_predictions(predictions_path(trainer.run_dir, trainer.data.client),
                       client_predictions(trainer, probabilities))  # fmt: skip
+
+
+def write_trained_models(trainer: ClientTrainer) -> list[Path]:
+    """Each of the client's models as it is after the final round, with its card
+    (:mod:`proxyfl.engine.trained`): ``models/client_{c}/{evaluated_model}.safetensors``."""
+    from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
+
+    config, data = trainer.config, trainer.data
+    written = []
+    for label, model in trainer.evaluated_models().items():
+        architecture = (config.private_model_for(data.client) if label == "private"
+                        else config.proxy_model)  # fmt: skip
+        card = ModelCard(
+            architecture=architecture, n_classes=data.n_classes, input_size=trainer.input_size,
+            patch_size=data.patch_size, normalisation=NORMALISATION,
+            classes=CLASSES[: data.n_classes], evaluated_model=label,
+            algorithm=trainer.strategy.name, seed=config.seed, client=data.client,
+            center=data.center, rounds=config.rounds, config_digest=config.digest(),
+        )  # fmt: skip
+        path = trained_path(trainer.run_dir, data.client, label)
+        save_trained(model, path, card)
+        written.append(path)
+    return written
 
 
 def rank_record(trainer: ClientTrainer) -> dict[str, Any]:

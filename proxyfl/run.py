@@ -378,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank_record,
         write_machine_json,
         write_run_json,
+        write_trained_models,
     )
     from proxyfl.trainer import ClientTrainer
 
@@ -443,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             error=f"{type(failure).__name__}: {failure}"))
         raise
 
+    started = time.perf_counter()
+    write_trained_models(trainer)  # the models a hospital came for, kept with the run
+    trainer.timings.records_seconds += time.perf_counter() - started
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
     records = gather_json(comm, rank_record(trainer), root=0)

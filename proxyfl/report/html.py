@@ -60,6 +60,14 @@ def _align(markdown_align: Sequence[str]) -> list[str]:
             for a in markdown_align]  # fmt: skip
 
 
+def rows_phrase(groups: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """", one row of panels each for A, B and C, top to bottom" (empty for one group)."""
+    if len(groups) < 2:
+        return ""
+    names = [name for name, _ in groups]
+    return f", one row of panels each for {', '.join(names[:-1])} and {names[-1]}, top to bottom"
+
+
 def result_table(rows: Sequence[TableRow]) -> HtmlTable:
     """A table of :data:`~proxyfl.report.render.LAYOUTS` (accuracy, privacy, clinical,
     configuration) with the markdown table's header and cells."""
@@ -153,7 +161,7 @@ def report_html(
         seeds=sorted({run.seed for run in runs}),
         figure=base64.b64encode(figure_png).decode("ascii"),
         figure_title=figure_title,
-        figure_groups=method_groups(dict.fromkeys(run.algorithm for run in runs)),
+        figure_rows=rows_phrase(method_groups(dict.fromkeys(run.algorithm for run in runs))),
         majority_line=any(row.baseline for row in accuracy),
         accuracy=result_table(accuracy) if accuracy else None,
         accuracy_note=accuracy_note.strip(),
@@ -222,8 +230,7 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
      alt="Test accuracy (left) and macro-accuracy (right) per round, one line per method"
      src="data:image/png;base64,{{ figure }}">
 <figcaption>{{ figure_title }}: mean over clients × seeds (line) and ± one standard deviation
-(band), every round{% if figure_groups | length > 1 %}: {{ figure_groups[0][0] }} in the top
-row, {{ figure_groups[1][0] }} below{% endif %}{% if majority_line %}; the dashed line is the
+(band), every round{{ figure_rows }}{% if majority_line %}; the dashed line is the
 score of always answering the majority class{% endif %}.</figcaption>
 </figure>
 

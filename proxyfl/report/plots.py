@@ -1,7 +1,8 @@
 """Figure 8 of the ProxyFL paper with matplotlib: accuracy and macro-accuracy per round,
-one mean line and mean ± std band per method, as PNG files. The paper's seven methods share
-one row of panels and any other method (PrivateKT) has its own below
-(:func:`method_groups`), so that eight overlapping lines do not hide the paper's
+one mean line and mean ± std band per method, as PNG files. The paper's methods share a
+row of panels (with more than four, two rows: its baselines, and its decentralised
+methods, ProxyFL in both) and any other method (PrivateKT) has its own below
+(:func:`method_groups`), so that eight overlapping bands do not hide the paper's
 comparison; every panel shows the majority class's score as a dashed line, the accuracy a
 model gets without learning anything.
 
@@ -130,18 +131,36 @@ def _count(values: Sequence[int], noun: str) -> str:
     return f"{number} {noun}{'' if high == 1 else 's'}"
 
 
+# With more than four of the paper's methods, their bands hide each other: they are drawn
+# in two panels, the baselines (each hospital alone, all data pooled, a central server)
+# and the decentralised methods, each with ProxyFL, the method both are compared with.
+MOST_IN_ONE_PANEL = 4
+BASELINES: tuple[str, ...] = ("Regular", "Joint", "FedAvg")
+
+
 def method_groups(methods: Iterable[str]) -> list[tuple[str, list[str]]]:
     """The methods split for Figure 8's panels, each in paper order: the ProxyFL paper's
-    seven (:data:`~proxyfl.names.PAPER_ALGORITHMS`) together, every other method (PrivateKT,
-    unknown names) apart, so that the paper's comparison reads as in the paper; a group
-    without methods is left out. Each group: (its name, its methods)."""
+    seven (:data:`~proxyfl.names.PAPER_ALGORITHMS`) together, or, when more than
+    :data:`MOST_IN_ONE_PANEL` of them ran, its baselines (Regular, Joint, FedAvg) and its
+    decentralised methods (AvgPush, CWT, FML) apart, ProxyFL in both; every other method
+    (PrivateKT, unknown names) apart. A group without methods is left out. Each group: (its
+    name, its methods)."""
     ordered = sorted(methods, key=order_key)
     paper = [name for name in ordered if name in PAPER_ALGORITHMS]
     other = [name for name in ordered if name not in PAPER_ALGORITHMS]
-    groups = [("the ProxyFL paper's methods", paper)] if paper else []
+    groups: list[tuple[str, list[str]]] = []
+    if len(paper) > MOST_IN_ONE_PANEL:
+        reference = [name for name in paper if name == EMPHASISED]
+        baselines = [name for name in paper if name in BASELINES]
+        peers = [name for name in paper if name not in BASELINES and name != EMPHASISED]
+        groups += [("the paper's baselines", sorted(baselines + reference, key=order_key)),
+                   ("the paper's decentralised methods",
+                    sorted(peers + reference, key=order_key))]  # fmt: skip
+    elif paper:
+        groups.append(("the ProxyFL paper's methods", paper))
     if other:
         groups.append((f"{', '.join(other)} (not in the paper)", other))
-    return groups
+    return [(name, members) for name, members in groups if members]
 
 
 def baseline_label(majority: MajorityClass) -> str:

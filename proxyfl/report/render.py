@@ -382,8 +382,8 @@ def _range(values: Iterable[int]) -> str:
 def configuration_note() -> str:
     """Where the configuration table's values come from."""
     return ("\nFrom run.json's config of the runs reported (the keys of train.options in "
-            "params.yaml); data from the centre reports beside the stores, patches from the "
-            "stores' attributes. Used by: the methods a setting applies to.\n")  # fmt: skip
+            "params.yaml); data and patches from the centre reports beside the stores. Used by: "
+            "the methods a setting applies to.\n")  # fmt: skip
 
 
 def public_pool_note(runs: Iterable[RunResult]) -> str:

@@ -16,6 +16,13 @@ import psutil
 import pytest
 
 from proxyfl.config import TrainConfig
+from proxyfl.engine.trained import (
+    ModelCard,
+    load_trained,
+    predict_tumor,
+    read_card,
+    trained_path,
+)
 from proxyfl.engine.validation import read_failures
 from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
 from proxyfl.launch.shared_memory import (
@@ -27,6 +34,8 @@ from proxyfl.launch.shared_memory import (
     remove_orphaned_segments,
     warn_if_short,
 )
+from proxyfl.results import predictions_path, read_predictions
+from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -293,3 +302,37 @@ def test_the_same_job_writes_the_same_run_anywhere(
     assert not differing, differing
     machine = json.loads((tmp_path / "here" / "runs/ProxyFL/seed_0/machine.json").read_text())
     assert machine["timings"]["wall_seconds"] > 0 and machine["ranks"][1]["opened"]
+
+
+def test_the_kept_models_load_in_one_line_and_give_the_runs_predictions(
+    stores: Path, tmp_path: Path
+) -> None:
+    """Each client's final models are kept as safetensors with their card; loaded with
+    the README's line, they give the final round's predictions on the test patches."""
+    job = _job(stores, tmp_path / "run", rounds=2)
+    run_job(job, on_line=lambda _: None)
+    run = json.loads((job.run_dir / "run.json").read_text())
+    for client in (0, 1):
+        predictions = read_predictions(predictions_path(job.run_dir, client))
+        for label in ("private", "proxy"):
+            model, card = load_trained(trained_path(job.run_dir, client, label))
+            assert (card.evaluated_model, card.client, card.center) == (label, client, client)
+            assert card.config_digest == run["config_digest"] and card.rounds == 2
+            assert card.architecture == ("mlp" if label == "private" else "cnn1")
+            assert ModelCard.from_json(trained_path(job.run_dir, client, label)
+                                       .with_suffix(".json").read_text()) == card  # fmt: skip
+            expected = predictions.of_model(label)
+            for center in (0, 1):
+                reader = PatchSplitReader(store_path(stores, center), "test")
+                p_tumor = predict_tumor(model, card, reader.images())
+                rows = expected.center == center
+                assert np.abs(p_tumor - expected.p_tumor[rows]).max() <= 5e-7
+    with pytest.raises(ValueError, match="not a model a run kept"):
+        read_card(_plain_safetensors(tmp_path / "plain.safetensors"))
+
+
+def _plain_safetensors(path: Path) -> Path:
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(path))
+    return path

@@ -767,6 +767,19 @@ def test_figure_8_sets_privatekt_apart_with_the_majority_line(tmp_path: Path) ->
         ("the ProxyFL paper's methods", ["Regular", "Joint"]),
         ("PrivateKT, Zeta (not in the paper)", ["PrivateKT", "Zeta"]),
     ]
+    # all seven: two rows, ProxyFL the reference in both, so no band hides seven others
+    everything = ["ProxyFL", "PrivateKT", "Joint", "FML", "FedAvg", "CWT", "AvgPush", "Regular"]
+    assert method_groups(everything) == [
+        ("the paper's baselines", ["Regular", "FedAvg", "ProxyFL", "Joint"]),
+        ("the paper's decentralised methods", ["AvgPush", "CWT", "FML", "ProxyFL"]),
+        ("PrivateKT (not in the paper)", ["PrivateKT"]),
+    ]
+    full = {m: per_round["FedAvg"] for m in everything}
+    figure = plot_figure(full, tmp_path / "all.png", title="t", majority=majority)
+    assert len(figure.axes) == 3 * 2  # three rows: accuracy and macro-accuracy each
+    drawn = [{line.get_label() for line in a.get_lines()} - {baseline} for a in figure.axes]
+    assert drawn[0] == drawn[1] == {"Regular", "FedAvg", "ProxyFL", "Joint"}
+    assert drawn[4] == drawn[5] == {"PrivateKT"}
 
 
 def test_data_source_from_the_centre_reports() -> None:
