@@ -298,25 +298,16 @@ class ClientTrainer:
         return models
 
     def evaluate(self) -> dict[str, Scores]:
-        return evaluate_models(
-            self.evaluated_models(),
-            self.data.test_splits,
-            self.data.n_classes,
-            self.runtime.device,
-            self.input_size,
-            self.config.eval_batch_size,
-        )
+        return evaluate_models(*self._evaluation())
 
     def evaluate_with_probabilities(self) -> tuple[dict[str, Scores], dict[str, np.ndarray]]:
         """:meth:`evaluate`, and each model's per-patch probabilities (the final round)."""
-        return evaluate_with_probabilities(
-            self.evaluated_models(),
-            self.data.test_splits,
-            self.data.n_classes,
-            self.runtime.device,
-            self.input_size,
-            self.config.eval_batch_size,
-        )
+        return evaluate_with_probabilities(*self._evaluation())
+
+    def _evaluation(self) -> tuple[Any, ...]:
+        """The models, test splits and settings every evaluation of this client takes."""
+        return (self.evaluated_models(), self.data.test_splits, self.data.n_classes,
+                self.runtime.device, self.input_size, self.config.eval_batch_size)  # fmt: skip
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, round_number: int) -> dict[str, Any]:

@@ -76,10 +76,15 @@ class FatalSignalRecord:
 
     def __init__(self, run_dir: Path, rank: int, client: str) -> None:
         self.path = fault_path(run_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
-        self._file.write(client + "\n")
-        self._file.flush()
+        self._file: IO[str] | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
+            self._file.write(client + "\n")
+            self._file.flush()
+        except OSError as error:  # the run goes on; only a crash would go unnamed
+            logger.warning("no fault record in %s: %s", self.path.parent, error)
+            return
         faulthandler.enable(self._file, all_threads=True)
 
     def close(self) -> None:
