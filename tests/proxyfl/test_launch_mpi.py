@@ -24,7 +24,16 @@ from proxyfl.engine.trained import (
     trained_path,
 )
 from proxyfl.engine.validation import read_failures
-from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, TrainingJobFailed, run_job
+from proxyfl.launch.job import (
+    JOB_LOG,
+    Placement,
+    TrainingJob,
+    TrainingJobFailed,
+    _raise_unless_finished,
+    _RankTails,
+    _SignaledRanks,
+    run_job,
+)
 from proxyfl.launch.shared_memory import (
     RANK_SEGMENT_BYTES,
     SEGMENT_NAME,
@@ -336,3 +345,35 @@ def _plain_safetensors(path: Path) -> Path:
 
     save_file({"w": np.zeros(2, dtype=np.float32)}, str(path))
     return path
+
+
+def test_the_rank_a_signal_ended_first_is_the_cause_not_those_the_launcher_stopped() -> None:
+    """The fork launcher's own lines: once rank 1 dies of SIGBUS it stops rank 0 (SIGQUIT
+    or SIGINT); the cause is rank 1, whatever order the lines come in."""
+    signaled = _SignaledRanks()
+    for line in ("[0]0:Return code = 0, signaled with Quit",
+                 "[rank 0] INFO something else", "[0]1:Return code = 0, signaled with Bus error"):
+        signaled.add(line)  # fmt: skip
+    assert signaled.first() == (1, "Bus error")
+    only_stopped = _SignaledRanks()
+    only_stopped.add("[0]1:Return code = 0, signaled with Interrupt")
+    assert only_stopped.first() == (1, "Interrupt")
+    assert _SignaledRanks().first() is None
+
+
+def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
+    stores: Path, tmp_path: Path
+) -> None:
+    """No signal reported and exit 0, but run.json does not say finished (or is missing):
+    the job failed all the same, and the message says why."""
+    job = _job(stores, tmp_path / "run")
+    job.run_dir.mkdir(parents=True)
+    for state in (None, "running"):
+        if state is not None:
+            (job.run_dir / "run.json").write_text(json.dumps({"status": state}))
+        with pytest.raises(TrainingJobFailed, match=r"exited 0, but .*run\.json records no "
+                           r"finished run") as failure:  # fmt: skip
+            _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))
+        assert failure.value.exit_code == 1 and failure.value.rank is None
+    (job.run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
+    _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))  # a finished run passes
