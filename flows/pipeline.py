@@ -1,6 +1,7 @@
 """The whole pipeline as one flow, each stage its own flow run in Prefect:
 
-    slides --preprocess--> centre stores --train--> runs/ --report--> tables and curves
+    slides --preprocess--> centre stores --train--> runs/ --audit--> results/audit.json
+           --report--> tables and curves
 
 The embedded synthetic slides are written first when ``data.root`` is ``data/synthetic``
 and they are absent; any other missing or empty data root fails the flow at once. Then,
@@ -29,6 +30,8 @@ from camelyon_proxyfl.findings import PreflightFailed, errors
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, ParamsCommand
 from camelyon_proxyfl.params.whole import Params, load_params
 from camelyon_proxyfl.preflight import preflight
+from flows.audit import privacy_audit
+from flows.canary import canary_run
 from flows.preprocess import PreprocessFailed, run_preprocess
 from flows.report import report
 from flows.server import address_towards, run_flow_command
@@ -36,6 +39,9 @@ from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
+from proxyfl.audit.canaries import CanaryPlanError
+from proxyfl.audit.population import AuditInputError
+from proxyfl.audit.runs import AuditViolation
 from proxyfl.launch.job import TrainingJobFailed
 from proxyfl.launch.rundir import RunConflict
 from proxyfl.report import ReportError, ReportPaths
@@ -62,6 +68,9 @@ def pipeline(params_file: Path = DEFAULT_PARAMS, replace_runs: bool = False) -> 
     preflight_checks(params, replace_runs)
     run_preprocess(params.preprocess_config())
     train(params.train, replace_runs)
+    for algorithm in params.audit.canary.algorithms:
+        canary_run(params.train, params.audit, algorithm)
+    privacy_audit(params.train, params.audit)
     paths = report(params.report_config())
     # the run's last line: its result, for a log read from the end
     summary = summary_line(json.loads(paths.metrics_json.read_text()))
@@ -113,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             RunConflict,
             PreprocessFailed,
             TrainingJobFailed,
+            CanaryPlanError,
+            AuditInputError,
+            AuditViolation,
             ReportError,
         ),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",

@@ -6,6 +6,10 @@
                      results/tables/clinical.{md,csv} (sensitivity, specificity, AUC with
                      95 % patient-bootstrap intervals; from the runs' per-patch predictions),
                      results/tables/configuration.{md,csv} (data, patches, settings),
+                     results/tables/audit.{md,csv} (when the privacy audit's file,
+                     audit.out, exists: membership inference per method and model, the
+                     canary runs' ε lower bounds beside the accounted ε; with
+                     plots/audit_roc.png, its ROC curves),
                      results/metrics.json, results/curves/*.csv, results/plots/*.png
                      (plots/curves.png: Figure 8, accuracy and macro-accuracy per round),
                      results/report.html (all of it, saying whether the slides were
@@ -15,16 +19,19 @@
     python -m flows.report
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
     python -m flows.report --data data/patches      # the stores behind report.html's Table 1
+    python -m flows.report --audit results/audit.json  # the privacy audit to show
 
-Defaults come from ``params.yaml`` (``report:``, and the runs, stores, methods, seeds,
-centres and options of ``train:``). Only runs made with those parameters are tabled: a
-listed run made with others (or stopped at another round) is refused by name with the
-difference, or with ``--other-configurations separate`` tabled apart, labelled with its
-parameters (``tables/other_configurations.md``); runs found but not listed are named in a
-note. Runs made before per-patch predictions were recorded are reported too: their
-per-centre and clinical cells say "no predictions recorded". Prints the accuracy, clinical
-and privacy tables. Exits 1 when a requested run is missing, unfinished or of other
-parameters, 2 on a bad parameter.
+Defaults come from ``params.yaml`` (``report:``, ``audit.out``, and the runs, stores,
+methods, seeds, centres and options of ``train:``). Only runs made with those parameters
+are tabled: a listed run made with others (or stopped at another round) is refused by name
+with the difference, or with ``--other-configurations separate`` tabled apart, labelled
+with its parameters (``tables/other_configurations.md``); runs found but not listed are
+named in a note. Runs made before per-patch predictions were recorded are reported too:
+their per-centre and clinical cells say "no predictions recorded". Without the audit's
+file (the audit stage not run) report.html says no audit was recorded and no audit table
+is written; a malformed one is refused, naming it. Prints the accuracy, clinical, privacy
+and audit tables. Exits 1 when a requested run is missing, unfinished or of other
+parameters, or the audit's file is malformed, 2 on a bad parameter.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from tasks.report import finished_runs, report_files
 def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print its tables."""
     selection = finished_runs(config)
-    paths = report_files(selection, config.out, config.data)
+    paths = report_files(selection, config.out, config.data, config.audit)
     publish_report(paths)
     print_tables(paths)
     return paths
@@ -58,9 +65,12 @@ def report(config: ReportConfig) -> ReportPaths:
 
 def print_tables(paths: ReportPaths) -> None:
     console = Console()
-    for title, table in (("Accuracy", paths.accuracy_md),
-                         ("Sensitivity, specificity, AUC", paths.clinical_md),
-                         ("Privacy", paths.privacy_md)):  # fmt: skip
+    tables = [("Accuracy", paths.accuracy_md),
+              ("Sensitivity, specificity, AUC", paths.clinical_md),
+              ("Privacy", paths.privacy_md)]  # fmt: skip
+    if paths.audit_md is not None:
+        tables.append(("Empirical privacy audit", paths.audit_md))
+    for title, table in tables:
         console.print(f"\n[bold]{title}[/bold] ({table})")
         console.print(Markdown(table.read_text()))
     console.print(f"\nplots: {', '.join(str(p) for p in paths.plots())}")
@@ -73,7 +83,8 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
     for option, key in (("--runs", ("train", "runs")), ("--data", ("train", "data")),
                         ("--algorithms", ("train", "algorithms")),
                         ("--seeds", ("train", "seeds")),
-                        ("--centers", ("train", "centers"))):  # fmt: skip
+                        ("--centers", ("train", "centers")),
+                        ("--audit", ("audit", "out"))):  # fmt: skip
         command.add_key(option, key)
     command.add_section(ReportSection, ("report",))
     command.add_section(TrainOptions, ("train", "options"),

@@ -187,6 +187,11 @@ class TrainConfig(TrainOptions):
     centers: list[int] | None = Field(None, description="centre of each rank (default 0..K-1)")
     seed: int = Field(0, description="run seed")
     resume: bool = Field(False, description="continue from the run directory's checkpoints")
+    canaries: Path | None = Field(
+        None,
+        description="a canary plan (canaries.json, proxyfl.audit.canaries): the run trains on "
+        "its IN canaries with their labels and leaves out its OUT ones (the audit's canary run)",
+    )
     # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
     stop_after_round: int | None = Field(None, ge=1, json_schema_extra={"hidden": True})
 
@@ -254,6 +259,11 @@ class TrainConfig(TrainOptions):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if self.canaries is not None and self.algorithm == "PrivateKT":
+            raise ValueError(
+                "--canaries: PrivateKT's guarantee is label-level LDP, which a sample-level "
+                "canary audit does not test; audit a DP-SGD method"
+            )
         if self.centers is not None and len(self.private_model) not in (1, len(self.centers)):
             raise ValueError(
                 f"--private-model lists {len(self.private_model)} models for "
@@ -299,6 +309,8 @@ class TrainConfig(TrainOptions):
         ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them
             ignored |= set(PRIVATEKT_FIELDS)
+        if self.canaries is None:  # the fingerprints of runs made before canaries existed
+            ignored.add("canaries")
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
 

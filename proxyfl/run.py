@@ -303,15 +303,24 @@ def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
 
     data_dir, _ = config.require_paths()
     readers = [open_split(data_dir, c, "train") for c in plan.train_centers]
-    rows = None
+    rows = labels = None
     if plan.public_pool == "share":
         rows = [kept_rows(len(reader), held_out_rows(len(reader), config.public_share,
                                                      config.seed, center))
                 for reader, center in zip(readers, plan.train_centers, strict=True)]  # fmt: skip
+    if config.canaries is not None:  # the audit's canary run: IN canaries only, relabelled
+        import numpy as np
+
+        from proxyfl.audit.canaries import CanaryPlan
+
+        canaries = CanaryPlan.read(config.canaries)
+        chosen = [canaries.training_rows(center, np.asarray(reader.labels))
+                  for reader, center in zip(readers, plan.train_centers, strict=True)]  # fmt: skip
+        rows, labels = [r for r, _ in chosen], [given for _, given in chosen]
     return ClientData(
         client=plan.client,
         center=plan.center,
-        train=PatchDataset(readers, rows),
+        train=PatchDataset(readers, rows, labels),
         test_splits=[open_split(data_dir, c, "test") for c in plan.test_centers],
         n_classes=plan.n_classes,
         patch_size=plan.patch_size,

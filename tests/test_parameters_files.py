@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from flows.audit import main as audit_main
+from flows.audit import parse_config as audit_parse
+from flows.canary import main as canary_main
+from flows.canary import parse_config as canary_parse
 from flows.pipeline import main as pipeline_main
 from flows.preprocess import main as preprocess_main
 from flows.preprocess import parse_config as preprocess_parse
@@ -29,7 +33,7 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("not YAML", lambda t: t.replace("train:\n", "train:\n  - x\n : y\n", 1), None,
      ("not valid YAML", "line ")),
     ("unknown section", lambda t: t.replace("preprocess:\n", "preprocesss:\n", 1), None,
-     ("preprocesss: unknown key", "known: data, preprocess, train, report")),
+     ("preprocesss: unknown key", "known: data, preprocess, train, audit, report")),
     ("unknown key under data", lambda t: t.replace("  root: data/synthetic", "  rooot: x"),
      "data", ("data.rooot: unknown key",)),
     ("unknown training option", lambda t: t.replace("rounds: 10", "roundz: 10"), "train",
@@ -37,12 +41,18 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("wrong type", lambda t: t.replace("rounds: 10", "rounds: ten"), "train",
      ("train.options.rounds", "valid integer", "'ten'")),
     ("not a mapping", lambda t: "- a\n- b\n", None, ("must hold a mapping",)),
+    ("unknown audit key", lambda t: t.replace("  bootstrap: 1000", "  bootstrapp: 1000"),
+     "audit", ("audit.bootstrapp: unknown key",)),
+    ("odd reference models", lambda t: t.replace("reference_models: 2 ", "reference_models: 3 "),
+     "audit", ("audit.reference_models", "pairs")),
     ("renamed key", lambda t: t.replace("    loader_workers: 0 ", "    workers: 0 "), "train",
      ("train.options.workers: renamed train.options.loader_workers", "rename the key")),
 ]  # fmt: skip
 COMMANDS = {
     "preprocess": preprocess_main,
     "train": train_main,
+    "audit": audit_main,
+    "canary": lambda argv: canary_main([*argv, "ProxyFL"]),
     "report": report_main,
     "pipeline": pipeline_main,
 }
@@ -50,14 +60,18 @@ COMMANDS = {
 READS = {
     "preprocess": {"data", "preprocess"},
     "train": {"train"},
-    "report": {"train", "report"},
-    "pipeline": {"data", "preprocess", "train", "report"},
+    "audit": {"train", "audit"},
+    "canary": {"train", "audit"},
+    "report": {"train", "audit", "report"},
+    "pipeline": {"data", "preprocess", "train", "audit", "report"},
 }
 PARSERS = {
     "preprocess": preprocess_parse,
     "train": train_parse,
+    "audit": audit_parse,
+    "canary": lambda argv: canary_parse([*argv, "ProxyFL"]),
     "report": report_parse,
-}  # the pipeline reads every section
+}  # the pipeline reads every section; the canary run the audit's
 FAILING = [(command, case) for case in BAD_FILES for command in sorted(COMMANDS)
            if case[2] is None or case[2] in READS[command]]  # fmt: skip
 UNREAD = [(command, case) for case in BAD_FILES for command in sorted(COMMANDS)

@@ -1,5 +1,6 @@
 """``report:``: where the tables, metrics, curves and plots go; and the report stage's view
-of the file (``train``, for the runs to report on, and ``report``)."""
+of the file (``train``, for the runs to report on, ``audit``, for the privacy audit's file
+to show, and ``report``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.base import Section, StageParams
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.names import Algorithm
@@ -27,12 +29,18 @@ class ReportSection(Section):
 
 class ReportConfig(Section):
     """What the report flow runs with: the runs ``train:`` describes (and the parameters
-    they must have been made with), and ``report:``."""
+    they must have been made with), the privacy audit's file (``audit.out``), and
+    ``report:``."""
 
     train: TrainSection = Field(description="the runs to report on, and their parameters")
     out: Path = Field(description="tables, metrics.json, curves and plots (report.out)")
     other_configurations: Literal["refuse", "separate"] = Field(
         "refuse", description="report.other_configurations"
+    )
+    audit: Path | None = Field(
+        None,
+        description="the privacy audit's rows (audit.out): shown when the file exists; "
+        "None or absent: the report says no audit was recorded",
     )
 
     @property
@@ -63,7 +71,9 @@ class ReportParams(StageParams):
 
     train: TrainSection = Field(default_factory=TrainSection)
     report: ReportSection = Field(default_factory=ReportSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
 
     def config(self) -> ReportConfig:
         return ReportConfig(train=self.train, out=self.report.out,
-                            other_configurations=self.report.other_configurations)  # fmt: skip
+                            other_configurations=self.report.other_configurations,
+                            audit=self.audit.out)  # fmt: skip

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, StageParams, load_sections
 from camelyon_proxyfl.params.data import DataSection
 from camelyon_proxyfl.params.preprocess import (
@@ -24,13 +25,14 @@ class Params(StageParams):
     data: DataSection = Field(default_factory=DataSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
     report: ReportSection = Field(default_factory=ReportSection)
 
     def preprocess_config(self) -> PreprocessConfig:
         return PreprocessParams(data=self.data, preprocess=self.preprocess).config()
 
     def report_config(self) -> ReportConfig:
-        return ReportParams(train=self.train, report=self.report).config()
+        return ReportParams(train=self.train, report=self.report, audit=self.audit).config()
 
     def check_pipeline(self, source: Path | str) -> None:
         """The stages must fit together: training reads the stores preprocessing writes."""

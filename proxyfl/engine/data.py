@@ -38,12 +38,15 @@ class PatchDataset(Dataset):
     """The concatenation of one or more store splits: items ``(uint8 (3,S,S), int64 label)``.
 
     ``rows`` (one entry per reader, ``None``: all of it) keeps only those rows of a split,
-    in order: PrivateKT's clients leave out the rows held out as the public pool."""
+    in order: PrivateKT's clients leave out the rows held out as the public pool.
+    ``labels`` (one entry per reader, aligned with its rows; ``None``: the stored ones)
+    replaces the labels: the audit's canaries are trained on with theirs."""
 
     def __init__(
         self,
         readers: Sequence[PatchSplitReader],
         rows: Sequence[np.ndarray | None] | None = None,
+        labels: Sequence[np.ndarray | None] | None = None,
     ) -> None:
         if not readers:
             raise ValueError("a dataset needs at least one split")
@@ -59,9 +62,15 @@ class PatchDataset(Dataset):
                      else np.asarray(kept, dtype=np.int64)
                      for reader, kept in zip(self.readers, chosen, strict=True)]  # fmt: skip
         self._offsets = np.cumsum([0] + [len(kept) for kept in self.rows])
-        self.labels = np.concatenate(
-            [reader.labels[kept] for reader, kept in zip(self.readers, self.rows, strict=True)]
-        ).astype(np.int64)
+        given = list(labels) if labels is not None else [None] * len(self.readers)
+        if len(given) != len(self.readers):
+            raise ValueError(f"{len(given)} label replacements for {len(self.readers)} splits")
+        parts = []
+        for reader, kept, replaced in zip(self.readers, self.rows, given, strict=True):
+            if replaced is not None and len(replaced) != len(kept):
+                raise ValueError(f"{len(replaced)} labels for {len(kept)} rows")
+            parts.append(reader.labels[kept] if replaced is None else np.asarray(replaced))
+        self.labels = np.concatenate(parts).astype(np.int64)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])

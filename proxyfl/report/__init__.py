@@ -13,6 +13,11 @@ them. Output of :func:`write_report` under ``OUT``::
                                with 95 % patient-bootstrap intervals
     tables/configuration.{md,csv}  the data, patch geometry and settings of the runs
     tables/privacy.{md,csv}    per client: centre, n_train, σ, δ, ε (and Joint's row)
+    tables/audit.{md,csv}      when an audit was recorded (``audit.out``,
+                               results/audit.json): membership inference per method and
+                               model (MIA AUC, TPR at 1 % and 0.1 % FPR, the accounted ε),
+                               the canary runs' one-run ε lower bounds beside the accounted
+                               ε, and whether any exceeds it; the CSV holds every row
     metrics.json               {method: {accuracy, macro_accuracy[, sensitivity,
                                specificity, auc]}, "max_epsilon": ε}
     curves/{method}.csv        round, accuracy, accuracy_std, macro_accuracy, ...
@@ -21,6 +26,7 @@ them. Output of :func:`write_report` under ``OUT``::
                                seven methods in one row, others (PrivateKT) in a second,
                                the majority class as a dashed line
     plots/{accuracy,macro_accuracy}.png   the same panels as single figures
+    plots/audit_roc.png        with an audit: the membership-inference ROC curves, log-log
 
 Statistics are the mean and population std (``ddof=0``) over the primary metric rows, one
 value per (client, seed) (:mod:`~proxyfl.report.stats`). Every file is written atomically
@@ -32,12 +38,25 @@ Modules, one job each: :mod:`~proxyfl.report.load` (run directories into validat
 specificity, AUC and the patient bootstrap: pure maths), :mod:`~proxyfl.report.predictions`
 (the runs' per-patch predictions into per-centre and clinical rows),
 :mod:`~proxyfl.report.context` (the data, patch geometry and configuration),
+:mod:`~proxyfl.report.audit` (the privacy audit's file into its tables),
 :mod:`~proxyfl.report.render` (markdown, CSV and JSON text), :mod:`~proxyfl.report.plots`
 (matplotlib figures), :mod:`~proxyfl.report.html` (the page) and
 :mod:`~proxyfl.report.write` (every file of a report). This package re-exports their
 public names, so ``from proxyfl.report import load_runs, write_report`` keeps working.
 """
 
+from proxyfl.report.audit import (
+    Audit,
+    AuditRow,
+    MembershipRow,
+    RocCurve,
+    audit_csv,
+    audit_markdown,
+    canary_rows,
+    membership_table,
+    read_audit,
+    roc_curves,
+)
 from proxyfl.report.clinical import MajorityClass, method_measures
 from proxyfl.report.context import ConfigurationRow, DataSource, configuration_table, data_source
 from proxyfl.report.load import (
@@ -55,6 +74,7 @@ from proxyfl.report.plots import (
     method_style,
     plot_curves,
     plot_figure,
+    plot_roc,
     sample_title,
 )
 from proxyfl.report.predictions import (
@@ -86,20 +106,27 @@ __all__ = [
     "OKABE_ITO",
     "PAPER_ORDER",
     "AccuracyRow",
+    "Audit",
+    "AuditRow",
     "ClinicalRow",
     "ConfigurationRow",
     "CurvePoint",
     "DataSource",
     "MajorityClass",
+    "MembershipRow",
     "MethodStyle",
     "PerCentreRow",
     "PrivacyRow",
     "ReportError",
     "ReportPaths",
+    "RocCurve",
     "RunResult",
     "SampleSize",
     "TableRow",
     "accuracy_table",
+    "audit_csv",
+    "audit_markdown",
+    "canary_rows",
     "clinical_table",
     "configuration_table",
     "curves",
@@ -110,13 +137,17 @@ __all__ = [
     "load_predictions",
     "load_runs",
     "majority_row",
+    "membership_table",
     "method_groups",
     "method_measures",
     "method_style",
     "per_centre_table",
     "plot_curves",
     "plot_figure",
+    "plot_roc",
     "privacy_table",
+    "read_audit",
+    "roc_curves",
     "safe_name",
     "sample_sizes",
     "sample_title",

@@ -5,10 +5,12 @@ claims Camelyon-17 results on synthetic slides), then Figure 8 (embedded as a ``
 PNG), the accuracy table (the model each row evaluates, and the majority class's score),
 the per-centre accuracy, sensitivity, specificity and AUC with patient-bootstrap intervals
 (how they were computed and on how many test patients), the privacy table with the notion
-of every ε, the configuration the runs were made with, the paper's Table 1 (patches per
-centre, split and label) and what preprocessing left out. The page has no script, no
-stylesheet or font to fetch and no link outside the report's own folder, so it opens
-offline, from a mail attachment or a DVC cache alike. Cells are the markdown tables' cells
+of every ε, the empirical privacy audit (membership inference on the kept models with its
+ROC figure, the canary runs' ε lower bounds beside the accounted ε, or a line saying no
+audit was recorded), the configuration the runs were made with, the paper's Table 1
+(patches per centre, split and label) and what preprocessing left out. The page has no
+script, no stylesheet or font to fetch and no link outside the report's own folder, so it
+opens offline, from a mail attachment or a DVC cache alike. Cells are the markdown tables' cells
 (:data:`~proxyfl.report.render.LAYOUTS`), so the page and ``tables/*.md`` always say the
 same numbers.
 
@@ -23,6 +25,23 @@ from dataclasses import dataclass, field
 
 import jinja2
 
+from proxyfl.report.audit import (
+    CANARY_ALIGN,
+    MEMBERSHIP_ALIGN,
+    MEMBERSHIP_HEADER,
+    Audit,
+    audit_notes,
+    audit_violations,
+    canary_cells,
+    canary_header,
+    canary_note,
+    canary_rows,
+    check_line,
+    membership_cells,
+    membership_note,
+    membership_table,
+    settings_line,
+)
 from proxyfl.report.context import ConfigurationRow, DataSource
 from proxyfl.report.load import RunResult
 from proxyfl.report.plots import method_groups
@@ -61,7 +80,8 @@ def _align(markdown_align: Sequence[str]) -> list[str]:
 
 
 def rows_phrase(groups: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """", one row of panels each for A, B and C, top to bottom" (empty for one group)."""
+    """The phrase ", one row of panels each for A, B and C, top to bottom" (empty for one
+    group)."""
     if len(groups) < 2:
         return ""
     names = [name for name, _ in groups]
@@ -83,6 +103,26 @@ def per_centre_table(rows: Sequence[PerCentreRow]) -> HtmlTable | None:
         return None
     header, align, cells = per_centre_cells(rows)
     return HtmlTable(header, _align(align), cells)
+
+
+def audit_membership_table(audit: Audit) -> HtmlTable | None:
+    """The audit's membership-inference table with audit.md's header and cells; None
+    without training rows."""
+    rows = membership_table(audit.rows)
+    if not rows:
+        return None
+    return HtmlTable(MEMBERSHIP_HEADER, _align(MEMBERSHIP_ALIGN),
+                     [membership_cells(row) for row in rows])  # fmt: skip
+
+
+def audit_canary_table(audit: Audit) -> HtmlTable | None:
+    """The audit's ε lower bound table with audit.md's header and cells; None without
+    canary rows."""
+    rows = canary_rows(audit.rows)
+    if not rows:
+        return None
+    return HtmlTable(canary_header(audit.settings), _align(CANARY_ALIGN),
+                     [canary_cells(row) for row in rows])  # fmt: skip
 
 
 def centre_roles(runs: Iterable[RunResult]) -> dict[int, str]:
@@ -135,13 +175,20 @@ def report_html(
     per_centre_note: str = "",
     clinical: Sequence[ClinicalRow] = (),
     clinical_note: str = "",
+    audit: Audit | None = None,
+    audit_absent: str = "no audit file given",
+    audit_roc_png: bytes | None = None,
+    audit_roc_title: str = "",
 ) -> str:
     """The report page. ``links`` are the report's other files, relative to the page;
     ``preprocessing`` is None when no store directory is known; ``unlisted_note`` names
     runs found but not listed; ``other_configurations`` are accuracy rows of runs made
     with other parameters, by the label of those parameters, shown apart. ``data`` says
     what slides the numbers are of (unknown when None); ``configuration``, ``per_centre``
-    and ``clinical`` are their tables' rows, each with the note that goes under it."""
+    and ``clinical`` are their tables' rows, each with the note that goes under it.
+    ``audit`` is the privacy audit read (None: the section says "No audit recorded
+    (``audit_absent``)"), ``audit_roc_png`` its ROC figure (None without training rows)
+    and ``audit_roc_title`` the figure's title."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
     data = data or DataSource("unknown", detail="not given to the page")
@@ -173,8 +220,23 @@ def report_html(
         failures=failures_table(reports),
         links=links,
         unlisted_note=unlisted_note,
-        other_configurations=[(label, result_table(rows))
-                              for label, rows in (other_configurations or {}).items() if rows],
+        other_configurations=[
+            (label, result_table(rows))
+            for label, rows in (other_configurations or {}).items()
+            if rows
+        ],
+        audit=audit,
+        audit_absent=audit_absent,
+        audit_settings=settings_line(audit.settings) if audit else "",
+        audit_membership=audit_membership_table(audit) if audit else None,
+        audit_membership_note=membership_note(),
+        audit_roc=None if audit_roc_png is None else base64.b64encode(audit_roc_png).decode(),
+        audit_roc_title=audit_roc_title,
+        audit_canaries=audit_canary_table(audit) if audit else None,
+        audit_canary_note=canary_note(audit.settings) if audit else "",
+        audit_check=check_line(audit) if audit else "",
+        audit_violated=bool(audit and audit_violations(audit)),
+        audit_notes=audit_notes(audit) if audit else [],
     )
 
 
@@ -193,6 +255,7 @@ _TEMPLATE = _ENVIRONMENT.from_string(
          max-width: 72rem; margin: 2rem auto; padding: 0 1.5rem; }
   h1 { font-size: 1.6rem; margin-bottom: .2rem; }
   h2 { font-size: 1.2rem; margin-top: 2.2rem; border-bottom: 1px solid #d0d0d7; }
+  h3 { font-size: 1.05rem; margin-top: 1.4rem; }
   .summary { font-size: 1.05rem; background: #f3f6fa; border-left: 4px solid #0072b2;
              padding: .6rem .9rem; }
   .meta, .note, figcaption { color: #555; font-size: .9rem; }
@@ -203,6 +266,7 @@ _TEMPLATE = _ENVIRONMENT.from_string(
   th, td { padding: .3rem .7rem; border-bottom: 1px solid #e3e3e8; vertical-align: top; }
   th { background: #f6f6f8; text-align: left; }
   td.right, th.right { text-align: right; }
+  td.right { white-space: nowrap; }
   tr:hover td { background: #fafafc; }
   .empty { font-style: italic; color: #555; }
   .problem { color: #a33; }
@@ -221,7 +285,8 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 <p class="summary" id="summary">{{ summary }}</p>
 <nav><a href="#curves">Curves</a><a href="#accuracy">Accuracy</a>
 <a href="#per-centre">Per centre</a><a href="#clinical">Sensitivity, specificity, AUC</a>
-<a href="#privacy">Privacy</a><a href="#configuration">Configuration</a>
+<a href="#privacy">Privacy</a><a href="#audit">Privacy audit</a>
+<a href="#configuration">Configuration</a>
 <a href="#patches">Patches (Table 1)</a><a href="#failures">Failures</a></nav>
 
 <h2 id="curves">Accuracy and macro-accuracy per round (Figure 8)</h2>
@@ -287,6 +352,40 @@ r rounds a client reported in (r·ε; a client the server did not select sends n
 round); its clients train without DP. The two are not comparable as numbers.
 {{ public_pool }}
 {% endif %}</p>
+
+<h2 id="audit">Empirical privacy audit</h2>
+{% if audit is none %}
+<p class="empty" id="audit-absent">No audit recorded ({{ audit_absent }}): no membership
+inference or ε lower bound to show.</p>
+{% else %}
+<p class="meta">From <code>{{ audit.path }}</code>{% if audit_settings %}. {{ audit_settings }}
+{% else %}.{% endif %}</p>
+<h3>Membership inference (training runs)</h3>
+{% if audit_membership %}{{ render(audit_membership, "audit-membership-table") }}
+{% else %}<p class="empty">No training run audited.</p>{% endif %}
+<p class="note">{{ audit_membership_note }}</p>
+{% if audit_roc %}
+<figure>
+<img id="audit-roc"
+     alt="Membership-inference ROC curves (log-log), one per method and model, and chance"
+     src="data:image/png;base64,{{ audit_roc }}">
+<figcaption>{{ audit_roc_title }}: true positive rate against false positive rate (log
+axes, from 0.1 % FPR), mean over clients × seeds; solid: a released model, dotted: a private
+model that never leaves its hospital; dashed: chance (TPR = FPR).</figcaption>
+</figure>
+{% endif %}
+<h3>One-run ε lower bound (canary runs)</h3>
+{% if audit_canaries %}{{ render(audit_canaries, "audit-canary-table") }}
+{% else %}<p class="empty">No canary run audited.</p>{% endif %}
+<p class="note">{{ audit_canary_note }}</p>
+<p class="{{ 'problem' if audit_violated else 'note' }}" id="audit-check">{{ audit_check }}</p>
+{% if audit_notes %}
+<div class="note">
+{% for label, text in audit_notes %}<p><strong>{{ label }}</strong>: {{ text }}</p>
+{% endfor %}
+</div>
+{% endif %}
+{% endif %}
 
 <h2 id="configuration">Configuration</h2>
 {% if configuration %}{{ render(configuration, "configuration-table") }}

@@ -205,7 +205,7 @@ def _checked_row(where: str, row: Any, algorithm: str, seed: int) -> MetricRow:
     try:
         checked = MetricRow.model_validate(row)
     except ValidationError as error:
-        raise ReportError(f"{where}: {_describe(error)}") from None
+        raise ReportError(f"{where}: {describe_validation_error(error)}") from None
     if checked.algorithm != algorithm or checked.seed != seed:
         raise ReportError(
             f"{where}: row of {checked.algorithm!r} seed {checked.seed!r} in the run "
@@ -214,17 +214,22 @@ def _checked_row(where: str, row: Any, algorithm: str, seed: int) -> MetricRow:
     return checked
 
 
-def _describe(error: ValidationError) -> str:
-    """The fields a row lacks ("missing field(s) client, round"), then each bad field with
-    what it must be and what it holds ("field 'round': Input should be ..., got 1.5")."""
-    missing = [str(e["loc"][0]) for e in error.errors() if e["type"] == "missing"]
+def describe_validation_error(error: ValidationError) -> str:
+    """The fields a row lacks ("missing field(s) client, round"; nested ones by their path,
+    "rows.2.mia_auc"), then each bad field with what it must be and what it holds ("field
+    'round': Input should be ..., got 1.5"; a long value shortened)."""
+    missing = [".".join(map(str, e["loc"])) for e in error.errors() if e["type"] == "missing"]
     parts = [f"missing field(s) {', '.join(missing)}"] if missing else []
     parts += [
-        f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}, got {e['input']!r}"
+        f"field {'.'.join(map(str, e['loc']))!r}: {e['msg']}, got {_shortened(repr(e['input']))}"
         for e in error.errors()
         if e["type"] != "missing"
     ]
     return "; ".join(parts)
+
+
+def _shortened(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def _check_rows(path: Path, run: RunResult) -> None:

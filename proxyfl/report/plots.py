@@ -11,6 +11,9 @@ colour, a dash pattern and a marker, each unique, so the lines stay apart with a
 colour vision deficiency and in greyscale; ProxyFL is drawn thick, opaque and on top. The
 PNGs carry no software or date metadata, so the same curves give the same bytes.
 matplotlib is imported where a figure is drawn: the tables need none of it.
+
+The privacy audit's figure (:func:`plot_roc`): the membership-inference ROC curve of
+every method's model, mean over clients × seeds, on log-log axes with the chance diagonal.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 
 from plumbing import atomic
 from proxyfl.names import PAPER_ALGORITHMS
+from proxyfl.report.audit import RocCurve
 from proxyfl.report.clinical import MajorityClass
 from proxyfl.report.load import JOINT, order_key
 from proxyfl.report.stats import CurvePoint, SampleSize
@@ -223,6 +227,65 @@ def plot_figure(
     ncols = len(handles) if len(handles) <= 7 else math.ceil(len(handles) / 2)
     _legend(figure, handles, loc="outside lower center", ncols=ncols)
     figure.suptitle(title)
+    _save_png(figure, path)
+    return figure
+
+
+# The membership-inference ROC figure: FPR from 0.1 % (log axes), the chance diagonal, a
+# private model (never released) dotted with hollow markers, a released one solid.
+ROC_FPR_MIN = 1e-3
+_CHANCE_STYLE: dict[str, object] = {
+    "color": "#555555", "linestyle": "--", "linewidth": 1.0, "zorder": 2.0,
+}  # fmt: skip
+_ROC_MARKERS = 10  # per curve
+
+
+def plot_roc(curves: Sequence[RocCurve], path: Path, *, title: str) -> Figure:
+    """Write the membership-inference ROC figure as a PNG and return it: one mean curve
+    per method and model (:func:`~proxyfl.report.audit.roc_curves`) on log-log axes, FPR
+    from 10⁻³ to 1, the chance diagonal TPR = FPR dashed; each method in its colour and
+    marker (:func:`method_style`), a model that never leaves its hospital dotted with
+    hollow markers, a released one solid. A TPR of 0 sits on the bottom edge."""
+    figure = _figure(figsize=(8.4, 5.2))
+    axes = figure.subplots()
+    axes.set_xscale("log", nonpositive="clip")
+    axes.set_yscale("log", nonpositive="clip")
+    (chance,) = axes.plot([ROC_FPR_MIN, 1.0], [ROC_FPR_MIN, 1.0], label="chance (TPR = FPR)",
+                          **_CHANCE_STYLE)  # fmt: skip
+    lowest = ROC_FPR_MIN
+    lines: list[Line2D] = []
+    for index, curve in enumerate(curves):
+        fpr, tpr = np.asarray(curve.fpr), np.asarray(curve.tpr)
+        shown = fpr >= ROC_FPR_MIN * (1 - 1e-9)
+        fpr, tpr = fpr[shown], tpr[shown]
+        if np.any(tpr > 0):
+            lowest = min(lowest, float(tpr[tpr > 0].min()))
+        style = method_style(curve.method)
+        step = max(1, math.ceil(len(fpr) / _ROC_MARKERS))
+        (line,) = axes.plot(
+            fpr,
+            tpr,
+            label=curve.label,
+            color=style.color,
+            linestyle="solid" if curve.released else (0, (1, 1.2)),
+            linewidth=style.linewidth,
+            alpha=style.alpha,
+            zorder=style.zorder,
+            marker=style.marker,
+            markersize=4.5 + 0.75 * style.linewidth,
+            markerfacecolor=style.color if curve.released else "white",
+            markeredgecolor="white" if curve.released else style.color,
+            markeredgewidth=0.6 if curve.released else 1.0,
+            markevery=(index % step, step),
+        )
+        lines.append(line)
+    axes.set_xlim(ROC_FPR_MIN, 1.0)
+    axes.set_ylim(10 ** math.floor(math.log10(max(lowest, 1e-5)) + 1e-9) * 0.8, 1.05)
+    axes.set_xlabel("False positive rate")
+    axes.set_ylabel("True positive rate")
+    axes.grid(alpha=0.3)
+    axes.set_title(title, fontsize="medium")
+    _legend(figure, [*lines, chance], loc="outside right upper", ncols=1)
     _save_png(figure, path)
     return figure
 

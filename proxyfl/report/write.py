@@ -1,8 +1,9 @@
-"""The report's files: every table, metrics.json, curve and figure of some runs, and
-``report.html`` holding them all with the stores' Table 1, written atomically through
-:mod:`plumbing.atomic` under one output directory. Every file is a function of the runs,
-the stores' reports and attributes alone (no clock, fixed bootstrap seed, sorted orders):
-the same input gives the same bytes."""
+"""The report's files: every table, metrics.json, curve and figure of some runs, the
+privacy audit's tables and figure when an audit was recorded, and ``report.html`` holding
+them all with the stores' Table 1, written atomically through :mod:`plumbing.atomic` under
+one output directory. Every file is a function of the runs, the stores' reports and
+attributes and the audit file alone (no clock, fixed bootstrap seed, sorted orders): the
+same input gives the same bytes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plumbing import atomic
+from proxyfl.report.audit import Audit, audit_csv, audit_markdown, read_audit, roc_curves
 from proxyfl.report.clinical import BOOTSTRAP_SEED, LEVEL, N_RESAMPLES, MajorityClass
 from proxyfl.report.context import (
     client_centres,
@@ -24,7 +26,7 @@ from proxyfl.report.context import (
 )
 from proxyfl.report.html import Preprocessing, report_html
 from proxyfl.report.load import ReportError, RunResult
-from proxyfl.report.plots import plot_curves, plot_figure, sample_title
+from proxyfl.report.plots import plot_curves, plot_figure, plot_roc, sample_title
 from proxyfl.report.predictions import (
     MethodPredictions,
     clinical_table,
@@ -87,17 +89,22 @@ class ReportPaths:
     curves_png: Path
     report_html: Path
     other_configurations_md: Path | None = None  # runs of other parameters, tabled apart
+    audit_md: Path | None = None  # the privacy audit's tables, when one was recorded
+    audit_csv: Path | None = None
+    audit_roc_png: Path | None = None  # its membership-inference ROC figure
 
     def all(self) -> list[Path]:
         fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv,
                  self.per_centre_md, self.per_centre_csv, self.clinical_md, self.clinical_csv,
                  self.configuration_md, self.configuration_csv]  # fmt: skip
         other = [self.other_configurations_md] if self.other_configurations_md else []
-        return [*fixed, *other, self.metrics_json, *self.curves.values(), *self.plots(),
-                self.report_html]  # fmt: skip
+        audit = [path for path in (self.audit_md, self.audit_csv) if path is not None]
+        return [*fixed, *other, *audit, self.metrics_json, *self.curves.values(),
+                *self.plots(), self.report_html]  # fmt: skip
 
     def plots(self) -> list[Path]:
-        return [self.accuracy_png, self.macro_accuracy_png, self.curves_png]
+        audit = [self.audit_roc_png] if self.audit_roc_png is not None else []
+        return [self.accuracy_png, self.macro_accuracy_png, self.curves_png, *audit]
 
 
 def write_report(
@@ -106,6 +113,7 @@ def write_report(
     stores_dir: Path | None = None,
     selection: RunSelection | None = None,
     *,
+    audit: Path | None = None,
     n_resamples: int = N_RESAMPLES,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
@@ -118,10 +126,17 @@ def write_report(
     the per-centre accuracy, the clinical table (``n_resamples`` patient resamples per
     method) and the majority class; else the centre reports' test counts give the latter.
 
-    Every file is replaced atomically; curve CSVs of methods no longer present are removed.
+    ``audit`` is the privacy audit's file (``audit.out``, :mod:`proxyfl.report.audit`):
+    when it exists, ``tables/audit.{md,csv}``, ``plots/audit_roc.png`` and the page's audit
+    section show it; when it is None or absent, the page says no audit was recorded and
+    no audit file is written. A file that is there but malformed is a ReportError naming it.
+
+    Every file is replaced atomically; curve CSVs of methods no longer present are removed,
+    and so are the audit's files of an earlier report when there is no audit now.
     """
     if not runs:
         raise ReportError("no runs to report")
+    recorded = _read_audit(audit)
     out_dir = Path(out_dir)
     tables = out_dir / "tables"
     paths = ReportPaths(
@@ -192,6 +207,7 @@ def write_report(
     atomic.write_text(paths.configuration_md,
                       format_table(configuration) + configuration_note() + data)  # fmt: skip
     atomic.write_text(paths.configuration_csv, format_csv(configuration))
+    paths = _write_audit(recorded, paths, tables, out_dir / "plots")
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
     metrics = json_safe(dvc_metrics(accuracy, privacy, clinical))
     atomic.write_json(paths.metrics_json, metrics)
@@ -212,10 +228,57 @@ def write_report(
         configuration=configuration, configuration_note=configuration_note(),
         per_centre=per_centre, per_centre_note=centre_note,
         clinical=clinical, clinical_note=clinical_text,
+        audit=recorded, audit_absent=_absent(audit),
+        audit_roc_png=paths.audit_roc_png.read_bytes() if paths.audit_roc_png else None,
+        audit_roc_title=ROC_TITLE,
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
     return paths
+
+
+AUDIT_MD, AUDIT_CSV, AUDIT_ROC_PNG = "audit.md", "audit.csv", "audit_roc.png"
+ROC_TITLE = "Membership inference: ROC of the reported attack"
+
+
+def _read_audit(path: Path | None) -> Audit | None:
+    """The audit at ``path``; None when no path is given or no file is there (logged)."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.exists():
+        logger.info("report: no privacy audit (%s absent)", path)
+        return None
+    if not path.is_file():
+        raise ReportError(f"{path}: not a file (the privacy audit's rows, audit.out)")
+    return read_audit(path)
+
+
+def _absent(path: Path | None) -> str:
+    """Why the page has no audit: the file it looked for, or that none was given."""
+    return "no audit file given" if path is None else f"{path} absent"
+
+
+def _write_audit(audit: Audit | None, paths: ReportPaths, tables: Path, plots: Path) -> ReportPaths:
+    """``tables/audit.{md,csv}`` and ``plots/audit_roc.png`` (when the audit has training
+    rows) of ``audit``; without one, those of an earlier report are removed (the report
+    must not show an audit it no longer has)."""
+    md, table, png = tables / AUDIT_MD, tables / AUDIT_CSV, plots / AUDIT_ROC_PNG
+    curves = roc_curves(audit.rows) if audit is not None else []
+    stale = [png] if not curves else []
+    if audit is None:
+        stale += [md, table]
+    for path in stale:
+        if path.exists():
+            logger.info("removing the stale audit file %s", path)
+            path.unlink()
+    if audit is None:
+        return paths
+    atomic.write_text(md, audit_markdown(audit))
+    atomic.write_text(table, audit_csv(audit))
+    if curves:
+        plot_roc(curves, png, title=ROC_TITLE)
+    return replace(paths, audit_md=md, audit_csv=table, audit_roc_png=png if curves else None)
 
 
 def _majority(

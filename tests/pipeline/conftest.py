@@ -32,6 +32,8 @@ def tiny_params(**paths: Any) -> dict[str, Any]:
         {"rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
          "input_size": 16, "device": "cpu"}
     )  # fmt: skip
+    params["audit"].update({"reference_models": 2, "bootstrap": 20})
+    params["audit"]["canary"].update({"count": 4, "guesses": [1, 2]})
     for dotted, value in paths.items():
         section, key = dotted.split("__")
         params[section][key] = str(value)
@@ -46,6 +48,8 @@ def tiny_params_under(directory: Path, data_root: Path) -> dict[str, Any]:
         preprocess__cache_dir=directory / "cache",
         train__data=directory / "patches",
         train__runs=directory / "runs",
+        audit__out=directory / "results" / "audit.json",
+        audit__canary_runs=directory / "runs" / "canary",
         report__out=directory / "results",
     )
 

@@ -55,8 +55,19 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
     for stage in ("synth", "preprocess@0", "preprocess@1", "preprocess@2", "train@ProxyFL-0",
-                  "train@Joint-0", "train@PrivateKT-0", "report"):  # fmt: skip
+                  "train@Joint-0", "train@PrivateKT-0", "canary@ProxyFL", "audit",
+                  "report"):  # fmt: skip
         assert f"Running stage '{stage}'" in first.stdout
+    # the audit: every run's kept models attacked, and the canary run's bound beside its ε
+    audit = json.loads((project / "results" / "audit.json").read_text())
+    kinds = {(row["method"], row["evaluated_model"], row["run"]) for row in audit["rows"]}
+    assert kinds == {("ProxyFL", "private", "training"), ("ProxyFL", "proxy", "training"),
+                     ("Joint", "local", "training"), ("PrivateKT", "central", "training"),
+                     ("ProxyFL", "private", "canary"), ("ProxyFL", "proxy", "canary")}  # fmt: skip
+    assert audit["violations"] == []
+    plan = json.loads((project / "runs" / "canary" / "ProxyFL" / "canaries.json").read_text())
+    assert {len(canaries["rows"]) for canaries in plan["centers"].values()} == {4}
+    assert "Empirical privacy audit" in (project / "results" / "report.html").read_text()
     tables = project / "results" / "tables"
     accuracy = (tables / "accuracy.md").read_text()
     assert "| ProxyFL |" in accuracy and "| Joint |" in accuracy and "| PrivateKT |" in accuracy
@@ -136,7 +147,8 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     experiment = _dvc(project, env, "exp", "run", "-n", "three-rounds", "-S",
                       "train.options.rounds=3")  # fmt: skip
     ran = set(re.findall(r"Running stage '([^']+)'", experiment))
-    assert ran == {"train@ProxyFL-0", "train@Joint-0", "train@PrivateKT-0", "report"}, experiment
+    assert ran == {"train@ProxyFL-0", "train@Joint-0", "train@PrivateKT-0", "canary@ProxyFL",
+                   "audit", "report"}, experiment  # fmt: skip
     diff = _git(project, env, "diff", "-U0", "params.yaml").splitlines()
     changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == ["-    rounds: 1", "+    rounds: 3"], diff

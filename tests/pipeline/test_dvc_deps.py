@@ -23,6 +23,8 @@ ENTRY_POINTS = {  # stage -> the modules its command runs
     "synth": ("wsi.synth.__main__",),
     "preprocess": ("flows.preprocess",),
     "train": ("flows.train", "proxyfl.run"),
+    "canary": ("flows.canary", "proxyfl.run"),
+    "audit": ("flows.audit",),
     "report": ("flows.report",),
 }
 
@@ -127,6 +129,10 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     preprocess = code_closure(ENTRY_POINTS["preprocess"])
     assert not {path for path in preprocess if path.startswith("proxyfl/")}
     assert not {path for path in train | report if path.startswith("wsi/synth/")}
+    # the audit reads kept models and stores: it launches no job, trains no federation
+    audit = code_closure(ENTRY_POINTS["audit"])
+    assert not {path for path in audit if path.startswith(("proxyfl/launch", "proxyfl/comm/exch",
+                                                           "proxyfl/trainer", "tasks/train"))}
 
 
 # the packages in layers: a module imports its own layer's and those below, never above
@@ -134,7 +140,8 @@ LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks":
 # and proxyfl's rooms (a module of the package itself is its own room)
 ROOMS = {
     "comm": 0, "names": 0, "results": 1, "config": 1, "rules": 1, "privacy": 2, "engine": 2,
-    "algorithms": 3, "launch": 3, "report": 3, "trainer": 4, "records": 5, "loop": 6, "run": 7,
+    "algorithms": 3, "launch": 3, "report": 3, "audit": 3, "trainer": 4, "records": 5, "loop": 6,
+    "run": 7,
 }  # fmt: skip
 
 
@@ -206,7 +213,13 @@ def recorded(tmp_path: Path, tool_env: dict[str, str]) -> Path:
             run = root / params["train"]["runs"] / algorithm / f"seed_{seed}"
             run.mkdir(parents=True)
             (run / "run.json").write_text("{}")
+    for algorithm in params["audit"]["canary"]["algorithms"]:
+        canary = root / params["audit"]["canary_runs"] / algorithm
+        canary.mkdir(parents=True)
+        (canary / "canaries.json").write_text("{}")
     results = root / params["report"]["out"]
+    (results / "audit.json").parent.mkdir(parents=True, exist_ok=True)
+    (root / params["audit"]["out"]).write_text("{}")
     for name in ("tables", "plots", "curves"):
         (results / name).mkdir(parents=True)
         (results / name / "placeholder").write_text("")
@@ -238,21 +251,25 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
             path.write_text(original)
 
     trains = {"train@ProxyFL-0", "train@Joint-0"}
+    canary, audit = {"canary@ProxyFL"}, {"audit"}
     preprocess = {"preprocess@0", "preprocess@1"}
     # the report's formatting: the report alone, no training run
     assert edit("proxyfl/report/render.py") == {"report"}
     # the store schema: every training run (and the stores' writers); its writer: the
     # stores only
-    assert edit("wsi/store/schema.py") == trains | preprocess
+    assert edit("wsi/store/schema.py") == trains | canary | audit | preprocess
     assert edit("wsi/store/writer.py") == preprocess
-    # the trainer: training only
-    assert edit("proxyfl/trainer.py") == trains
+    # the trainer: training only, the canary run's included
+    assert edit("proxyfl/trainer.py") == trains | canary
+    # the attacks: the audit alone; the canary plan: every run that may train on one
+    assert edit("proxyfl/audit/membership.py") == audit
+    assert edit("proxyfl/audit/canaries.py") == trains | canary | audit | {"report"}
     # the masks: the stores only
     assert edit("wsi/masks.py") == preprocess
     # each stage validates only its own sections of params.yaml: the PushSum graphs (the
     # train section's) leave the stores up to date, the synthetic data's settings (the
     # data section's) every training run and the report
-    assert edit("proxyfl/comm/graphs.py") == trains | {"report"}
+    assert edit("proxyfl/comm/graphs.py") == trains | canary | audit | {"report"}
     assert not edit("wsi/synth/config.py") & (trains | {"report"})
     assert edit("camelyon_proxyfl/params/preprocess.py") == preprocess
     assert _stale(recorded, tool_env) == set()

@@ -1,0 +1,47 @@
+"""``audit:``: the privacy audit of the runs ``train:`` lists (proxyfl.audit), and the
+audit stage's view of the file (``train`` and ``audit``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ConfigDict, Field
+
+from camelyon_proxyfl.params.base import StageParams
+from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR
+from proxyfl.audit.options import AuditOptions
+from proxyfl.config import TrainConfig
+
+
+class AuditSection(AuditOptions):
+    """``audit:``: where the audit's canary runs and results go, and how it attacks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    out: Path = Field(Path("results/audit.json"), description="the audit's rows")
+    canary_runs: Path = Field(
+        Path("runs/canary"),
+        description="canary runs land in CANARY_RUNS/{algorithm}/ (canaries.json, run/)",
+    )
+
+    def options(self) -> AuditOptions:
+        return AuditOptions(**self.model_dump(exclude={"out", "canary_runs"}))
+
+    def canary_dir(self, algorithm: str) -> Path:
+        return self.canary_runs / algorithm
+
+    def canary_job(self, train: TrainSection, algorithm: str) -> TrainConfig:
+        """The canary run of ``algorithm``: ``train``'s job at the canary seed, on the
+        canary plan, in its own run directory."""
+        job = train.job_config(algorithm, self.canary.seed)
+        directory = self.canary_dir(algorithm)
+        return TrainConfig(**{**job.model_dump(), "run_dir": directory / CANARY_RUN_DIR,
+                              "canaries": directory / CANARY_FILE})  # fmt: skip
+
+
+class AuditParams(StageParams):
+    """What ``python -m flows.audit`` reads of a parameters file."""
+
+    train: TrainSection = Field(default_factory=TrainSection)
+    audit: AuditSection = Field(default_factory=AuditSection)

@@ -1,0 +1,88 @@
+"""Privacy audit flow: membership inference on every run's kept models, and the ε lower
+bound of each canary run (proxyfl.audit; docs/design.md §4; canary runs: flows.canary).
+
+    runs/ALGORITHM/seed_S + runs/canary/ALGORITHM -> results/audit.json
+
+    python -m flows.audit                          # params.yaml's runs and audit:
+    python -m flows.audit --reference-models 0     # the loss attack only (no LiRA)
+
+The runs are those ``train:`` lists (finished, with their kept models), the canary runs
+those ``audit.canary.algorithms`` lists; every number comes from ``params.yaml``'s
+``audit:`` section, and every flag overrides one. Prints the audit's summary. Exits 1 when
+a run, a kept model, a store or a canary run is missing (the message names it) or when an
+ε lower bound exceeds its accounted ε (a privacy bug: audit.json is written, naming it);
+2 on a bad parameter.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from camelyon_proxyfl.params.audit import AuditParams, AuditSection
+from camelyon_proxyfl.params.base import ParamsCommand
+from camelyon_proxyfl.params.train import TrainSection
+from flows.server import run_flow_command
+from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import start_command
+from proxyfl.audit.population import AuditInputError
+from proxyfl.audit.runs import AuditViolation
+from tasks.audit import audit_file, audit_rows
+
+
+@flow(name="audit")
+def privacy_audit(train: TrainSection, audit: AuditSection) -> Path:
+    """``audit.out``: membership inference on the runs ``train`` lists and the ε lower
+    bounds of the canary runs ``audit.canary.algorithms`` lists."""
+    rows = audit_rows(audit, train)
+    path = audit_file(rows, audit)
+    logger = get_run_logger()
+    for line in summary_lines(rows):
+        logger.info("%s", line)
+    return path
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """One line per method and model: mean membership AUC over clients; one per canary
+    model: the largest ε lower bound beside its accounted ε."""
+    lines, groups = [], {}
+    for row in rows:
+        if row["run"] == "training":
+            groups.setdefault((row["method"], row["evaluated_model"]), []).append(row["mia_auc"])
+    for (method, model), aucs in groups.items():
+        lines.append(f"membership AUC {method} {model}: {sum(aucs) / len(aucs):.3f} "
+                     f"(mean of {len(aucs)} client(s))")  # fmt: skip
+    for row in rows:
+        if row["run"] == "canary":
+            accounted = row["epsilon_accounted"]
+            lines.append(
+                f"canary run {row['method']} client {row['client']} {row['evaluated_model']}: "
+                f"ε lower bound {row['epsilon_lower_bound']:.2f}, accounted "
+                + (f"{accounted:.2f}" if accounted is not None else "none (no DP)")
+            )
+    return lines
+
+
+def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection]:
+    command = ParamsCommand(AuditParams, "python -m flows.audit", __doc__.split("\n")[0], argv)
+    for option, key in (("--runs", ("train", "runs")), ("--data", ("train", "data")),
+                        ("--algorithms", ("train", "algorithms")),
+                        ("--seeds", ("train", "seeds"))):  # fmt: skip
+        command.add_key(option, key)
+    command.add_section(AuditSection, ("audit",), exclude=("canary",))
+    _, params = command.parse()
+    return params.train, params.audit
+
+
+@exit_on_bad_parameters
+def main(argv: list[str] | None = None) -> int:
+    train, audit = parse_config(argv)
+    return run_flow_command(lambda: privacy_audit(train, audit),
+                            failures=(AuditInputError, AuditViolation))  # fmt: skip
+
+
+if __name__ == "__main__":
+    start_command()
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""How well scores separate members from non-members: AUC, TPR at low FPR, intervals.
+
+With members' scores ``s⁺`` and non-members' ``s⁻`` (higher: "member"), the attack that
+guesses "member" when ``s ≥ t`` has, over thresholds t, the ROC curve
+``(FPR(t), TPR(t)) = (P[s⁻ ≥ t], P[s⁺ ≥ t])``. Reported, as Carlini et al. (2022) ask:
+
+- ``auc``: the area under it, ``P[s⁺ > s⁻] + ½ P[s⁺ = s⁻]`` (0.5: no better than chance);
+- ``tpr_at_1pct_fpr``, ``tpr_at_0_1pct_fpr``: the highest TPR of a threshold whose FPR is
+  at most 1 % (0.1 %). With n non-members the FPRs that exist are multiples of 1/n, so
+  below 1/n only thresholds above every non-member count: with fewer than 1,000
+  non-members, "0.1 % FPR" means FPR = 0;
+- each with a 95 % percentile-bootstrap interval: members and non-members resampled with
+  replacement, separately, ``bootstrap`` times from a seeded generator.
+
+Computed directly, for the thousand bootstrap resamples of every model: the AUC as the
+Mann–Whitney statistic from average ranks; TPR at FPR ≤ x as the share of members above
+the (⌊x·n⌋+1)-th highest non-member score (the tests check both against scikit-learn's
+``roc_auc_score`` and ``roc_curve``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import rankdata
+
+LOW_FPRS = (0.01, 0.001)
+CONFIDENCE = 0.95
+ROC_POINTS = 101  # FPRs at which the report draws the curve
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class MembershipResult:
+    """How one attack's scores separate one model's members from its non-members."""
+
+    auc: float
+    tpr_at_1pct_fpr: float
+    tpr_at_0_1pct_fpr: float
+    auc_interval: Interval
+    tpr_at_1pct_fpr_interval: Interval
+    tpr_at_0_1pct_fpr_interval: Interval
+    n_members: int
+    n_non_members: int
+    roc_fpr: tuple[float, ...]  # the curve on a log grid of FPRs, for the report's plot
+    roc_tpr: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def auc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> float:
+    """``P[s⁺ > s⁻] + ½ P[s⁺ = s⁻]``, from the members' average ranks."""
+    n_members, n_non_members = len(member_scores), len(non_member_scores)
+    ranks = rankdata(np.r_[member_scores, non_member_scores])
+    rank_sum = ranks[:n_members].sum()
+    return float((rank_sum - n_members * (n_members + 1) / 2) / (n_members * n_non_members))
+
+
+def tpr_at_fpr(member_scores: np.ndarray, non_member_scores: np.ndarray, fpr: float) -> float:
+    """The highest TPR among thresholds whose FPR is at most ``fpr``: the share of members
+    scoring above the (⌊fpr·n⌋+1)-th highest of the n non-members' scores."""
+    allowed = int(np.floor(fpr * len(non_member_scores) + 1e-9))
+    if allowed >= len(non_member_scores):
+        return 1.0
+    threshold = np.sort(non_member_scores)[::-1][allowed]
+    return float(np.mean(member_scores > threshold))
+
+
+def _metrics(member_scores: np.ndarray, non_member_scores: np.ndarray) -> np.ndarray:
+    return np.array(
+        [auc(member_scores, non_member_scores),
+         *(tpr_at_fpr(member_scores, non_member_scores, level) for level in LOW_FPRS)],
+        dtype=np.float64,
+    )  # fmt: skip
+
+
+def membership_result(
+    member_scores: np.ndarray,
+    non_member_scores: np.ndarray,
+    *,
+    bootstrap: int,
+    seed: int,
+) -> MembershipResult:
+    """AUC and TPR at 1 % and 0.1 % FPR of ``member_scores`` against
+    ``non_member_scores``, with 95 % bootstrap intervals (``bootstrap`` resamples)."""
+    members = np.asarray(member_scores, dtype=np.float64)
+    non_members = np.asarray(non_member_scores, dtype=np.float64)
+    if len(members) == 0 or len(non_members) == 0:
+        raise ValueError(f"membership inference needs members and non-members; got "
+                         f"{len(members)} and {len(non_members)}")  # fmt: skip
+    if not (np.isfinite(members).all() and np.isfinite(non_members).all()):
+        raise ValueError("membership scores must be finite")
+    point = _metrics(members, non_members)
+    generator = np.random.default_rng(seed)
+    resampled = np.array([
+        _metrics(generator.choice(members, len(members)),
+                 generator.choice(non_members, len(non_members)))
+        for _ in range(bootstrap)
+    ]).reshape(bootstrap, len(point))  # fmt: skip
+    tail = (1 - CONFIDENCE) / 2 * 100
+    if bootstrap:
+        lows, highs = np.percentile(resampled, [tail, 100 - tail], axis=0)
+    else:
+        lows, highs = point, point
+    intervals = [Interval(float(lo), float(hi)) for lo, hi in zip(lows, highs, strict=True)]
+    grid = np.r_[0.0, np.geomspace(1e-3, 1.0, ROC_POINTS - 1)]
+    grid_tpr = [tpr_at_fpr(members, non_members, level) for level in grid]
+    return MembershipResult(
+        auc=float(point[0]),
+        tpr_at_1pct_fpr=float(point[1]),
+        tpr_at_0_1pct_fpr=float(point[2]),
+        auc_interval=intervals[0],
+        tpr_at_1pct_fpr_interval=intervals[1],
+        tpr_at_0_1pct_fpr_interval=intervals[2],
+        n_members=len(members),
+        n_non_members=len(non_members),
+        roc_fpr=tuple(float(x) for x in grid),
+        roc_tpr=tuple(grid_tpr),
+    )

@@ -1,0 +1,59 @@
+"""Audit tasks: the audit's rows, and ``results/audit.json``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.logging import get_run_logger
+
+from camelyon_proxyfl.params.audit import AuditSection
+from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.audit.runs import (
+    AuditCache,
+    AuditViolation,
+    audit_canary_run,
+    audit_document,
+    audit_training_run,
+)
+from proxyfl.results import atomic_write_json
+
+
+@task(name="audit rows")
+def audit_rows(
+    audit: AuditSection, train: TrainSection, canaries: bool = True
+) -> list[dict[str, Any]]:
+    """Membership inference on every run ``train`` lists, and (``canaries``) the ε lower
+    bound of every canary run ``audit.canary.algorithms`` lists."""
+    logger = get_run_logger()
+    options, cache = audit.options(), AuditCache()
+    rows: list[dict[str, Any]] = []
+    for algorithm in train.algorithms:
+        for seed in train.seeds:
+            run_dir = train.run_dir(algorithm, seed)
+            rows += audit_training_run(run_dir, train.data, options, cache)
+            logger.info("membership inference: %s (%d model(s))", run_dir,
+                        sum(row["method"] == algorithm and row["seed"] == seed
+                            for row in rows))  # fmt: skip
+    if canaries:
+        for algorithm in audit.canary.algorithms:
+            rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
+            logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))
+    return rows
+
+
+@task(name="audit file")
+def audit_file(rows: list[dict[str, Any]], audit: AuditSection) -> Path:
+    """``audit.out`` with the rows; then an ``AuditViolation`` if any DP model's ε lower
+    bound exceeds its accounted ε (the file is kept: it is the evidence)."""
+    document = audit_document(rows, audit.options())
+    atomic_write_json(audit.out, document)
+    if document["violations"]:
+        logging.getLogger(__name__).error("privacy audit violations: %s", document["violations"])
+        raise AuditViolation(
+            f"{audit.out}: an ε lower bound exceeds the accounted ε, so the training does not "
+            f"keep its privacy promise (a bug): " + "; ".join(document["violations"])
+        )
+    return audit.out

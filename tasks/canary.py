@@ -1,0 +1,45 @@
+"""Canary-run tasks: the plan of a method's canary run (its run: tasks.train)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.logging import get_run_logger
+
+from camelyon_proxyfl.params.audit import AuditSection
+from camelyon_proxyfl.params.train import TrainSection
+from plumbing.atomic import write_text
+from proxyfl.audit.canaries import CanaryPlan, CanaryPlanError
+from wsi.store.reader import PatchSplitReader, read_store_info
+from wsi.store.schema import StoreError, store_path
+
+
+@task(name="canary plan", task_run_name="canaries of {algorithm}")
+def canary_plan(audit: AuditSection, train: TrainSection, algorithm: str) -> Path:
+    """``CANARY_RUNS/{algorithm}/canaries.json``: the canaries of every client centre and
+    their coins, drawn from ``audit.seed`` (the same seed, the same plan)."""
+    job = audit.canary_job(train, algorithm)
+    labels, classes = {}, set()
+    for center in train.centers:
+        path = store_path(train.data, center)
+        try:
+            classes.add(read_store_info(path, splits=("train",)).attrs.n_classes)
+        except StoreError as error:
+            raise CanaryPlanError(f"{error.path}: {error.reason}") from None
+        reader = PatchSplitReader(path, "train")
+        labels[center] = np.asarray(reader.labels)
+        reader.close()
+    try:
+        plan = CanaryPlan.draw(labels, audit.canary.count, max(classes), audit.seed,
+                               audit.canary.labels)  # fmt: skip
+    except ValueError as error:
+        raise CanaryPlanError(f"audit.canary.count: {error}") from None
+    assert job.canaries is not None
+    write_text(job.canaries, plan.to_json())
+    included = sum(sum(s.included) for s in plan.centers.values())
+    get_run_logger().info("%s: %d canaries per client, %d of %d IN (coins seeded by audit.seed "
+                          "%d)", job.canaries, audit.canary.count, included,
+                          audit.canary.count * len(plan.centers), audit.seed)  # fmt: skip
+    return job.canaries
