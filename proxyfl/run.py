@@ -308,19 +308,24 @@ def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
         rows = [kept_rows(len(reader), held_out_rows(len(reader), config.public_share,
                                                      config.seed, center))
                 for reader, center in zip(readers, plan.train_centers, strict=True)]  # fmt: skip
-    if config.canaries is not None:  # the audit's canary run: IN canaries only, relabelled
+    extra = None
+    if config.canaries is not None:  # the audit's canary run: its canaries in, or out
         import numpy as np
 
         from proxyfl.audit.canaries import CanaryPlan
 
         canaries = CanaryPlan.read(config.canaries)
-        chosen = [canaries.training_rows(center, np.asarray(reader.labels))
+        chosen = [canaries.training_data(center, np.asarray(reader.labels))
                   for reader, center in zip(readers, plan.train_centers, strict=True)]  # fmt: skip
-        rows, labels = [r for r, _ in chosen], [given for _, given in chosen]
+        rows, labels = [c.rows for c in chosen], [c.labels for c in chosen]
+        noise = [c for c in chosen if c.extra_images is not None]
+        if noise:
+            extra = (np.concatenate([c.extra_images for c in noise]),
+                     np.concatenate([c.extra_labels for c in noise]))  # fmt: skip
     return ClientData(
         client=plan.client,
         center=plan.center,
-        train=PatchDataset(readers, rows, labels),
+        train=PatchDataset(readers, rows, labels, extra),
         test_splits=[open_split(data_dir, c, "test") for c in plan.test_centers],
         n_classes=plan.n_classes,
         patch_size=plan.patch_size,

@@ -21,25 +21,30 @@ def canary_plan(audit: AuditSection, train: TrainSection, algorithm: str) -> Pat
     """``CANARY_RUNS/{algorithm}/canaries.json``: the canaries of every client centre and
     their coins, drawn from ``audit.seed`` (the same seed, the same plan)."""
     job = audit.canary_job(train, algorithm)
-    labels, classes = {}, set()
+    labels, classes, sizes = {}, set(), set()
     for center in train.centers:
         path = store_path(train.data, center)
         try:
-            classes.add(read_store_info(path, splits=("train",)).attrs.n_classes)
+            attrs = read_store_info(path, splits=("train",)).attrs
         except StoreError as error:
             raise CanaryPlanError(f"{error.path}: {error.reason}") from None
+        classes.add(attrs.n_classes)
+        sizes.add(attrs.patch_size)
         reader = PatchSplitReader(path, "train")
         labels[center] = np.asarray(reader.labels)
         reader.close()
+    if len(sizes) != 1 or len(classes) != 1:
+        raise CanaryPlanError(f"the stores of centres {train.centers} disagree: patch sizes "
+                              f"{sorted(sizes)}, classes {sorted(classes)}")  # fmt: skip
     try:
-        plan = CanaryPlan.draw(labels, audit.canary.count, max(classes), audit.seed,
-                               audit.canary.labels)  # fmt: skip
-    except ValueError as error:
+        plan = CanaryPlan.draw(labels, audit.canary.count, classes.pop(), sizes.pop(),
+                               audit.seed, audit.canary.kind)  # fmt: skip
+    except CanaryPlanError as error:
         raise CanaryPlanError(f"audit.canary.count: {error}") from None
     assert job.canaries is not None
     write_text(job.canaries, plan.to_json())
     included = sum(sum(s.included) for s in plan.centers.values())
-    get_run_logger().info("%s: %d canaries per client, %d of %d IN (coins seeded by audit.seed "
-                          "%d)", job.canaries, audit.canary.count, included,
-                          audit.canary.count * len(plan.centers), audit.seed)  # fmt: skip
+    get_run_logger().info("%s: %d %s canaries per client, %d of %d IN (coins seeded by "
+                          "audit.seed %d)", job.canaries, audit.canary.count, plan.kind,
+                          included, audit.canary.count * len(plan.centers), audit.seed)  # fmt: skip
     return job.canaries

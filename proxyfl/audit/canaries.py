@@ -1,17 +1,22 @@
-"""Canaries for the one-run audit: which training patches are canaries, and which of them
-a client trains on.
+"""Canaries for the one-run audit: which patches are canaries, and which of them a client
+trains on.
 
-For each audited centre c, ``count`` rows of c's training split are drawn as canaries
-(without replacement, from a generator seeded by the audit seed and c). Each canary i
-gets a fair coin ``S_i ∈ {IN, OUT}``, independent of everything else (Steinke et al.
-2023, §2): an IN canary is in c's training data for the canary run, an OUT canary is not.
-With ``labels: flipped`` every canary carries another class than its stored one (IN ones
-are trained on with it, and every canary is scored with it): a mislabelled patch is what
-a model memorises most visibly, which gives the audit its power on a model without DP.
-The rows that are not canaries are trained on as always.
+For each audited centre c there are ``count`` canaries, and each canary i gets a fair coin
+``S_i ∈ {IN, OUT}`` drawn from a generator seeded by the audit seed and c, independent of
+everything else (Steinke et al. 2023, §2): an IN canary is in c's training data for the
+canary run, an OUT canary is not. Two kinds:
+
+- ``noise`` (the default): patches of uniform random pixels, each with a random label,
+  generated from the seed (the plan records how, not the pixels). Nothing in a centre's
+  data predicts their labels, so a model can only get an IN canary right by memorising
+  it: the most visible kind of canary ("input-space canaries"), which gives the audit its
+  power on a model without DP. The centre's own patches are all trained on as always.
+- ``flipped``: ``count`` rows of c's training split, each carrying another class than its
+  stored one; IN rows are trained on with it, OUT rows are left out.
 
 The plan is recorded (``canaries.json``) before the run, read back by every rank
-(:func:`training_rows`) and by the audit: the same seed gives the same plan.
+(:meth:`CanaryPlan.training_data`) and by the audit (:meth:`CanaryPlan.patches`): the same
+seed gives the same plan.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 CANARY_FILE = "canaries.json"  # CANARY_DIR/canaries.json: the plan
 CANARY_RUN_DIR = "run"  # CANARY_DIR/run: the canary run's run directory
-CanaryLabels = Literal["flipped", "kept"]
+CanaryKind = Literal["noise", "flipped"]
 
 
 class CanaryPlanError(ValueError):
@@ -36,17 +41,29 @@ class CanaryPlanError(ValueError):
 
 @dataclass(frozen=True)
 class CanarySet:
-    """One centre's canaries: rows of its training split, coins, labels trained on."""
+    """One centre's canaries: their coins and labels, and for ``flipped`` their rows."""
 
-    rows: tuple[int, ...]
     included: tuple[bool, ...]  # the coins: True, trained on (IN)
     labels: tuple[int, ...]  # the label each canary is trained on (IN) and scored with
+    rows: tuple[int, ...] = ()  # flipped: rows of the centre's training split
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What a client of the canary run trains on from one centre: rows of its training
+    split with their labels, then the IN noise canaries (uint8 (n, S, S, 3)) with theirs."""
+
+    rows: np.ndarray
+    labels: np.ndarray
+    extra_images: np.ndarray | None = None
+    extra_labels: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class CanaryPlan:
     seed: int
-    labels: CanaryLabels
+    kind: CanaryKind
+    patch_size: int
     centers: Mapping[int, CanarySet]
 
     @classmethod
@@ -55,65 +72,88 @@ class CanaryPlan:
         train_labels: Mapping[int, np.ndarray],
         count: int,
         n_classes: int,
+        patch_size: int,
         seed: int,
-        labels: CanaryLabels = "flipped",
+        kind: CanaryKind = "noise",
     ) -> CanaryPlan:
-        """``count`` canaries in each centre's training split (``train_labels``: the
-        stored labels of every row, per centre)."""
+        """``count`` canaries for each centre (``train_labels``: the stored labels of every
+        row of its training split)."""
         sets = {}
         for center, stored in sorted(train_labels.items()):
-            if count > len(stored):
-                raise ValueError(f"centre {center}: {count} canaries asked for, its training "
-                                 f"split has {len(stored)} patches")  # fmt: skip
             generator = np.random.default_rng([seed, center])
+            included = tuple(bool(i) for i in generator.random(count) < 0.5)
+            if kind == "noise":
+                labels = generator.integers(0, n_classes, size=count)
+                sets[int(center)] = CanarySet(included, tuple(int(y) for y in labels))
+                continue
+            if count > len(stored):
+                raise CanaryPlanError(f"centre {center}: {count} canaries asked for, its "
+                                      f"training split has {len(stored)} patches")  # fmt: skip
             rows = np.sort(generator.choice(len(stored), size=count, replace=False))
-            included = generator.random(count) < 0.5
-            given = stored[rows].astype(np.int64)
-            if labels == "flipped":
-                given = (given + 1 + generator.integers(0, n_classes - 1, size=count)) % n_classes
+            shift = 1 + generator.integers(0, n_classes - 1, size=count)
+            labels = (stored[rows].astype(np.int64) + shift) % n_classes
             sets[int(center)] = CanarySet(
-                rows=tuple(int(r) for r in rows),
-                included=tuple(bool(i) for i in included),
-                labels=tuple(int(label) for label in given),
+                included, tuple(int(y) for y in labels), tuple(int(r) for r in rows)
             )
-        return cls(seed=seed, labels=labels, centers=sets)
+        return cls(seed=seed, kind=kind, patch_size=patch_size, centers=sets)
 
     def to_json(self) -> str:
-        content = {
-            "seed": self.seed,
-            "labels": self.labels,
-            "centers": {str(center): {"rows": list(s.rows), "included": list(s.included),
-                                      "labels": list(s.labels)}
-                        for center, s in sorted(self.centers.items())},
+        centers = {
+            str(center): {"included": list(s.included), "labels": list(s.labels),
+                          **({"rows": list(s.rows)} if self.kind == "flipped" else {})}
+            for center, s in sorted(self.centers.items())
         }  # fmt: skip
+        content = {"seed": self.seed, "kind": self.kind, "patch_size": self.patch_size,
+                   "noise": NOISE_RECIPE if self.kind == "noise" else None,
+                   "centers": centers}  # fmt: skip
         return json.dumps(content, indent=1) + "\n"
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> CanaryPlan:
         try:
             content = json.loads(Path(path).read_text())
-            sets = {int(center): CanarySet(tuple(s["rows"]), tuple(s["included"]),
-                                           tuple(s["labels"]))
+            sets = {int(center): CanarySet(tuple(s["included"]), tuple(s["labels"]),
+                                           tuple(s.get("rows", ())))
                     for center, s in content["centers"].items()}  # fmt: skip
-            return cls(seed=int(content["seed"]), labels=content["labels"], centers=sets)
+            kind = content["kind"]
+            if kind not in ("noise", "flipped"):
+                raise ValueError(f"unknown kind {kind!r}")
+            return cls(seed=int(content["seed"]), kind=kind,
+                       patch_size=int(content["patch_size"]), centers=sets)  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not a canary plan ({error})") from None
+            raise CanaryPlanError(f"{path}: not a canary plan ({error})") from None
 
-    def training_rows(
-        self, center: int, stored_labels: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of ``center``'s training split the canary run trains on (every
-        non-canary row and the IN canaries, in order) and their labels (the canaries'
-        from the plan)."""
+    def noise_images(self, center: int) -> np.ndarray:
+        """``center``'s noise canaries: uint8 (count, S, S, 3), uniform on 0..255, from a
+        generator seeded by (seed, centre, 1) (:data:`NOISE_RECIPE`)."""
+        count, size = len(self.centers[center].included), self.patch_size
+        generator = np.random.default_rng([self.seed, center, 1])
+        return generator.integers(0, 256, size=(count, size, size, 3), dtype=np.uint8)
+
+    def training_data(self, center: int, stored_labels: np.ndarray) -> TrainingData:
+        """What the canary run trains on from ``center``: every row of its training split
+        (flipped: less the OUT canaries, the IN ones relabelled), then its IN noise
+        canaries."""
+        stored = np.asarray(stored_labels).astype(np.int64)
+        every = np.arange(len(stored))
         if center not in self.centers:
-            return np.arange(len(stored_labels)), stored_labels.astype(np.int64)
+            return TrainingData(every, stored)
         canaries = self.centers[center]
-        if canaries.rows and max(canaries.rows) >= len(stored_labels):
-            raise ValueError(f"centre {center}: canary row {max(canaries.rows)} is beyond its "
-                             f"training split of {len(stored_labels)}")  # fmt: skip
-        labels = stored_labels.astype(np.int64).copy()
+        inside = np.asarray(canaries.included, dtype=bool)
+        if self.kind == "noise":
+            labels = np.asarray(canaries.labels, dtype=np.int64)
+            return TrainingData(every, stored, self.noise_images(center)[inside], labels[inside])
+        if canaries.rows and max(canaries.rows) >= len(stored):
+            raise CanaryPlanError(f"centre {center}: canary row {max(canaries.rows)} is beyond "
+                                  f"its training split of {len(stored)}")  # fmt: skip
+        labels = stored.copy()
         labels[list(canaries.rows)] = canaries.labels
-        excluded = [r for r, inside in zip(canaries.rows, canaries.included, strict=True)
-                    if not inside]  # fmt: skip
-        rows = np.setdiff1d(np.arange(len(stored_labels)), excluded)
-        return rows, labels[rows]
+        excluded = np.asarray(canaries.rows)[~inside]
+        rows = np.setdiff1d(every, excluded)
+        return TrainingData(rows, labels[rows])
+
+
+NOISE_RECIPE = (
+    "numpy.random.default_rng([seed, centre, 1]).integers(0, 256, (count, patch_size, "
+    "patch_size, 3), dtype=uint8)"
+)

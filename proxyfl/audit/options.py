@@ -20,9 +20,12 @@ class CanaryOptions(BaseModel):
         "ProxyFL gives a DP model and a model without DP side by side",
     )
     seed: int = Field(0, description="the canary run's training seed")
-    count: int = Field(256, ge=2, description="canaries m per client (rows of its training split)")
-    labels: Literal["flipped", "kept"] = Field(
-        "flipped", description="flipped: each canary carries another class (most visible)"
+    count: int = Field(256, ge=2, description="canaries m per client")
+    kind: Literal["noise", "flipped"] = Field(
+        "noise",
+        description="noise: uniform-noise patches with random labels, added (IN) or not "
+        "(OUT): only memorising tells them apart, the most visible canaries; flipped: "
+        "training patches carrying the other class, kept (IN) or left out (OUT)",
     )
     guesses: list[int] = Field(
         [16, 32, 64],

@@ -205,8 +205,11 @@ def canary_patches(
         if center not in plan.centers:
             raise AuditInputError(f"the canary plan has no canaries for centre {center}")
         canaries = plan.centers[center]
-        block, _ = read_rows(store_path(data_dir, center), "train", np.asarray(canaries.rows))
-        images.append(block)
+        if plan.kind == "noise":
+            images.append(plan.noise_images(center))
+        else:
+            path = store_path(data_dir, center)
+            images.append(read_rows(path, "train", np.asarray(canaries.rows))[0])
         labels.append(np.asarray(canaries.labels, dtype=np.int64))
         included.append(np.asarray(canaries.included, dtype=bool))
     return np.concatenate(images), np.concatenate(labels), np.concatenate(included)
@@ -220,7 +223,10 @@ def audit_canary_run(
     plan_path = canary_dir / CANARY_FILE
     if not plan_path.is_file():
         raise AuditInputError(f"{plan_path}: missing: {canary_dir} is not a canary run")
-    plan = CanaryPlan.read(plan_path)
+    try:
+        plan = CanaryPlan.read(plan_path)
+    except ValueError as error:
+        raise AuditInputError(str(error)) from None
     run_dir = canary_dir / CANARY_RUN_DIR
     run = read_finished_run(run_dir)
     rows = []

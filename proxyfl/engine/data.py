@@ -40,13 +40,15 @@ class PatchDataset(Dataset):
     ``rows`` (one entry per reader, ``None``: all of it) keeps only those rows of a split,
     in order: PrivateKT's clients leave out the rows held out as the public pool.
     ``labels`` (one entry per reader, aligned with its rows; ``None``: the stored ones)
-    replaces the labels: the audit's canaries are trained on with theirs."""
+    replaces the labels, and ``extra`` (uint8 (n, S, S, 3) images and their labels) comes
+    after every split's rows: the audit's canaries (:mod:`proxyfl.audit.canaries`)."""
 
     def __init__(
         self,
         readers: Sequence[PatchSplitReader],
         rows: Sequence[np.ndarray | None] | None = None,
         labels: Sequence[np.ndarray | None] | None = None,
+        extra: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         if not readers:
             raise ValueError("a dataset needs at least one split")
@@ -70,21 +72,36 @@ class PatchDataset(Dataset):
             if replaced is not None and len(replaced) != len(kept):
                 raise ValueError(f"{len(replaced)} labels for {len(kept)} rows")
             parts.append(reader.labels[kept] if replaced is None else np.asarray(replaced))
+        self.extra_images = np.zeros((0, self.patch_size, self.patch_size, 3), dtype=np.uint8)
+        if extra is not None:
+            self.extra_images = np.asarray(extra[0], dtype=np.uint8)
+            if self.extra_images.shape[1:] != (self.patch_size, self.patch_size, 3):
+                raise ValueError(f"extra patches {self.extra_images.shape[1:]}, the splits' "
+                                 f"are {self.patch_size}x{self.patch_size}x3")  # fmt: skip
+            parts.append(np.asarray(extra[1]).reshape(len(self.extra_images)))
+        self._offsets = np.r_[self._offsets, self._offsets[-1] + len(self.extra_images)]
         self.labels = np.concatenate(parts).astype(np.int64)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
     def _locate(self, index: int) -> tuple[int, int]:
+        """(part, row): part ``len(readers)`` is the extra patches."""
         if not 0 <= index < len(self):
             raise IndexError(index)
         part = int(np.searchsorted(self._offsets, index, side="right") - 1)
-        return part, int(self.rows[part][index - int(self._offsets[part])])
+        local = index - int(self._offsets[part])
+        return part, (local if part == len(self.readers) else int(self.rows[part][local]))
+
+    def _image(self, part: int, local: int) -> np.ndarray:
+        if part == len(self.readers):
+            return self.extra_images[local]
+        return self.readers[part].image(local)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         part, local = self._locate(int(index))
-        image = self.readers[part].image(local)
-        return _to_chw(image), torch.tensor(self.labels[index], dtype=torch.int64)
+        return _to_chw(self._image(part, local)), torch.tensor(self.labels[index],
+                                                                dtype=torch.int64)  # fmt: skip
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A batch in one read per split (DataLoader calls this instead of ``__getitem__``)."""
@@ -100,6 +117,9 @@ class PatchDataset(Dataset):
             block = reader.images([local for _, local in wanted])
             for (slot, _), image in zip(wanted, block, strict=True):
                 images[slot] = image
+        for slot, (part, local) in enumerate(located):
+            if part == len(self.readers):
+                images[slot] = self.extra_images[local]
         return [
             (_to_chw(image), torch.tensor(self.labels[i], dtype=torch.int64))
             for image, i in zip(images, indices, strict=True)

@@ -360,8 +360,8 @@ def settings_line(settings: Mapping[str, Any]) -> str:
             run = f"canary runs of {', '.join(map(str, methods))}"
             if isinstance(canary.get("count"), int):
                 run += f", {canary['count']} canaries per client"
-            if isinstance(canary.get("labels"), str):
-                run += f" (labels {canary['labels']})"
+            if isinstance(canary.get("kind"), str):
+                run += f" ({canary['kind']} canaries)"
             if isinstance(canary.get("guesses"), list):
                 run += f", k ∈ {{{', '.join(map(str, canary['guesses']))}}}"
             parts.append(run)

@@ -168,30 +168,75 @@ def test_canary_guesses_top_and_bottom_with_bonferroni() -> None:
 
 def test_canary_plan_is_seeded_recorded_and_applied(tmp_path: Path) -> None:
     stored = {0: np.arange(60) % 2, 3: np.arange(80) % 2}
-    plan = CanaryPlan.draw(stored, count=20, n_classes=2, seed=7)
-    assert plan == CanaryPlan.draw(stored, count=20, n_classes=2, seed=7)
-    assert plan != CanaryPlan.draw(stored, count=20, n_classes=2, seed=8)
+    plan = CanaryPlan.draw(stored, count=20, n_classes=2, patch_size=8, seed=7)
+    assert plan.kind == "noise"
+    assert plan == CanaryPlan.draw(stored, count=20, n_classes=2, patch_size=8, seed=7)
+    assert plan != CanaryPlan.draw(stored, count=20, n_classes=2, patch_size=8, seed=8)
     path = tmp_path / "canaries.json"
     path.write_text(plan.to_json())
     assert CanaryPlan.read(path) == plan
     canaries = plan.centers[3]
-    assert len(set(canaries.rows)) == 20 and 4 <= sum(canaries.included) <= 16
-    # flipped: every canary carries the other class
+    assert 4 <= sum(canaries.included) <= 16 and set(canaries.labels) == {0, 1}
+    # noise: the centre's rows all trained on, the IN canaries' pixels added with their labels
+    images = plan.noise_images(3)
+    assert images.shape == (20, 8, 8, 3) and images.dtype == np.uint8
+    assert np.array_equal(images, CanaryPlan.read(path).noise_images(3))
+    assert not np.array_equal(images, plan.noise_images(0))
+    data = plan.training_data(3, stored[3])
+    inside = np.asarray(canaries.included)
+    assert np.array_equal(data.rows, np.arange(80)) and np.array_equal(data.labels, stored[3])
+    assert np.array_equal(data.extra_images, images[inside])
+    assert data.extra_labels.tolist() == np.asarray(canaries.labels)[inside].tolist()
+    # flipped: rows of the split, the other class; IN rows relabelled, OUT rows left out
+    flipped = CanaryPlan.draw(stored, count=20, n_classes=2, patch_size=8, seed=7,
+                              kind="flipped")  # fmt: skip
+    canaries = flipped.centers[3]
+    assert len(set(canaries.rows)) == 20
     assert all(label != stored[3][row] for row, label in zip(canaries.rows, canaries.labels,
                                                               strict=True))  # fmt: skip
-    rows, labels = plan.training_rows(3, stored[3])
+    data = flipped.training_data(3, stored[3])
     out = {row for row, inside in zip(canaries.rows, canaries.included, strict=True) if not inside}
-    assert set(rows) == set(range(80)) - out
-    given = dict(zip(rows.tolist(), labels.tolist(), strict=True))
+    assert set(data.rows) == set(range(80)) - out and data.extra_images is None
+    given = dict(zip(data.rows.tolist(), data.labels.tolist(), strict=True))
     for row, inside, label in zip(canaries.rows, canaries.included, canaries.labels, strict=True):
         assert (given.get(row) == label) if inside else row not in given
-    kept = CanaryPlan.draw(stored, count=20, n_classes=2, seed=7, labels="kept")
-    assert kept.centers[0].labels == tuple(int(stored[0][r]) for r in kept.centers[0].rows)
     with pytest.raises(ValueError, match="centre 0: 70 canaries"):
-        CanaryPlan.draw(stored, count=70, n_classes=2, seed=0)
+        CanaryPlan.draw(stored, count=70, n_classes=2, patch_size=8, seed=0, kind="flipped")
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a canary plan"):
         CanaryPlan.read(tmp_path / "bad.json")
+
+
+def test_the_canary_runs_training_set_holds_its_in_canaries(
+    tmp_path: Path, few_patches: Path
+) -> None:
+    """``proxyfl.run``'s dataset for a canary run: the split's rows, then the IN noise
+    canaries with their labels; none of the OUT ones."""
+    from proxyfl.engine.data import PatchDataset
+
+    config = TrainConfig(algorithm="Regular", data=few_patches, run_dir=tmp_path / "run",
+                         centers=[0], canaries=tmp_path / "canaries.json")  # fmt: skip
+    reader = PatchSplitReader(store_path(few_patches, 0), "train")
+    plan = CanaryPlan.draw({0: np.asarray(reader.labels)}, count=10, n_classes=2,
+                           patch_size=16, seed=1)  # fmt: skip
+    (tmp_path / "canaries.json").write_text(plan.to_json())
+    from proxyfl.run import StorePlan, open_client_data
+
+    store_plan = StorePlan(client=0, center=0, train_centers=[0], test_centers=[0],
+                           n_classes=2, patch_size=16)  # fmt: skip
+    dataset = open_client_data(config, store_plan).train
+    inside = np.asarray(plan.centers[0].included)
+    assert isinstance(dataset, PatchDataset)
+    assert len(dataset) == len(reader) + inside.sum()
+    batch = dataset.__getitems__(list(range(len(reader) - 1, len(dataset))))
+    images = plan.noise_images(0)[inside]
+    for (image, label), expected, given in zip(batch[1:], images,
+                                               np.asarray(plan.centers[0].labels)[inside],
+                                               strict=True):  # fmt: skip
+        assert np.array_equal(image.numpy().transpose(1, 2, 0), expected)
+        assert int(label) == given
+    image, label = dataset[len(dataset) - 1]
+    assert np.array_equal(image.numpy().transpose(1, 2, 0), images[-1])
 
 
 # -- attacks on models trained here --------------------------------------------------------
@@ -314,24 +359,27 @@ def _canary_run(root: Path, data: Path, plan: CanaryPlan, model: torch.nn.Module
 def test_the_canary_bound_finds_a_model_without_dp_and_respects_dp(
     tmp_path: Path, canary_store: Path
 ) -> None:
-    """64 flipped canaries among 96 patches, 40 epochs: without DP the model learns the IN
+    """64 noise canaries beside 96 patches, 40 epochs: without DP the model learns the IN
     canaries' labels and the bound is well above 0; with DP-SGD at the demo's σ = 1.4 the
     bound stays at or below the accountant's ε for the same training."""
     images, stored = _split(canary_store, "train")
-    plan = CanaryPlan.draw({0: stored}, count=64, n_classes=2, seed=0)
-    rows, labels = plan.training_rows(0, stored)
+    plan = CanaryPlan.draw({0: stored}, count=64, n_classes=2, patch_size=16, seed=0)
+    data = plan.training_data(0, stored)
+    assert data.extra_images is not None and data.extra_labels is not None
+    train_images = np.concatenate([images[data.rows], data.extra_images])
+    labels = np.concatenate([data.labels, data.extra_labels])
     options = AuditOptions(bootstrap=50, canary={"guesses": [8, 16, 32]})
 
     no_dp = train_reference(RECIPE.__class__(**{**RECIPE.__dict__, "epochs": 40}),
-                            images[rows], labels, seed=1)  # fmt: skip
+                            train_images, labels, seed=1)  # fmt: skip
     found = audit_canary_run(_canary_run(tmp_path / "a", canary_store, plan, no_dp, None,
                                          "private"), canary_store, options)[0]  # fmt: skip
     assert found["run"] == "canary" and found["canaries"] == 64
-    assert found["epsilon_lower_bound"] > 0.5, found
+    assert found["epsilon_lower_bound"] > 1.0, found
     assert found["mia_auc"] > 0.8
 
-    epsilon = planned_epsilon(len(rows), 16, 1.4, 40, 1e-5)
-    dp = _dp_trained(images[rows], labels, epochs=40, sigma=1.4)
+    epsilon = planned_epsilon(len(labels), 16, 1.4, 40, 1e-5)
+    dp = _dp_trained(train_images, labels, epochs=40, sigma=1.4)
     kept = audit_canary_run(_canary_run(tmp_path / "b", canary_store, plan, dp, epsilon,
                                         "proxy"), canary_store, options)[0]  # fmt: skip
     assert kept["epsilon_accounted"] == pytest.approx(epsilon)

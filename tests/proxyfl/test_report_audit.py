@@ -90,7 +90,7 @@ def audit_document(**changes: Any) -> dict[str, Any]:
     document = {
         "settings": {"reference_models": 4, "bootstrap": 1000, "seed": 0,
                      "canary": {"algorithms": ["ProxyFL"], "seed": 0, "count": 256,
-                                "labels": "flipped", "guesses": [16, 32, 64],
+                                "kind": "noise", "guesses": [16, 32, 64],
                                 "confidence": 0.95}},
         "notes": {"training": "membership inference on the run's kept models",
                   "canary": "the canary run: the one-run ε lower bound",
