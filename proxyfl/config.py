@@ -192,6 +192,12 @@ class TrainConfig(TrainOptions):
         description="a canary plan (canaries.json, proxyfl.audit.canaries): the run trains on "
         "its IN canaries with their labels and leaves out its OUT ones (the audit's canary run)",
     )
+    evaluate_every_round: bool = Field(
+        True,
+        description="evaluate on the merged test splits after every round (metrics.jsonl's "
+        "curves); false: after the final round only (the audit's canary run, whose accuracy "
+        "nobody reads)",
+    )
     # Test hook: finish this round (checkpoint included), then exit abnormally on every rank.
     stop_after_round: int | None = Field(None, ge=1, json_schema_extra={"hidden": True})
 
@@ -311,6 +317,8 @@ class TrainConfig(TrainOptions):
             ignored |= set(PRIVATEKT_FIELDS)
         if self.canaries is None:  # the fingerprints of runs made before canaries existed
             ignored.add("canaries")
+        if self.evaluate_every_round:  # likewise
+            ignored.add("evaluate_every_round")
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
 

@@ -81,12 +81,13 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         if round_number == cfg.rounds:  # the final models, patch by patch, for the report
             trainer.last_scores, probabilities = trainer.evaluate_with_probabilities()
             write_client_predictions(trainer, probabilities)
-        elif trainer.active or trainer.last_scores is None:  # a stopped client's are frozen
-            trainer.last_scores = trainer.evaluate()
+        elif cfg.evaluate_every_round and (trainer.active or trainer.last_scores is None):
+            trainer.last_scores = trainer.evaluate()  # a stopped client's are frozen
         trainer.timings.eval_seconds += time.perf_counter() - started
 
         started = time.perf_counter()
-        round_rows = metric_rows(trainer, round_number, trainer.last_scores, losses)
+        scores = trainer.last_scores
+        round_rows = metric_rows(trainer, round_number, scores, losses) if scores else []
         gathered = gather_json(comm, [row.model_dump() for row in round_rows], root=0)
         if runtime.is_root:
             assert gathered is not None
@@ -96,7 +97,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         logger.info(
             "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
             round_number, cfg.rounds, trainer.data.client,
-            " ".join(f"{k}={v.accuracy:.3f}" for k, v in trainer.last_scores.items()),
+            " ".join(f"{k}={v.accuracy:.3f}" for k, v in (scores or {}).items()) or "(no eval)",
             trainer.epsilon(), _format_loss(losses.shared), comm_seconds,
         )  # fmt: skip
 

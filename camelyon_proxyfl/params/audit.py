@@ -33,11 +33,12 @@ class AuditSection(AuditOptions):
 
     def canary_job(self, train: TrainSection, algorithm: str) -> TrainConfig:
         """The canary run of ``algorithm``: ``train``'s job at the canary seed, on the
-        canary plan, in its own run directory."""
+        canary plan, in its own run directory, evaluated after its final round only."""
         job = train.job_config(algorithm, self.canary.seed)
         directory = self.canary_dir(algorithm)
         return TrainConfig(**{**job.model_dump(), "run_dir": directory / CANARY_RUN_DIR,
-                              "canaries": directory / CANARY_FILE})  # fmt: skip
+                              "canaries": directory / CANARY_FILE,
+                              "evaluate_every_round": False})  # fmt: skip
 
 
 class AuditParams(StageParams):

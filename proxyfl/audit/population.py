@@ -4,6 +4,10 @@ Members are the patches a client trained on with their labels: its centre's trai
 split (Joint: every client centre's), less PrivateKT's held-out public share. Non-members
 are the held-out test patches of the same centre(s): the same hospital, scanners and
 staining, never another centre's. Both are read whole into memory as uint8 (N, S, S, 3).
+A :class:`Population` holds every training and test patch of its centres, so that the
+runs of one audit share it and its reference models; :func:`member_mask` says which of
+them one run's client trained on (PrivateKT's public share: neither member nor
+non-member, as its labels were never used).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from proxyfl.algorithms.privatekt.public_pool import held_out_rows, kept_rows
+from proxyfl.algorithms.privatekt.public_pool import held_out_rows
 from proxyfl.config import TrainConfig
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
@@ -27,22 +31,28 @@ class AuditInputError(ValueError):
 
 @dataclass(frozen=True)
 class Population:
-    """Members then non-members: ``images`` uint8 (N, S, S, 3), ``labels`` (N,),
-    ``is_member`` (N,)."""
+    """The training then the test patches of ``centers``: ``images`` uint8 (N, S, S, 3),
+    ``labels`` (N,), ``train_rows`` (N,): the row of the training split, -1 for a test
+    patch."""
 
     centers: tuple[int, ...]
     images: np.ndarray
     labels: np.ndarray
-    is_member: np.ndarray
+    center_of: np.ndarray  # (N,) the centre of each patch
+    train_rows: np.ndarray
     key: str = field(default="")  # equal keys, equal populations (reference models' cache)
 
     @property
-    def n_members(self) -> int:
-        return int(self.is_member.sum())
+    def in_training_split(self) -> np.ndarray:
+        return self.train_rows >= 0
 
-    @property
-    def n_non_members(self) -> int:
-        return int((~self.is_member).sum())
+
+@dataclass(frozen=True)
+class Membership:
+    """Which patches of a population are one client's members and non-members."""
+
+    members: np.ndarray  # (N,) bool
+    non_members: np.ndarray  # (N,) bool
 
 
 def read_rows(path: Path, split: str, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -63,48 +73,46 @@ def read_rows(path: Path, split: str, rows: np.ndarray | None) -> tuple[np.ndarr
         reader.close()
 
 
-def member_rows(config: TrainConfig, center: int, n_train: int) -> np.ndarray | None:
-    """The rows of ``center``'s training split its client trained on with labels
-    (``None``: all of them)."""
+def member_mask(config: TrainConfig, population: Population) -> Membership:
+    """The members (training patches the client used with their labels) and non-members
+    (the test patches) of ``population`` for a run of ``config``."""
+    members = population.in_training_split.copy()
     if config.algorithm == "PrivateKT" and config.public_pool == "share":
-        return kept_rows(n_train, held_out_rows(n_train, config.public_share, config.seed,
-                                                center))  # fmt: skip
-    return None
+        for center in population.centers:
+            here = members & (population.center_of == center)
+            n_train = int(here.sum())
+            public = held_out_rows(n_train, config.public_share, config.seed, center)
+            members[np.flatnonzero(here)[public]] = False
+    return Membership(members=members, non_members=~population.in_training_split)
 
 
-def client_population(
-    config: TrainConfig, data_dir: str | os.PathLike[str], centers: tuple[int, ...]
-) -> Population:
-    """The members and non-members of the client that trained on ``centers``' data."""
-    images, labels, member = [], [], []
+def client_population(data_dir: str | os.PathLike[str], centers: tuple[int, ...]) -> Population:
+    """Every training and test patch of ``centers``' stores, training splits first."""
+    images, labels, center_of, train_rows = [], [], [], []
     for split in ("train", "test"):
         for center in centers:
             path = store_path(data_dir, center)
             if not path.is_file():
                 raise AuditInputError(f"{path}: no store for centre {center}, whose client "
                                       f"is audited")  # fmt: skip
-            rows = None
-            if split == "train":
-                n_train = len(PatchSplitReader(path, "train"))
-                rows = member_rows(config, center, n_train)
-            block, block_labels = read_rows(path, split, rows)
+            block, block_labels = read_rows(path, split, None)
             images.append(block)
             labels.append(block_labels)
-            member.append(np.full(len(block), split == "train"))
-    population = Population(
-        centers=tuple(centers),
-        images=np.concatenate(images),
-        labels=np.concatenate(labels),
-        is_member=np.concatenate(member),
-    )
-    if population.n_non_members == 0:
+            center_of.append(np.full(len(block), center))
+            train_rows.append(np.arange(len(block)) if split == "train"
+                              else np.full(len(block), -1))  # fmt: skip
+    rows = np.concatenate(train_rows)
+    if not (rows < 0).any():
         raise AuditInputError(
             f"centre(s) {list(centers)}: no held-out (test) patches, so there are no "
             f"non-members to audit against; rebuild the store with test_fraction > 0"
         )
-    if population.n_members == 0:
+    if not (rows >= 0).any():
         raise AuditInputError(f"centre(s) {list(centers)}: no training patches")
-    digest = hashlib.sha256(population.labels.tobytes() + population.is_member.tobytes())
-    digest.update(np.ascontiguousarray(population.images[:: max(1, len(population.images) // 64)]))
-    return Population(population.centers, population.images, population.labels,
-                      population.is_member, key=f"{centers}:{digest.hexdigest()[:16]}")  # fmt: skip
+    all_labels = np.concatenate(labels)
+    all_images = np.concatenate(images)
+    digest = hashlib.sha256(all_labels.tobytes() + rows.tobytes())
+    digest.update(np.ascontiguousarray(all_images[:: max(1, len(all_images) // 64)]))
+    return Population(centers=tuple(centers), images=all_images, labels=all_labels,
+                      center_of=np.concatenate(center_of), train_rows=rows,
+                      key=f"{centers}:{digest.hexdigest()[:16]}")  # fmt: skip

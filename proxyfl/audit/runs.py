@@ -25,10 +25,16 @@ from typing import Any
 import numpy as np
 
 from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR, CanaryPlan
-from proxyfl.audit.membership import MembershipResult, membership_result
+from proxyfl.audit.membership import MembershipResult, auc, membership_result
 from proxyfl.audit.one_run import audit_canaries
 from proxyfl.audit.options import AuditOptions
-from proxyfl.audit.population import AuditInputError, Population, client_population, read_rows
+from proxyfl.audit.population import (
+    AuditInputError,
+    Population,
+    client_population,
+    member_mask,
+    read_rows,
+)
 from proxyfl.audit.references import ReferenceRecipe, References, model_logits, train_references
 from proxyfl.audit.scores import lira_offline, log_likelihood, logit_confidence
 from proxyfl.config import TrainConfig
@@ -158,19 +164,17 @@ def audit_training_run(
     rows = []
     for record in run["clients"]:
         client, centers = int(record["client"]), _client_centers(run, record)
-        share = (config.public_share, config.seed) if config.algorithm == "PrivateKT" else None
-        key = (centers, share)
-        if key not in cache.populations:
-            cache.populations[key] = client_population(config, data_dir, centers)
-        population = cache.populations[key]
+        if centers not in cache.populations:
+            cache.populations[centers] = client_population(data_dir, centers)
+        population = cache.populations[centers]
+        membership = member_mask(config, population)
+        members, non_members = membership.members, membership.non_members
         for model, card in _models(run_dir, client):
             logits = model_logits(model, population.images, card.input_size)
             loss_scores = log_likelihood(logits, population.labels)
+            loss_auc = auc(loss_scores[members], loss_scores[non_members])
             seed = derived_seed(options.seed, "bootstrap", client)
-            loss = membership_result(loss_scores[population.is_member],
-                                     loss_scores[~population.is_member],
-                                     bootstrap=options.bootstrap, seed=seed)  # fmt: skip
-            attack, result = "loss", loss
+            attack, scores = "loss", loss_scores
             if options.reference_models:
                 recipe = _recipe(config, card)
                 reference_key = (population.key, recipe)
@@ -185,12 +189,11 @@ def audit_training_run(
                 scores = lira_offline(logit_confidence(logits, population.labels), confidence,
                                       references.out_mask)  # fmt: skip
                 attack = "lira_offline"
-                result = membership_result(scores[population.is_member],
-                                           scores[~population.is_member],
-                                           bootstrap=options.bootstrap, seed=seed)  # fmt: skip
+            result = membership_result(scores[members], scores[non_members],
+                                       bootstrap=options.bootstrap, seed=seed)  # fmt: skip
             row = _row(run, "training", client, int(record["center"]), card)
             row.update(attack=attack, reference_models=options.reference_models,
-                       epsilon_lower_bound=None, loss_attack_auc=loss.auc,
+                       epsilon_lower_bound=None, loss_attack_auc=loss_auc,
                        **_membership_fields(result))  # fmt: skip
             rows.append(row)
     return rows
