@@ -5,9 +5,9 @@ m canaries, each in the training data independently with probability ½ (``S_i =
 After the run an attacker guesses for some of them (``T_i = ±1``) and abstains on the
 rest; with r guesses, W of them right, and ``q = e^ε / (1 + e^ε)``:
 
-- if training is ε-DP, ``P[W ≥ v] ≤ P[Binomial(r, q) ≥ v] =: f(v)`` (their Theorem 3.1);
+- if training is ε-DP, ``P[W ≥ v] ≤ P[Binomial(r, q) ≥ v] =: f(v)`` (their main theorem);
 - if it is (ε, δ)-DP, ``P[W ≥ v] ≤ f(v) + 2 m δ · max_{i=1..v} (f(v - i) - f(v)) / i``
-  (their Theorem 3.3 as their appendix code computes it).
+  (its (ε, δ) form, as the authors' appendix code computes it).
 
 The bound at confidence 1 - β is the largest ε whose p-value for the observed ``(r, v)``
 is below β: any smaller ε would have made the observation too unlikely, so the training
