@@ -53,7 +53,8 @@ def audit_file(rows: list[dict[str, Any]], audit: AuditSection) -> Path:
     if document["violations"]:
         logging.getLogger(__name__).error("privacy audit violations: %s", document["violations"])
         raise AuditViolation(
-            f"{audit.out}: an ε lower bound exceeds the accounted ε, so the training does not "
-            f"keep its privacy promise (a bug): " + "; ".join(document["violations"])
+            audit.out,
+            "an ε lower bound exceeds the accounted ε, so the training does not keep its "
+            "privacy promise (a bug): " + "; ".join(document["violations"]),
         )
     return audit.out

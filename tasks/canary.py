@@ -27,20 +27,23 @@ def canary_plan(audit: AuditSection, train: TrainSection, algorithm: str) -> Pat
         try:
             attrs = read_store_info(path, splits=("train",)).attrs
         except StoreError as error:
-            raise CanaryPlanError(f"{error.path}: {error.reason}") from None
+            raise CanaryPlanError(error.subject, error.reason) from None
         classes.add(attrs.n_classes)
         sizes.add(attrs.patch_size)
         reader = PatchSplitReader(path, "train")
         labels[center] = np.asarray(reader.labels)
         reader.close()
     if len(sizes) != 1 or len(classes) != 1:
-        raise CanaryPlanError(f"the stores of centres {train.centers} disagree: patch sizes "
-                              f"{sorted(sizes)}, classes {sorted(classes)}")  # fmt: skip
+        raise CanaryPlanError(
+            train.data,
+            f"the stores of centres {train.centers} disagree: patch sizes {sorted(sizes)}, "
+            f"classes {sorted(classes)}",
+        )
     try:
         plan = CanaryPlan.draw(labels, audit.canary.count, classes.pop(), sizes.pop(),
                                audit.seed, audit.canary.kind)  # fmt: skip
     except CanaryPlanError as error:
-        raise CanaryPlanError(f"audit.canary.count: {error}") from None
+        raise CanaryPlanError("audit.canary.count", str(error)) from None
     assert job.canaries is not None
     write_text(job.canaries, plan.to_json())
     included = sum(sum(s.included) for s in plan.centers.values())

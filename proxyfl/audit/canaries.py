@@ -30,12 +30,14 @@ from typing import Literal
 
 import numpy as np
 
+from plumbing.errors import PipelineError
+
 CANARY_FILE = "canaries.json"  # CANARY_DIR/canaries.json: the plan
 CANARY_RUN_DIR = "run"  # CANARY_DIR/run: the canary run's run directory
 CanaryKind = Literal["noise", "flipped"]
 
 
-class CanaryPlanError(ValueError):
+class CanaryPlanError(PipelineError):
     """A canary plan that cannot be drawn (a store missing, more canaries than patches)."""
 
 
@@ -87,7 +89,7 @@ class CanaryPlan:
                 sets[int(center)] = CanarySet(included, tuple(int(y) for y in labels))
                 continue
             if count > len(stored):
-                raise CanaryPlanError(f"centre {center}: {count} canaries asked for, its "
+                raise CanaryPlanError(f"centre {center}", f"{count} canaries asked for, its "
                                       f"training split has {len(stored)} patches")  # fmt: skip
             rows = np.sort(generator.choice(len(stored), size=count, replace=False))
             shift = 1 + generator.integers(0, n_classes - 1, size=count)
@@ -121,7 +123,7 @@ class CanaryPlan:
             return cls(seed=int(content["seed"]), kind=kind,
                        patch_size=int(content["patch_size"]), centers=sets)  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise CanaryPlanError(f"{path}: not a canary plan ({error})") from None
+            raise CanaryPlanError(path, f"not a canary plan ({error})") from None
 
     def noise_images(self, center: int) -> np.ndarray:
         """``center``'s noise canaries: uint8 (count, S, S, 3), uniform on 0..255, from a
@@ -144,7 +146,7 @@ class CanaryPlan:
             labels = np.asarray(canaries.labels, dtype=np.int64)
             return TrainingData(every, stored, self.noise_images(center)[inside], labels[inside])
         if canaries.rows and max(canaries.rows) >= len(stored):
-            raise CanaryPlanError(f"centre {center}: canary row {max(canaries.rows)} is beyond "
+            raise CanaryPlanError(f"centre {center}", f"canary row {max(canaries.rows)} is beyond "
                                   f"its training split of {len(stored)}")  # fmt: skip
         labels = stored.copy()
         labels[list(canaries.rows)] = canaries.labels

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from plumbing.errors import PipelineError
 from proxyfl.algorithms.privatekt.public_pool import held_out_rows
 from proxyfl.config import TrainConfig
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
 
 
-class AuditInputError(ValueError):
+class AuditInputError(PipelineError):
     """An audit that cannot be made: a missing model or store, no held-out data."""
 
 
@@ -59,7 +60,7 @@ def read_rows(path: Path, split: str, rows: np.ndarray | None) -> tuple[np.ndarr
     try:
         reader = PatchSplitReader(path, split)
     except (OSError, KeyError, ValueError) as error:
-        raise AuditInputError(f"{path}: cannot read its {split} split ({error})") from None
+        raise AuditInputError(path, f"cannot read its {split} split ({error})") from None
     try:
         labels = np.asarray(reader.labels, dtype=np.int64)
         if rows is None:
@@ -93,7 +94,7 @@ def client_population(data_dir: str | os.PathLike[str], centers: tuple[int, ...]
         for center in centers:
             path = store_path(data_dir, center)
             if not path.is_file():
-                raise AuditInputError(f"{path}: no store for centre {center}, whose client "
+                raise AuditInputError(path, f"no store for centre {center}, whose client "
                                       f"is audited")  # fmt: skip
             block, block_labels = read_rows(path, split, None)
             images.append(block)
@@ -104,11 +105,12 @@ def client_population(data_dir: str | os.PathLike[str], centers: tuple[int, ...]
     rows = np.concatenate(train_rows)
     if not (rows < 0).any():
         raise AuditInputError(
-            f"centre(s) {list(centers)}: no held-out (test) patches, so there are no "
-            f"non-members to audit against; rebuild the store with test_fraction > 0"
+            f"centre(s) {list(centers)}",
+            "no held-out (test) patches, so there are no "
+            "non-members to audit against; rebuild the store with test_fraction > 0",
         )
     if not (rows >= 0).any():
-        raise AuditInputError(f"centre(s) {list(centers)}: no training patches")
+        raise AuditInputError(f"centre(s) {list(centers)}", "no training patches")
     all_labels = np.concatenate(labels)
     all_images = np.concatenate(images)
     digest = hashlib.sha256(all_labels.tobytes() + rows.tobytes())

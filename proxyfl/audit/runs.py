@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR, CanaryPlan
+from plumbing.errors import PipelineError
+from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR, CanaryPlan, CanaryPlanError
 from proxyfl.audit.membership import MembershipResult, auc, membership_result
 from proxyfl.audit.one_run import audit_canaries
 from proxyfl.audit.options import AuditOptions
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 NOT_RELEASED = frozenset({"private"})  # the models that never leave their hospital
 
 
-class AuditViolation(RuntimeError):
+class AuditViolation(PipelineError):
     """An ε lower bound above the accountant's ε: the implementation does not keep its
     privacy promise (or the accounting is wrong). Never expected; always a bug."""
 
@@ -64,10 +65,10 @@ class AuditCache:
 def read_finished_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
-        raise AuditInputError(f"{path}: missing: {run_dir} holds no run to audit")
+        raise AuditInputError(path, f"missing: {run_dir} holds no run to audit")
     run = json.loads(path.read_text())
     if run.get("status") != "finished":
-        raise AuditInputError(f"{path}: the run is {run.get('status')}, not finished")
+        raise AuditInputError(path, f"the run is {run.get('status')}, not finished")
     return run
 
 
@@ -77,8 +78,9 @@ def kept_models(run_dir: Path, client: int) -> list[Path]:
     found = sorted(directory.glob("*.safetensors"))
     if not found:
         raise AuditInputError(
-            f"{directory}: no kept model (*.safetensors): the run was trained before runs "
-            f"kept their models, or they were deleted; train it again to audit it"
+            directory,
+            "no kept model (*.safetensors): the run was trained before runs "
+            "kept their models, or they were deleted; train it again to audit it",
         )
     return found
 
@@ -151,7 +153,7 @@ def _models(run_dir: Path, client: int) -> Iterator[tuple[Any, ModelCard]]:
         try:
             yield load_trained(path)
         except (OSError, ValueError, RuntimeError) as error:
-            raise AuditInputError(f"{path}: cannot be loaded ({error})") from None
+            raise AuditInputError(path, f"cannot be loaded ({error})") from None
 
 
 def audit_training_run(
@@ -206,7 +208,7 @@ def canary_patches(
     images, labels, included = [], [], []
     for center in centers:
         if center not in plan.centers:
-            raise AuditInputError(f"the canary plan has no canaries for centre {center}")
+            raise AuditInputError(f"centre {center}", "the canary plan has no canaries for it")
         canaries = plan.centers[center]
         if plan.kind == "noise":
             images.append(plan.noise_images(center))
@@ -225,11 +227,11 @@ def audit_canary_run(
     ``canary_dir``, beside that run's accounted ε."""
     plan_path = canary_dir / CANARY_FILE
     if not plan_path.is_file():
-        raise AuditInputError(f"{plan_path}: missing: {canary_dir} is not a canary run")
+        raise AuditInputError(plan_path, f"missing: {canary_dir} is not a canary run")
     try:
         plan = CanaryPlan.read(plan_path)
-    except ValueError as error:
-        raise AuditInputError(str(error)) from None
+    except CanaryPlanError as error:
+        raise AuditInputError(error.subject, error.reason) from None
     run_dir = canary_dir / CANARY_RUN_DIR
     run = read_finished_run(run_dir)
     rows = []

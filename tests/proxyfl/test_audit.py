@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score, roc_curve
 from torch.utils.data import TensorDataset
 
-from proxyfl.audit.canaries import CanaryPlan
+from proxyfl.audit.canaries import CanaryPlan, CanaryPlanError
 from proxyfl.audit.membership import auc, membership_result, resampled_metrics, tpr_at_fpr
 from proxyfl.audit.one_run import audit_canaries, epsilon_lower_bound, p_value
 from proxyfl.audit.options import AuditOptions
@@ -218,10 +218,10 @@ def test_canary_plan_is_seeded_recorded_and_applied(tmp_path: Path) -> None:
     given = dict(zip(data.rows.tolist(), data.labels.tolist(), strict=True))
     for row, inside, label in zip(canaries.rows, canaries.included, canaries.labels, strict=True):
         assert (given.get(row) == label) if inside else row not in given
-    with pytest.raises(ValueError, match="centre 0: 70 canaries"):
+    with pytest.raises(CanaryPlanError, match="centre 0: 70 canaries"):
         CanaryPlan.draw(stored, count=70, n_classes=2, patch_size=8, seed=0, kind="flipped")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ValueError, match="not a canary plan"):
+    with pytest.raises(CanaryPlanError, match="bad.json: not a canary plan"):
         CanaryPlan.read(tmp_path / "bad.json")
 
 
@@ -408,7 +408,7 @@ def test_the_canary_bound_finds_a_model_without_dp_and_respects_dp(
     broken = {**kept, "epsilon_lower_bound": epsilon + 1}
     assert "ε lower bound" in violations([broken])[0]
     assert audit_document([broken], options)["violations"]
-    assert issubclass(AuditViolation, RuntimeError)
+    assert str(AuditViolation("results/audit.json", "a bug")) == "results/audit.json: a bug"
 
 
 # -- bad input -----------------------------------------------------------------------------
