@@ -28,7 +28,7 @@ from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
 from proxyfl.audit.population import AuditInputError
-from proxyfl.audit.runs import AuditViolation
+from proxyfl.audit.runs import AuditViolation, summary_lines
 from tasks.audit import audit_file, audit_rows
 
 
@@ -42,27 +42,6 @@ def privacy_audit(train: TrainSection, audit: AuditSection) -> Path:
     for line in summary_lines(rows):
         logger.info("%s", line)
     return path
-
-
-def summary_lines(rows: list[dict]) -> list[str]:
-    """One line per method and model: mean membership AUC over clients; one per canary
-    model: the largest ε lower bound beside its accounted ε."""
-    lines, groups = [], {}
-    for row in rows:
-        if row["run"] == "training":
-            groups.setdefault((row["method"], row["evaluated_model"]), []).append(row["mia_auc"])
-    for (method, model), aucs in groups.items():
-        lines.append(f"membership AUC {method} {model}: {sum(aucs) / len(aucs):.3f} "
-                     f"(mean of {len(aucs)} client(s))")  # fmt: skip
-    for row in rows:
-        if row["run"] == "canary":
-            accounted = row["epsilon_accounted"]
-            lines.append(
-                f"canary run {row['method']} client {row['client']} {row['evaluated_model']}: "
-                f"ε lower bound {row['epsilon_lower_bound']:.2f}, accounted "
-                + (f"{accounted:.2f}" if accounted is not None else "none (no DP)")
-            )
-    return lines
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection]:

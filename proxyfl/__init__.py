@@ -28,7 +28,11 @@ Rooms, by role (each module one idea):
 - a rank, wiring the rooms together: :mod:`~proxyfl.trainer` (a client's set-up and
   its steps of a round), :mod:`~proxyfl.records` (metrics, rank records, run.json),
   :mod:`~proxyfl.loop` (the one loop), :mod:`~proxyfl.run` (the entry point);
-- :mod:`proxyfl.report` (tables, curves, figures, report.html).
+- :mod:`proxyfl.report` (tables, curves, figures, report.html);
+- :mod:`proxyfl.audit` (the empirical privacy audit of the kept models): ``scores``,
+  ``membership`` (AUC, TPR at low FPR, bootstrap), ``references`` (LiRA's reference
+  models), ``population``, ``canaries``, ``one_run`` (the ε lower bound), ``options``,
+  ``runs`` (a run directory's audit rows).
 """
 
 __all__: list[str] = []

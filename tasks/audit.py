@@ -22,11 +22,9 @@ from proxyfl.results import atomic_write_json
 
 
 @task(name="audit rows")
-def audit_rows(
-    audit: AuditSection, train: TrainSection, canaries: bool = True
-) -> list[dict[str, Any]]:
-    """Membership inference on every run ``train`` lists, and (``canaries``) the ε lower
-    bound of every canary run ``audit.canary.algorithms`` lists."""
+def audit_rows(audit: AuditSection, train: TrainSection) -> list[dict[str, Any]]:
+    """Membership inference on every run ``train`` lists, and the ε lower bound of every
+    canary run ``audit.canary.algorithms`` lists."""
     logger = get_run_logger()
     options, cache = audit.options(), AuditCache()
     rows: list[dict[str, Any]] = []
@@ -37,10 +35,9 @@ def audit_rows(
             logger.info("membership inference: %s (%d model(s))", run_dir,
                         sum(row["method"] == algorithm and row["seed"] == seed
                             for row in rows))  # fmt: skip
-    if canaries:
-        for algorithm in audit.canary.algorithms:
-            rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
-            logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))
+    for algorithm in audit.canary.algorithms:
+        rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
+        logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))
     return rows
 
 

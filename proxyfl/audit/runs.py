@@ -289,3 +289,25 @@ def audit_document(rows: list[dict[str, Any]], options: AuditOptions) -> dict[st
         "rows": rows,
         "violations": violations(rows),
     }
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per method and model: mean membership AUC over clients; one per canary
+    model: the largest ε lower bound beside its accounted ε."""
+    lines: list[str] = []
+    groups: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        if row["run"] == "training":
+            groups.setdefault((row["method"], row["evaluated_model"]), []).append(row["mia_auc"])
+    for (method, model), aucs in groups.items():
+        lines.append(f"membership AUC {method} {model}: {sum(aucs) / len(aucs):.3f} "
+                     f"(mean of {len(aucs)} client(s))")  # fmt: skip
+    for row in rows:
+        if row["run"] == "canary":
+            accounted = row["epsilon_accounted"]
+            lines.append(
+                f"canary run {row['method']} client {row['client']} {row['evaluated_model']}: "
+                f"ε lower bound {row['epsilon_lower_bound']:.2f}, accounted "
+                + (f"{accounted:.2f}" if accounted is not None else "none (no DP)")
+            )
+    return lines

@@ -30,6 +30,7 @@ from proxyfl.audit.runs import (
     audit_canary_run,
     audit_document,
     audit_training_run,
+    summary_lines,
     violations,
 )
 from proxyfl.audit.scores import lira_offline, log_likelihood, logit_confidence
@@ -221,7 +222,7 @@ def test_canary_plan_is_seeded_recorded_and_applied(tmp_path: Path) -> None:
     with pytest.raises(CanaryPlanError, match="centre 0: 70 canaries"):
         CanaryPlan.draw(stored, count=70, n_classes=2, patch_size=8, seed=0, kind="flipped")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(CanaryPlanError, match="bad.json: not a canary plan"):
+    with pytest.raises(CanaryPlanError, match=r"bad\.json: not a canary plan"):
         CanaryPlan.read(tmp_path / "bad.json")
 
 
@@ -435,3 +436,19 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, few_patches: Path) -> None:
         TrainConfig(algorithm="PrivateKT", canaries=tmp_path / "canaries.json")
     with pytest.raises(ValueError, match="pairs"):
         AuditOptions(reference_models=3)
+
+
+def test_the_summary_names_each_models_auc_and_each_canary_bound() -> None:
+    rows = [
+        {"run": "training", "method": "ProxyFL", "evaluated_model": "private", "mia_auc": 0.6},
+        {"run": "training", "method": "ProxyFL", "evaluated_model": "private", "mia_auc": 0.5},
+        {"run": "canary", "method": "ProxyFL", "client": 1, "evaluated_model": "proxy",
+         "epsilon_lower_bound": 0.25, "epsilon_accounted": 3.5},
+        {"run": "canary", "method": "ProxyFL", "client": 1, "evaluated_model": "private",
+         "epsilon_lower_bound": 2.0, "epsilon_accounted": None},
+    ]  # fmt: skip
+    assert summary_lines(rows) == [
+        "membership AUC ProxyFL private: 0.550 (mean of 2 client(s))",
+        "canary run ProxyFL client 1 proxy: ε lower bound 0.25, accounted 3.50",
+        "canary run ProxyFL client 1 private: ε lower bound 2.00, accounted none (no DP)",
+    ]
