@@ -128,6 +128,16 @@ def _membership_fields(result: MembershipResult) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _undefined_membership(n_members: int, n_non_members: int) -> dict[str, Any]:
+    """The membership fields when one side is empty: null, and no curve."""
+    return {
+        "loss_attack_auc": None, "mia_auc": None, "mia_auc_ci": None,
+        "tpr_at_1pct_fpr": None, "tpr_at_1pct_fpr_ci": None,
+        "tpr_at_0_1pct_fpr": None, "tpr_at_0_1pct_fpr_ci": None,
+        "n_members": n_members, "n_non_members": n_non_members, "roc_fpr": [], "roc_tpr": [],
+    }  # fmt: skip
+
+
 def _row(
     run: dict[str, Any], kind: str, client: int, center: int, card: ModelCard
 ) -> dict[str, Any]:
@@ -243,16 +253,21 @@ def audit_canary_run(
             bound = audit_canaries(scores, included, options.canary.guesses,
                                    delta=float(run["config"]["delta"]),
                                    confidence=options.canary.confidence)  # fmt: skip
-            seed = derived_seed(options.seed, "canary", client)
-            result = membership_result(
-                scores[included], scores[~included], bootstrap=options.bootstrap, seed=seed
-            )
             row = _row(run, "canary", client, int(record["center"]), card)
             row.update(attack="loss", reference_models=0,
                        epsilon_lower_bound=bound.epsilon_lower_bound,
                        canaries=bound.canaries, canary_guesses=bound.guesses,
-                       canary_correct=bound.correct, loss_attack_auc=result.auc,
-                       **_membership_fields(result))  # fmt: skip
+                       canary_correct=bound.correct)  # fmt: skip
+            if included.any() and not included.all():
+                seed = derived_seed(options.seed, "canary", client)
+                result = membership_result(scores[included], scores[~included],
+                                           bootstrap=options.bootstrap, seed=seed)  # fmt: skip
+                row.update(loss_attack_auc=result.auc, **_membership_fields(result))
+            else:  # every coin on one side (few canaries): the bound stands, no AUC exists
+                side = "IN" if included.all() else "OUT"
+                logger.warning("%s client %d: all %d canaries %s: no canary AUC", canary_dir,
+                               client, len(included), side)  # fmt: skip
+                row.update(_undefined_membership(int(included.sum()), int((~included).sum())))
             rows.append(row)
     return rows
 

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from proxyfl.report.load import ReportError, describe_validation_error
 
@@ -69,19 +76,34 @@ class AuditRow(BaseModel):
     tpr_at_1pct_fpr_ci: tuple[float, float]
     tpr_at_0_1pct_fpr: float
     tpr_at_0_1pct_fpr_ci: tuple[float, float]
-    n_members: int = Field(ge=1)
-    n_non_members: int = Field(ge=1)
+    n_members: int = Field(ge=0)
+    n_non_members: int = Field(ge=0)
     roc_fpr: tuple[float, ...]
     roc_tpr: tuple[float, ...]
     canaries: int | None = None
     canary_guesses: int | None = None
     canary_correct: int | None = None
 
+    @field_validator("loss_attack_auc", "mia_auc", "tpr_at_1pct_fpr", "tpr_at_0_1pct_fpr",
+                     mode="before")  # fmt: skip
+    @classmethod
+    def _undefined_is_nan(cls, value: Any) -> Any:
+        """null: undefined (a canary run whose coins put every canary on one side)."""
+        return math.nan if value is None else value
+
+    @field_validator("mia_auc_ci", "tpr_at_1pct_fpr_ci", "tpr_at_0_1pct_fpr_ci", mode="before")
+    @classmethod
+    def _undefined_interval(cls, value: Any) -> Any:
+        return (math.nan, math.nan) if value is None else value
+
     @model_validator(mode="after")
     def _consistent(self) -> AuditRow:
-        if len(self.roc_fpr) != len(self.roc_tpr) or not self.roc_fpr:
+        if len(self.roc_fpr) != len(self.roc_tpr):
             raise ValueError(f"roc_fpr ({len(self.roc_fpr)} values) and roc_tpr "
                              f"({len(self.roc_tpr)}) must be one curve")  # fmt: skip
+        if self.run == TRAINING and (not self.roc_fpr or min(self.n_members,
+                                                             self.n_non_members) < 1):  # fmt: skip
+            raise ValueError("a training row needs members, non-members and a ROC curve")
         if self.run == CANARY and None in (self.canaries, self.canary_guesses,
                                            self.canary_correct):  # fmt: skip
             raise ValueError("a canary row needs canaries, canary_guesses and canary_correct")

@@ -452,3 +452,27 @@ def test_the_summary_names_each_models_auc_and_each_canary_bound() -> None:
         "canary run ProxyFL client 1 proxy: ε lower bound 0.25, accounted 3.50",
         "canary run ProxyFL client 1 private: ε lower bound 2.00, accounted none (no DP)",
     ]
+
+
+def test_a_canary_run_whose_coins_fell_on_one_side_has_a_bound_and_no_auc(
+    tmp_path: Path, canary_store: Path
+) -> None:
+    """Few canaries can all land OUT (each with probability ½): the bound is still defined
+    (0), the canary AUC is not, and the report says "—" rather than failing."""
+    from proxyfl.audit.canaries import CanarySet
+    from proxyfl.report.audit import audit_markdown, read_audit
+    from proxyfl.results import atomic_write_json
+
+    all_out = CanarySet(included=(False,) * 4, labels=(0, 1, 0, 1))
+    plan = CanaryPlan(seed=0, kind="noise", patch_size=16, centers={0: all_out})
+    model = build_model("cnn1", 2, 16).eval()
+    options = AuditOptions(bootstrap=10, canary={"guesses": [1, 2]})
+    row = audit_canary_run(_canary_run(tmp_path, canary_store, plan, model, 2.0, "proxy"),
+                           canary_store, options)[0]  # fmt: skip
+    assert row["epsilon_lower_bound"] == 0.0 and row["mia_auc"] is None
+    assert (row["n_members"], row["n_non_members"]) == (0, 4)
+    path = tmp_path / "audit.json"
+    atomic_write_json(path, audit_document([row], options))
+    table = audit_markdown(read_audit(path))
+    assert "| ProxyFL | 0 | proxy | yes | 2.00 | 0.00 | 4 |" in table
+    assert table.split("| ProxyFL | 0 | proxy |")[1].splitlines()[0].rstrip().endswith("| — |")
