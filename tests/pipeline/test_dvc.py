@@ -66,7 +66,7 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
                      ("ProxyFL", "private", "canary"), ("ProxyFL", "proxy", "canary")}  # fmt: skip
     assert audit["violations"] == []
     plan = json.loads((project / "runs" / "canary" / "ProxyFL" / "canaries.json").read_text())
-    assert {len(canaries["rows"]) for canaries in plan["centers"].values()} == {4}
+    assert {len(canaries["included"]) for canaries in plan["centers"].values()} == {4}
     assert "Empirical privacy audit" in (project / "results" / "report.html").read_text()
     tables = project / "results" / "tables"
     accuracy = (tables / "accuracy.md").read_text()
