@@ -1,5 +1,7 @@
-"""Canary-run flow: one method trained once more with canaries, for the privacy audit's
-one-run ε lower bound (proxyfl.audit; the audit itself: flows.audit).
+"""Canary-run flow: one method trained once more with canaries, for the privacy audit.
+
+The run the audit's one-run ε lower bound comes from (proxyfl.audit; the audit itself:
+flows.audit).
 
     plan (canaries.json) -> MPI job -> runs/canary/{algorithm}/run/
 
