@@ -23,8 +23,7 @@ the (⌊x·n⌋+1)-th highest non-member score (the tests check both against sci
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import rankdata
@@ -54,9 +53,6 @@ class MembershipResult:
     n_non_members: int
     roc_fpr: tuple[float, ...]  # the curve on a log grid of FPRs, for the report's plot
     roc_tpr: tuple[float, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def auc(member_scores: np.ndarray, non_member_scores: np.ndarray) -> float:

@@ -139,7 +139,7 @@ def test_the_audit_tables_say_the_numbers_of_the_file(runs_dir: Path, tmp_path: 
     audit = write_audit(tmp_path / "results" / "audit.json", audit_document())
     paths = write_report(load_runs(runs_dir), tmp_path / "results", audit=audit)
     assert paths.audit_md == tmp_path / "results" / "tables" / "audit.md"
-    assert paths.audit_md.is_file() and paths.audit_csv is not None
+    assert paths.audit_md.is_file() and paths.audit_csv == paths.audit_md.with_suffix(".csv")
 
     membership, canaries = markdown_tables(paths.audit_md)
     assert membership[0] == ["Method", "Model", "Released", "Notion / ε accounted", "Attack",
