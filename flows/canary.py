@@ -10,7 +10,8 @@ flows.audit).
 The method's clients train as ``train:`` says, at ``audit.canary.seed``, each on its
 training split less the OUT canaries of a new plan and with the IN ones relabelled
 (``audit.canary``: count, labels; coins from ``audit.seed``; the plan is recorded beside
-the run). A canary run always trains afresh. Exits 1 when the job fails or a store is
+the run). A finished canary run of the same configuration, stores and plan is kept; one
+of another configuration is replaced. Exits 1 when the job fails or a store is
 missing, 2 on a bad parameter.
 """
 
@@ -30,7 +31,7 @@ from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.audit.canaries import CanaryPlanError
 from proxyfl.launch.job import Placement, TrainingJob, TrainingJobFailed
-from proxyfl.launch.rundir import RunConflict
+from proxyfl.launch.rundir import RunConflict, holds_another_configuration
 from tasks.canary import canary_plan
 from tasks.train import training_run
 
@@ -41,7 +42,8 @@ def canary_run(train: TrainSection, audit: AuditSection, algorithm: str) -> Path
     plan and without the OUT ones: ``CANARY_RUNS/{algorithm}/``."""
     canary_plan(audit, train, algorithm)
     job = TrainingJob(audit.canary_job(train, algorithm), Placement(tuple(train.hosts)))
-    training_run.with_options(retries=train.retries)(job, replace=True)
+    replace = holds_another_configuration(job.config)  # a derived run: never a conflict
+    training_run.with_options(retries=train.retries)(job, replace=replace)
     return audit.canary_dir(algorithm)
 
 

@@ -32,7 +32,7 @@ from camelyon_proxyfl.params.whole import Params, load_params
 from camelyon_proxyfl.preflight import preflight
 from flows.audit import privacy_audit
 from flows.canary import canary_run
-from flows.preprocess import PreprocessFailed, run_preprocess
+from flows.preprocess import PreprocessFailed, run_preprocess, stale_stores
 from flows.report import report
 from flows.server import address_towards, run_flow_command
 from flows.train import train
@@ -59,14 +59,25 @@ def load_pipeline_params(params_file: Path) -> Params:
 
 
 @flow(name="pipeline")
-def pipeline(params_file: Path = DEFAULT_PARAMS, replace_runs: bool = False) -> ReportPaths:
+def pipeline(
+    params_file: Path = DEFAULT_PARAMS, replace_runs: bool = False, rebuild_stores: bool = False
+) -> ReportPaths:
     """Slides to accuracy, macro-accuracy and ε tables, as ``params_file`` describes.
-    Finished runs of this configuration and these stores are kept; ``replace_runs``: runs
-    of another configuration in ``train.runs`` are replaced (else the checks refuse)."""
+
+    What is up to date is kept, as ``dvc repro`` would: a store built from the same slides,
+    parameters, code and libraries (:mod:`wsi.freshness`; ``rebuild_stores`` builds every
+    store all the same), and a finished run of this configuration on these stores
+    (:mod:`proxyfl.launch.rundir`). ``replace_runs``: runs of another configuration in
+    ``train.runs`` are replaced (else the checks refuse)."""
     params = load_pipeline_params(Path(params_file))
     dataset(params.data)
     preflight_checks(params, replace_runs)
-    run_preprocess(params.preprocess_config())
+    stores = params.preprocess_config()
+    to_build = list(stores.centers) if rebuild_stores else stale_stores(stores)
+    if to_build:
+        run_preprocess(stores.model_copy(update={"centers": to_build}))
+    else:
+        get_run_logger().info("every store is up to date: preprocessing skipped")
     train(params.train, replace_runs)
     for algorithm in params.audit.canary.algorithms:
         canary_run(params.train, params.audit, algorithm)
@@ -108,13 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         help="replace the runs in train.runs made with another configuration (each stays "
         "until its successor has finished); without it the checks refuse them",
     )  # fmt: skip
+    command.parser.add_argument(
+        "--rebuild-stores", action="store_true",
+        help="build every centre's store, even those whose recorded inputs (slides, "
+        "parameters, code, libraries) are unchanged; without it those are kept",
+    )  # fmt: skip
     args, _ = command.parse()  # --config only: the stages' keys are set in the file
     params = load_pipeline_params(command.params_file)
     if args.check:
         return print_findings(params, args.replace_runs)
     scheduler = params.preprocess.scheduler_address
     return run_flow_command(  # one server for the pipeline, its stages and their workers
-        lambda: pipeline(command.params_file, args.replace_runs),
+        lambda: pipeline(command.params_file, args.replace_runs, args.rebuild_stores),
         failures=(
             DatasetRootError,
             PreflightFailed,

@@ -51,8 +51,10 @@ from tasks.preprocess import (
     patch_summary,
     slide_candidates,
     slide_catalogue,
+    store_freshness,
 )
 from wsi.catalogue import DatasetRootError, SlideRecord, scan_camelyon
+from wsi.freshness import StoreInputs
 from wsi.preprocess import group_outcomes, record_failed_center, shortfalls
 from wsi.store.schema import store_path
 from wsi.summary import (
@@ -113,6 +115,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     for directory in (config.out, config.cache_dir):  # left by a killed run
         for path in remove_stale_temporaries(directory):
             get_run_logger().info("removed %s, left by a run that was killed", path)
+    inputs = current_store_inputs(config)  # before any slide is read for this build
     records, catalogue_failures = slide_catalogue(config.data_root, config.centers)
     if redo_slides:
         check_slides_known(redo_slides, records, config.centers)
@@ -139,6 +142,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             config.backend,
             grouped.failures[center],
             [record for record in records if record.center == center],
+            inputs[center],
         )
         for center in to_build
     ]
@@ -167,6 +171,24 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             f"{len(failures)} slide or catalogue failure(s) and --strict is set"
         )
     return [report for report in reports if report.center in config.centers]
+
+
+def current_store_inputs(config: PreprocessConfig) -> dict[int, StoreInputs]:
+    """What decides each requested centre's store now (:mod:`wsi.freshness`)."""
+    return {
+        center: StoreInputs.current(config.data_root, center, config.patch, config.sampling(center))
+        for center in config.centers
+    }
+
+
+def stale_stores(config: PreprocessConfig) -> list[int]:
+    """The requested centres whose stores must be built: one "store up to date?" task each
+    (:func:`tasks.preprocess.store_freshness`), so the UI says which are kept and why the
+    others are not."""
+    inputs = current_store_inputs(config)
+    futures = [store_freshness.submit(c, config.out, inputs[c]) for c in config.centers]
+    return [center for center, future in zip(config.centers, futures, strict=True)
+            if future.result()]  # fmt: skip
 
 
 def print_summary(rows: list[dict[str, object]], failures: list[SlideFailure]) -> None:

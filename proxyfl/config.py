@@ -310,7 +310,7 @@ class TrainConfig(TrainOptions):
         """The configuration a run's result depends on: the fields that must not change
         when it is resumed, and that a finished run is compared by. Where the run and its
         stores are (``run_dir``, ``data``: the stores are identified by their content, see
-        :func:`proxyfl.launch.rundir.store_inputs`) and how it runs (device, loader_workers,
+        :func:`proxyfl.launch.rundir.run_inputs`) and how it runs (device, loader_workers,
         checkpoints kept) are not part of it."""
         ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them

@@ -10,12 +10,13 @@ import numpy as np
 from prefect import task
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
-from prefect.states import Failed
+from prefect.states import Completed, Failed
 
 import wsi.preprocess
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, SamplingParams
+from wsi.freshness import StoreInputs, stale_reason
 from wsi.patches import LABEL_NAMES, PatchParams
 from wsi.preprocess import (
     SlideStepError,
@@ -98,8 +99,11 @@ def center_store(
     backend: Backend,
     slide_failures: Sequence[SlideFailure],
     records: Sequence[SlideRecord],
+    inputs: StoreInputs,
 ) -> CenterReport | State:
-    """``out/center_{c}.h5``: never cached by Prefect, since DVC owns this output.
+    """``out/center_{c}.h5``, with the record of ``inputs`` beside it
+    (:mod:`wsi.freshness`): never cached by Prefect, since that record (the Prefect path)
+    or DVC owns this output.
 
     A centre that cannot be built ends Failed with a one-line reason, its earlier store
     removed and a failed report in its place (:func:`wsi.preprocess.record_failed_center`).
@@ -107,7 +111,7 @@ def center_store(
     logger = get_run_logger()
     try:
         report = wsi.preprocess.center_store(
-            center, slides, patch, sampling, out, backend, slide_failures, records
+            center, slides, patch, sampling, out, backend, slide_failures, records, inputs
         )
     except (InsufficientPatchesError, StoreError) as error:
         logger.error("center_%d.h5: %s", center, error)
@@ -122,6 +126,21 @@ def center_store(
         return report
     failed = record_failed_center(center, reason, out, slide_failures)
     return Failed(message=reason, data=failed)
+
+
+@task(name="store up to date?", task_run_name="center_{center}.h5 up to date?")
+def store_freshness(center: int, out: Path, inputs: StoreInputs) -> State:
+    """Whether ``out/center_{c}.h5`` was built from exactly ``inputs`` and is untouched
+    since: a Completed state named "Up to date" (data ``False``) or "Stale" (data
+    ``True``), its message the reason, so the UI tells which stores a run rebuilds."""
+    reason = stale_reason(out, inputs)
+    logger = get_run_logger()
+    if reason is None:
+        logger.info("center_%d.h5: up to date (its slides, parameters, code and libraries "
+                    "are those recorded beside it): kept", center)  # fmt: skip
+        return Completed(name="Up to date", message="kept: its inputs are unchanged", data=False)
+    logger.info("center_%d.h5: to build: %s", center, reason)
+    return Completed(name="Stale", message=reason, data=True)
 
 
 @task(name="patch summary")

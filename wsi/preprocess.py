@@ -27,6 +27,7 @@ from wsi.center import (
     patches_to_take,
     write_center_store,
 )
+from wsi.freshness import StoreInputs, forget_inputs, record_inputs
 from wsi.patches import (
     LABEL_NAMES,
     UNUSABLE,
@@ -188,6 +189,7 @@ def record_failed_center(
 ) -> CenterReport:
     """Remove ``center``'s store, left by an earlier run, and write a ``"failed"`` report
     in its place, so that no summary presents the old store as this run's result."""
+    forget_inputs(out_dir, center)
     path = store_path(out_dir, center)
     if path.exists():
         log.warning("centre %d failed: removing its earlier store %s", center, path)
@@ -222,6 +224,7 @@ def center_store(
     backend: Backend = "auto",
     slide_failures: Sequence[SlideFailure] = (),
     records: Sequence[SlideRecord] | None = None,
+    inputs: StoreInputs | None = None,
 ) -> CenterReport:
     """Build ``out_dir/center_{c}.h5`` and its report (also written beside it as JSON).
 
@@ -229,7 +232,9 @@ def center_store(
     keeps them with those dropped here, so each centre's JSON tells its whole story.
     ``records`` are the centre's catalogue entries, from which the patients are split
     (so that slides failing cannot move a patient); without them the patients are
-    split from what ``slides`` offer.
+    split from what ``slides`` offer. ``inputs``, read before any slide of this build,
+    are recorded beside the store once it and its report are written
+    (:func:`wsi.freshness.record_inputs`), so that a later run can tell it is up to date.
 
     Raises :class:`~wsi.center.InsufficientPatchesError` when the slides cannot supply
     ``patches_per_class`` of each label.
@@ -276,6 +281,8 @@ def center_store(
         mpp=mpp,
     )
     write_json(report_path(out_dir, center), report.to_json(), sort_keys=True)
+    if inputs is not None:
+        record_inputs(out_dir, inputs)
     return report
 
 

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from typing import Literal
 
 from plumbing.atomic import write_json, write_text
 from plumbing.errors import PipelineError, describe
+
+_REPORT_NAME = re.compile(r"center_[0-9]+\.json")
 
 # Table 1's columns (the keys of summary_rows' rows) and how they are headed
 TABLE_1_COLUMNS = ("center", "split", "healthy", "tumor", "total", "patients")
@@ -134,6 +137,8 @@ def scan_center_reports(
     error of each that does not."""
     reports, unreadable = [], []
     for path in sorted(Path(out_dir).glob("center_*.json")):
+        if not _REPORT_NAME.fullmatch(path.name):  # center_{c}.inputs.json: wsi.freshness
+            continue
         try:
             reports.append(read_center_report(path))
         except CenterReportError as error:

@@ -2,10 +2,10 @@
 
 A run directory ``RUNS/{algorithm}/seed_{s}`` is one run: ``run.json`` records the
 configuration that made it (:meth:`~proxyfl.config.TrainConfig.fingerprint` and its
-digest), ``inputs.json`` the stores it was launched on, by content (:func:`store_inputs`,
-written by the launcher: no rank reads another centre's training split, nor any label of
-PrivateKT's public pool). Before a job is launched into it, :func:`plan_launch` compares
-that record with the job:
+digest), ``inputs.json`` the stores it was launched on (and a canary run's plan), by
+content (:func:`run_inputs`, written by the launcher: no rank reads another centre's
+training split, nor any label of PrivateKT's public pool). Before a job is launched into
+it, :func:`plan_launch` compares that record with the job:
 
 - nothing there: **start**;
 - an unfinished run of the same configuration: **resume** it (its stores changed since:
@@ -83,7 +83,7 @@ class Action(Enum):
 class LaunchPlan:
     """What to do with ``run_dir``: ``action``, the directory the job trains in (``work``:
     the run directory, or its staging directory for REPLACE), why, in one sentence, and
-    the job's inputs (:func:`store_inputs`), which :func:`prepare` records there."""
+    the job's inputs (:func:`run_inputs`), which :func:`prepare` records there."""
 
     run_dir: Path
     action: Action
@@ -147,9 +147,11 @@ def read_centers(config: TrainConfig) -> list[int]:
     return centers
 
 
-def store_inputs(config: TrainConfig) -> dict[str, str]:
-    """``{"center_{c}": store_digest}`` of every store the job reads, PrivateKT's public
-    pool without its labels (:class:`~wsi.store.schema.StoreError` if one cannot be read)."""
+def run_inputs(config: TrainConfig) -> dict[str, str]:
+    """What the job trains on, by content: ``{"center_{c}": store_digest}`` of every
+    store it reads, PrivateKT's public pool without its labels, and for a canary run
+    ``{"canaries": digest}`` of its plan (:class:`~wsi.store.schema.StoreError` if a store
+    cannot be read)."""
     data, _ = config.require_paths()
     public = config.public_store_center
     inputs = {}
@@ -158,7 +160,20 @@ def store_inputs(config: TrainConfig) -> dict[str, str]:
             inputs[f"center_{center}"] = store_digest(store_path(data, center), center != public)
         except StoreError as error:
             raise StoreError(error.path, f"{error.reason}; {rebuild_hint(center)}") from None
+    # a canary plan's path is in the fingerprint, its content here (one that does not
+    # read is left to the ranks, which fail on it naming the file)
+    if config.canaries is not None and Path(config.canaries).is_file():
+        plan = Path(config.canaries).read_bytes()
+        inputs["canaries"] = "sha256:" + hashlib.sha256(plan).hexdigest()
     return inputs
+
+
+def holds_another_configuration(config: TrainConfig) -> bool:
+    """Whether ``config.run_dir`` holds a run (finished or not) of another configuration,
+    or one that recorded none: what a launch without ``replace`` refuses."""
+    _, run_dir = config.require_paths()
+    recorded = read_recorded_run(run_dir)
+    return recorded.state is not RunState.ABSENT and configuration_changes(recorded, config) != {}
 
 
 def read_recorded_run(run_dir: Path) -> RecordedRun:
@@ -247,10 +262,10 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
     recorded = check_launch(config, replace)
     if recorded.state is RunState.ABSENT:
         return LaunchPlan(run_dir, Action.START, run_dir, "no run there yet",
-                          store_inputs(config))  # fmt: skip
+                          run_inputs(config))  # fmt: skip
     changes = configuration_changes(recorded, config)
     same = changes == {}
-    inputs = store_inputs(config)
+    inputs = run_inputs(config)
     if recorded.state is RunState.UNFINISHED:
         if same and recorded.inputs in (None, inputs):
             return LaunchPlan(run_dir, Action.RESUME, run_dir, "an unfinished run of this "

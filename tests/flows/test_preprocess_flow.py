@@ -13,9 +13,16 @@ import numpy as np
 import pytest
 
 from camelyon_proxyfl.params.preprocess import PreprocessConfig
-from flows.preprocess import UnknownSlidesError, main, preprocess
+from flows.preprocess import (
+    UnknownSlidesError,
+    current_store_inputs,
+    main,
+    parse_config,
+    preprocess,
+)
 from wsi.annotations import read_asap
 from wsi.catalogue import scan_camelyon
+from wsi.freshness import inputs_path, stale_reason
 from wsi.slide import open_slide
 from wsi.store.reader import read_store_info
 from wsi.store.schema import store_path
@@ -122,6 +129,53 @@ def test_short_centre_fails_naming_it(
     error = capsys.readouterr().err
     assert "centre 0: can supply only" in error and "5000 of each requested" in error
     assert not store_path(tmp_path / "p", 0).exists()
+    assert not inputs_path(tmp_path / "p", 0).exists(), "no record of a store that failed"
+
+
+def test_a_store_is_up_to_date_until_an_input_it_depends_on_changes(
+    synthetic_dataset: SynthManifest, built: Path, tmp_path: Path
+) -> None:
+    """The record beside each store (wsi.freshness) holds while its slides, parameters,
+    libraries and the store itself are as they were, and names what changed when not."""
+    root, out = tmp_path / "data", tmp_path / "patches"
+    shutil.copytree(synthetic_dataset.root, root)  # copies keep sizes and modification times
+    shutil.copytree(built, out)
+    config, _ = parse_config(_flags(root, out))
+
+    def reasons(flags: tuple[str, ...] = ()) -> dict[int, str | None]:
+        asked = parse_config([*_flags(root, out), *flags])[0] if flags else config
+        return {c: stale_reason(out, i) for c, i in current_store_inputs(asked).items()}
+
+    assert reasons() == {0: None, 1: None}
+    assert reasons(("--seed", "5")) == dict.fromkeys((0, 1), "its parameters changed")
+    assert reasons(("--workers", "1", "--backend", "tiffslide")) == {0: None, 1: None}
+
+    slide = next(r for r in scan_camelyon(root).slides if r.center == 1)
+    stat = slide.path.stat()
+    os.utime(slide.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    now = reasons()
+    assert now[0] is None, "another centre's slide is not this store's input"
+    assert now[1] == f"its source files changed ({slide.path.relative_to(root).as_posix()})"
+    os.utime(slide.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (root / "lesion_annotations" / "patient_999_node_0.xml").write_text("<ASAP_Annotations/>")
+    assert all("lesion_annotations/patient_999_node_0.xml" in r for r in reasons().values())
+    (root / "lesion_annotations" / "patient_999_node_0.xml").unlink()
+    assert reasons() == {0: None, 1: None}
+
+    record_file = inputs_path(out, 0)
+    record = json.loads(record_file.read_text())
+    record["inputs"]["libraries"]["h5py"] = "0.0"  # as recorded by another installation
+    record_file.write_text(json.dumps(record))
+    assert reasons()[0] == "library versions changed (h5py)"
+    record_file.unlink()
+    assert reasons()[0] == "no record of the inputs it was built from (center_0.inputs.json)"
+
+    store = store_path(out, 1)
+    os.utime(store)  # rewritten since (a checkout of another version, a copy by hand)
+    assert reasons()[1] == "center_1.h5 changed since it was built"
+
+    assert _run(root, out) == 0  # built again: recorded again
+    assert reasons() == {0: None, 1: None}
 
 
 def test_bad_parameters_exit_2(synthetic_dataset: SynthManifest, tmp_path: Path, capsys) -> None:

@@ -20,9 +20,9 @@ from proxyfl.launch.rundir import (
     prepare,
     publish_staged,
     read_recorded_run,
+    run_inputs,
     staging_dir,
     store_digest,
-    store_inputs,
     write_config,
 )
 from tests.proxyfl.conftest import write_stores
@@ -41,7 +41,7 @@ def _record(config: TrainConfig, status: str) -> None:
     _, out = config.require_paths()
     out.mkdir(parents=True, exist_ok=True)
     write_config(config)
-    (out / "inputs.json").write_text(json.dumps(store_inputs(config)))
+    (out / "inputs.json").write_text(json.dumps(run_inputs(config)))
     run = {"status": status, "algorithm": config.algorithm,
            "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
            "config_digest": config.digest()}  # fmt: skip
@@ -140,7 +140,7 @@ def test_a_run_whose_stores_changed_is_trained_again(data: Path, tmp_path: Path)
     assert restart.action is Action.RESTART and "center_1" in restart.reason
     prepare(restart, _config(data, unfinished, seed=1))
     recorded = json.loads((unfinished / "inputs.json").read_text())
-    assert recorded == store_inputs(_config(data, unfinished, seed=1)) == restart.inputs
+    assert recorded == run_inputs(_config(data, unfinished, seed=1)) == restart.inputs
 
 
 def test_the_public_pools_labels_are_never_read(data: Path, tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_the_public_pools_labels_are_never_read(data: Path, tmp_path: Path) -> N
             h5[split].create_dataset("labels", shape=(n,), dtype=np.int64, external=absent)
     config = _config(data, tmp_path / "r", algorithm="PrivateKT", public_pool="center",
                      public_center=4)  # fmt: skip
-    assert store_inputs(config)["center_4"].startswith("sha256:")
+    assert run_inputs(config)["center_4"].startswith("sha256:")
     with pytest.raises(Exception, match="external"):
         store_digest(path)  # with labels: the read fails, so the line above read none
 
@@ -174,9 +174,9 @@ def test_store_digest_is_the_content_not_the_file(data: Path, tmp_path: Path) ->
     assert store_digest(store_path(smaller, 0)) != first
     privatekt = _config(data, tmp_path / "r", algorithm="PrivateKT", public_pool="center",
                         public_center=4)  # fmt: skip
-    assert set(store_inputs(privatekt)) == {"center_0", "center_1", "center_4"}
+    assert set(run_inputs(privatekt)) == {"center_0", "center_1", "center_4"}
     share = _config(data, tmp_path / "r", algorithm="PrivateKT")  # the pool: the clients'
-    assert set(store_inputs(share)) == {"center_0", "center_1"}
+    assert set(run_inputs(share)) == {"center_0", "center_1"}
 
 
 def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
