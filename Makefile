@@ -15,11 +15,13 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 
 setup: $(STAMP)
 
+# uv resolves the same versions as pip and installs them in parallel (22 s against 148 s
+# for pip on 2 cores, README "Two commands"); pip is the fallback where uv cannot be had
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3.12 ...'"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip setuptools wheel
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -q uv && $(BIN)/uv pip install --python $(BIN)/python -e '.[dev]' \
+	  || { $(BIN)/pip install --upgrade pip setuptools wheel && $(BIN)/pip install -e '.[dev]'; }
 	touch $(STAMP)
 
 test: $(STAMP)

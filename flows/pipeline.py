@@ -3,6 +3,10 @@
     slides --preprocess--> centre stores --train--> runs/ --audit--> results/audit.json
            --report--> tables and curves
 
+What is up to date is kept, as ``dvc repro`` keeps it: a store whose recorded inputs are
+unchanged (:mod:`wsi.freshness`), a finished run of the same configuration and stores
+(:mod:`proxyfl.launch.rundir`).
+
 The embedded synthetic slides are written first when ``data.root`` is ``data/synthetic``
 and they are absent; any other missing or empty data root fails the flow at once. Then,
 before any work, the checks of :mod:`camelyon_proxyfl.preflight` (centres, patches
@@ -11,6 +15,7 @@ available per label, batch size against training sizes, PrivateKT's public pool)
     python -m flows.pipeline                       # params.yaml (the demo configuration)
     python -m flows.pipeline --config params-paper.yaml
     python -m flows.pipeline --check               # those checks only: exit 0, or 2
+    python -m flows.pipeline --rebuild-stores      # every store built, up to date or not
 
 Also the entry points of the Prefect deployments in ``prefect.yaml``: ``pipeline`` for the
 whole thing and ``preprocess_centre`` for one centre's store. Exits 1 when a stage fails

@@ -12,8 +12,10 @@ was written. Those inputs (:class:`StoreInputs`) are the ones ``dvc.yaml``'s
   slide generator), and the versions of the pixel and file libraries
   (:func:`wsi.store.provenance.pixel_library_versions`).
 
-Every successful build writes them, with the identity of the store and report it wrote, to
-``center_{c}.inputs.json`` (:func:`record_inputs`). :func:`stale_reason` compares that
+Every successful build writes them, with the identity of the store and report it wrote (by
+content: :func:`wsi.store.digest.store_digest`, the report's SHA-256; DVC copies its
+outputs into its cache and back, which leaves the bytes as they were but not the files'
+times), to ``center_{c}.inputs.json`` (:func:`record_inputs`). :func:`stale_reason` compares that
 record with the inputs now: ``None`` when nothing changed and the store and report are the
 files recorded, else the first reason to rebuild. The comparison errs one way only: a copy
 of the slides (new modification times) or an edit to any ``wsi`` module rebuilds a store
@@ -36,8 +38,9 @@ from typing import Any
 from plumbing.atomic import write_json
 from wsi.center import params_hash
 from wsi.params import PatchParams, SamplingParams
+from wsi.store.digest import store_digest
 from wsi.store.provenance import pixel_library_versions, project_version
-from wsi.store.schema import store_path
+from wsi.store.schema import StoreError, store_path
 from wsi.summary import report_path
 
 ANNOTATIONS_DIR = "lesion_annotations"
@@ -68,6 +71,10 @@ def store_code_digest() -> str:
 def _identity(path: Path) -> list[int]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns]
+
+
+def _file_digest(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _files(path: Path) -> Iterator[Path]:
@@ -147,8 +154,8 @@ def record_inputs(out_dir: str | os.PathLike[str], inputs: StoreInputs) -> Path:
     center = inputs.center
     record = {
         "inputs": inputs.to_json(),
-        "store": _identity(store_path(out_dir, center)),
-        "report": _identity(report_path(out_dir, center)),
+        "store": store_digest(store_path(out_dir, center)),
+        "report": _file_digest(report_path(out_dir, center)),
     }
     path = inputs_path(out_dir, center)
     write_json(path, record, sort_keys=True)
@@ -176,8 +183,12 @@ def stale_reason(out_dir: str | os.PathLike[str], inputs: StoreInputs) -> str | 
         return f"its record {path.name} does not read ({error})"
     if not isinstance(record, dict) or not isinstance(record.get("inputs"), dict):
         return f"its record {path.name} is not one"
-    if record.get("store") != _identity(store):
+    try:
+        held = store_digest(store)
+    except StoreError as error:
+        return f"{store.name} does not read ({error.reason})"
+    if record.get("store") != held:
         return f"{store.name} changed since it was built"
-    if not report.is_file() or record.get("report") != _identity(report):
+    if not report.is_file() or record.get("report") != _file_digest(report):
         return f"{report.name} changed since it was built"
     return inputs.changes(record["inputs"])

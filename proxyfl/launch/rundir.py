@@ -40,8 +40,8 @@ from plumbing.atomic import write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.results import RUN_FILE, json_safe
-from wsi.store.reader import read_store_info
-from wsi.store.schema import SPLITS, StoreError, rebuild_hint, store_path
+from wsi.store.digest import store_digest
+from wsi.store.schema import StoreError, rebuild_hint, store_path
 
 logger = logging.getLogger(__name__)
 
@@ -99,42 +99,6 @@ def staging_dir(run_dir: Path) -> Path:
 
 def _retired_dir(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.old"
-
-
-def store_digest(path: Path, labels: bool = True) -> str:
-    """A store's identity by content: its attributes and provenance, and every split's
-    patients, slides, coordinates (which patches it holds) and, with ``labels``, labels,
-    hashed. The pixels are not read, so it costs milliseconds on a 50 GB store; neither are
-    the labels without ``labels`` (PrivateKT's public pool: they are never read)."""
-    info = read_store_info(path, splits=SPLITS if labels else ())
-    digest = hashlib.sha256()
-    digest.update(json.dumps(info.attrs.scalars(), sort_keys=True).encode())
-    if info.provenance is not None:
-        digest.update(info.provenance.to_json().encode())
-    for name in SPLITS:
-        digest.update(name.encode())
-        if labels:
-            split = info.splits[name]
-            digest.update(split.labels.astype("<i8").tobytes())
-            digest.update("\0".join(split.patients).encode())
-            digest.update("\0".join(split.slides).encode())
-            digest.update(split.coords.astype("<i8").tobytes())
-        else:
-            digest.update(_unlabelled_identity(path, name))
-    return "sha256:" + digest.hexdigest()
-
-
-def _unlabelled_identity(path: Path, split: str) -> bytes:
-    """A split's patients, slides and coordinates, read without its labels."""
-    import h5py
-
-    with h5py.File(path, "r") as h5:
-        group = h5[split]
-        return b"\0".join(
-            [*(bytes(v) if isinstance(v, bytes) else str(v).encode()
-               for name in ("patients", "slides") for v in group[name][()]),
-             group["coords"][()].astype("<i8").tobytes()]
-        )  # fmt: skip
 
 
 def read_centers(config: TrainConfig) -> list[int]:

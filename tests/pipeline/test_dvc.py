@@ -108,10 +108,17 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     params_file.write_text(demo_params)
     assert "up to date" in _dvc(project, tool_env, "status")
 
-    # the Prefect path after DVC's: it writes the same bytes, so DVC finds nothing to do
+    # the Prefect path after DVC's: it keeps what DVC built (stores, runs, the canary run),
+    # saying so, and writes the same bytes, so DVC finds nothing to do
+    stores_before = {path: path.stat().st_mtime_ns for path in outputs}
     prefect_path = subprocess.run(["python", "-m", "flows.pipeline"], cwd=project, env=tool_env,
                                   capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert prefect_path.returncode == 0, prefect_path.stdout[-3000:] + prefect_path.stderr[-3000:]
+    said = prefect_path.stdout + prefect_path.stderr
+    assert prefect_path.returncode == 0, said[-6000:]
+    assert "every store is up to date: preprocessing skipped" in said, said[-6000:]
+    assert "for flow 'preprocess'" not in said
+    assert said.count("and these stores: kept") == 4, said[-6000:]  # 3 runs and the canary run
+    assert {path: path.stat().st_mtime_ns for path in outputs} == stores_before, "not rewritten"
     assert {path.name: _sha(path) for path in outputs} == before_switch
     assert "up to date" in _dvc(project, tool_env, "status")
 

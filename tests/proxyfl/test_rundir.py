@@ -22,10 +22,10 @@ from proxyfl.launch.rundir import (
     read_recorded_run,
     run_inputs,
     staging_dir,
-    store_digest,
     write_config,
 )
 from tests.proxyfl.conftest import write_stores
+from wsi.store.digest import store_digest
 from wsi.store.schema import store_path
 
 
