@@ -14,7 +14,10 @@
                      (plots/curves.png: Figure 8, accuracy and macro-accuracy per round),
                      results/report.html (all of it, saying whether the slides were
                      synthetic or real, with Table 1 and the failures of the stores in
-                     train.data, in one self-contained page)
+                     train.data, in one self-contained page);
+                     beside them, not DVC outputs (they change with every launch):
+                     results/timings.{md,csv} (where each run's wall time went, from
+                     its machine.json; "—" where a run does not record it)
 
     python -m flows.report
     python -m flows.report --runs runs --out results --algorithms ProxyFL Joint --seeds 0 1
@@ -50,7 +53,7 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
 from proxyfl.report import ReportError, ReportPaths
-from tasks.report import finished_runs, report_files
+from tasks.report import finished_runs, report_files, timing_files
 
 
 @flow(name="report")
@@ -58,6 +61,7 @@ def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print its tables."""
     selection = finished_runs(config)
     paths = report_files(selection, config.out, config.data, config.audit)
+    timing_files(selection, config.out)
     publish_report(paths)
     print_tables(paths)
     return paths

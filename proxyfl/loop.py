@@ -93,13 +93,13 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
             assert gathered is not None
             rows.extend(MetricRow.model_validate(row) for part in gathered for row in part)
             write_metrics(metrics_path, rows)
-        trainer.timings.records_seconds += time.perf_counter() - started
-        logger.info(
+        logger.info(  # a record too: ε is the accountant's to compute, not free
             "round %d/%d client %d: %s ε=%.3f loss=%s comm=%.3fs",
             round_number, cfg.rounds, trainer.data.client,
             " ".join(f"{k}={v.accuracy:.3f}" for k, v in (scores or {}).items()) or "(no eval)",
             trainer.epsilon(), _format_loss(losses.shared), comm_seconds,
         )  # fmt: skip
+        trainer.timings.records_seconds += time.perf_counter() - started
 
         started = time.perf_counter()
         ckpt.save_checkpoint(

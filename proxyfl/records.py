@@ -236,11 +236,20 @@ def write_run_json(
 
 
 def write_machine_json(
-    config: TrainConfig, records: list[dict[str, Any]], wall: list[float] | None = None
+    config: TrainConfig,
+    records: list[dict[str, Any]],
+    wall: list[float] | None = None,
+    startup: list[float | None] | None = None,
 ) -> None:
-    """``RUN_DIR/machine.json``: when and where the run ran, each rank's
-    :func:`rank_machine_record` and, with ``wall`` (each rank's seconds since it started,
-    once finished), where the time went."""
+    """``RUNDIR/machine.json``: when and where the run ran, each rank's
+    :func:`rank_machine_record` and, with ``wall`` (each rank's seconds on its own clock,
+    once finished) and ``startup`` (each rank's seconds before that clock started,
+    :func:`~proxyfl.engine.timings.process_age`; None where unknown), where the time went.
+
+    ``process_seconds_per_rank`` = startup + wall: each rank's life from its process's
+    creation to its last record, which its ``per_rank`` phases account for
+    (:mod:`proxyfl.engine.timings`). The launcher adds what it saw once the job has exited
+    (``launcher``, :func:`proxyfl.launch.accounting.record_launcher_wall`)."""
     _, run_dir = config.require_paths()
     payload: dict[str, Any] = {
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -255,6 +264,11 @@ def write_machine_json(
             # this launch's seconds per rank (a resumed run's phases also hold the rounds
             # run before: then they may sum to more)
             "wall_seconds_per_rank": list(wall),
+            "startup_seconds_per_rank": list(startup) if startup is not None else None,
+            "process_seconds_per_rank": (
+                [None if s is None else s + w for s, w in zip(startup, wall, strict=True)]
+                if startup is not None else None
+            ),
             "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
             "max_comm_seconds": max(t["comm_seconds"] for t in timings),
             "total_train_seconds": sum(t["train_seconds"] for t in timings),

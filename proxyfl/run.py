@@ -35,6 +35,7 @@ from plumbing.output import adopt_passed_output
 from proxyfl.comm.control import gather_json
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.engine.access import AccessLog
+from proxyfl.engine.timings import process_age
 from proxyfl.engine.validation import (
     FatalSignalRecord,
     RankFailure,
@@ -367,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     _configure_logging(rank)
     wall_start = time.perf_counter()
+    startup = process_age()  # before this clock: the interpreter, imports, MPI's init
 
     config, error = run_phase(lambda: parse_config(argv))
     check_or_exit(comm, error)
@@ -447,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_run_json(config, size, records, status="running")
     comm.Barrier()
     trainer.timings.setup_seconds += time.perf_counter() - wall_start
+    trainer.timings.startup_seconds += startup or 0.0
 
     try:
         run_training(trainer, start_round)
@@ -460,14 +463,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     write_trained_models(trainer)  # the models a hospital came for, kept with the run
-    trainer.timings.records_seconds += time.perf_counter() - started
     if not config.keep_final_checkpoints:
         ckpt.clear_checkpoints(run_dir, rank)
     records = gather_json(comm, rank_record(trainer), root=0)
+    trainer.timings.records_seconds += time.perf_counter() - started
     machines = gather_json(comm, rank_machine_record(trainer), root=0)
     wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
+    startups = gather_json(comm, startup, root=0)
     if rank == 0:  # run.json "finished" last: it says the run is whole
-        write_machine_json(config, machines, wall)
+        write_machine_json(config, machines, wall, startups)
         write_run_json(config, size, records, status="finished")
     trainer.communicator.free()
     fatal_signals.close()

@@ -9,6 +9,7 @@ from prefect import task
 from camelyon_proxyfl.params.report import ReportConfig
 from proxyfl.report import ReportPaths, write_report
 from proxyfl.report.select import RunSelection, select_runs
+from proxyfl.report.timings import write_timings
 
 
 @task(name="finished runs")
@@ -30,3 +31,11 @@ def report_files(
     report.html (with the data line, Table 1 and the failures of the stores in
     ``stores_dir``, and the audit or a line saying none was recorded)."""
     return write_report(selection.runs, out_dir, stores_dir, selection, audit=audit)
+
+
+@task(name="timing files")
+def timing_files(selection: RunSelection, out_dir: Path) -> tuple[Path, Path]:
+    """``out_dir/timings.{md,csv}``: where each run's wall time went, from its
+    machine.json (:mod:`proxyfl.report.timings`). Beside the report, never in its
+    DVC-tracked outputs: the figures change with every launch."""
+    return write_timings(selection.runs, out_dir)

@@ -16,11 +16,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 from proxyfl.names import MODEL_NAMES
 
@@ -34,22 +34,31 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(32, channels), channels)
 
 
-class _OutOfPlaceBasicBlock(BasicBlock):
-    """torchvision's BasicBlock, with the residual sum written out of place."""
+@functools.cache
+def _out_of_place_basic_block() -> type[nn.Module]:
+    """torchvision's BasicBlock, with the residual sum written out of place. Made on first
+    use: importing torchvision costs a rank ~1 s of start-up (bench/bench_startup.py), and
+    only ResNet-18 needs it."""
+    from torchvision.models.resnet import BasicBlock
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+    class _OutOfPlaceBasicBlock(BasicBlock):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return self.relu(out + identity)
+
+    return _OutOfPlaceBasicBlock
 
 
 def resnet18_gn(n_classes: int, input_size: int, in_channels: int = 3) -> nn.Module:
     """GroupNorm ResNet-18 with ``n_classes`` outputs."""
+    from torchvision.models.resnet import ResNet
+
     if input_size < 16:
         raise ModelInputError(f"resnet18_gn needs inputs of at least 16 px, got {input_size}")
     model = ResNet(
-        _OutOfPlaceBasicBlock, [2, 2, 2, 2], num_classes=n_classes, norm_layer=group_norm
+        _out_of_place_basic_block(), [2, 2, 2, 2], num_classes=n_classes, norm_layer=group_norm
     )
     if in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from plumbing.output import passing_output
 from plumbing.processes import parent_bound_command
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
+from proxyfl.launch.accounting import record_launcher_wall
 from proxyfl.launch.progress import RoundFollower, RoundProgress
 from proxyfl.launch.rundir import (
     CONFIG_FILE,
@@ -317,6 +319,7 @@ def _run_job(
         open(read_end, encoding="utf-8", errors="replace") as output,
         open(job.run_dir / JOB_LOG, "w", encoding="utf-8") as log_file,
     ):
+        started = time.perf_counter()  # the job's wall, as the launcher sees it
         try:
             process = subprocess.Popen(
                 command, stdout=write_end, stderr=subprocess.STDOUT, pass_fds=(write_end,),
@@ -335,6 +338,7 @@ def _run_job(
                     for progress in rounds.poll():
                         on_round(progress)
             exit_code = process.wait()
+            record_launcher_wall(job.run_dir, time.perf_counter() - started)
         except BaseException:
             _terminate(process)
             raise

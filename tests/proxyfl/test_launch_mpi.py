@@ -377,3 +377,26 @@ def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
         assert failure.value.exit_code == 1 and failure.value.rank is None
     (job.run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
     _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))  # a finished run passes
+
+
+def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -> None:
+    """machine.json splits the job's time: each rank's start-up (process created -> its
+    clock), set-up and loop phases add up to its process's life, and the launcher's wall
+    is the slowest rank's life plus the launcher's own overhead."""
+    job = _job(stores, tmp_path / "run", rounds=2)
+    run_job(job, on_line=lambda _: None)
+    timings = json.loads((job.run_dir / "machine.json").read_text())["timings"]
+    lives = timings["process_seconds_per_rank"]
+    assert len(lives) == len(timings["per_rank"]) == 2
+    for phases, life, startup in zip(timings["per_rank"], lives,
+                                     timings["startup_seconds_per_rank"], strict=True):  # fmt: skip
+        # imports of numpy, pydantic and mpi4py before the rank's clock take a while
+        assert phases["startup_seconds"] == startup > 0.1
+        accounted = sum(phases.values())
+        assert abs(life - accounted) <= 0.5 + 0.05 * life, (life, phases)
+    launcher = timings["launcher"]
+    assert launcher["slowest_rank_process_seconds"] == max(lives)
+    assert launcher["wall_seconds"] >= max(lives) and launcher["overhead_seconds"] >= 0
+    assert launcher["overhead_seconds"] == pytest.approx(launcher["wall_seconds"] - max(lives))
+    run_json = (job.run_dir / "run.json").read_text()  # the same bytes on any machine
+    assert "startup" not in run_json and "launcher" not in run_json

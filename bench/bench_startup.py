@@ -1,0 +1,126 @@
+"""What a training job spends outside training, each change measured side by side.
+
+(a) A rank's imports: ``python -c`` of everything ``proxyfl.run`` imports before its first
+    round, as it is (torchvision deferred to ResNet-18) against the same with torchvision
+    imported eagerly (as before). Fresh interpreters, interleaved, median wall seconds.
+(b) ε per round: the RDP conversion asked three times a round (metrics, log line, rank
+    record) uncached against cached.
+(c) Evaluation of a cnn2 private + cnn1 proxy pair (the demo's) on a merged test set of
+    ``--test`` 32×32 patches: eval batch sizes, and 1 against 2 intra-op threads; each
+    variant's probabilities compared bit for bit with the default's (batch 128, 1 thread).
+
+    python -m bench.bench_startup [--repeats N] [--test N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RANK_IMPORTS = (
+    "import proxyfl.run; from mpi4py import MPI; "
+    "import proxyfl.algorithms.strategies, proxyfl.engine.runtime, proxyfl.loop, "
+    "proxyfl.records, proxyfl.trainer, proxyfl.engine.data"
+)
+
+
+def _imports_seconds(code: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+    return time.perf_counter() - started
+
+
+def bench_imports(repeats: int) -> dict[str, float]:
+    eager = "import torchvision.models.resnet; " + RANK_IMPORTS
+    before, after = [], []
+    for _ in range(repeats):  # interleaved: the machine's load hits both alike
+        before.append(_imports_seconds(eager))
+        after.append(_imports_seconds(RANK_IMPORTS))
+    return {"before": statistics.median(before), "after": statistics.median(after)}
+
+
+def bench_epsilon(repeats: int) -> dict[str, float]:
+    from proxyfl.privacy import accounting
+
+    convert = accounting._rdp_epsilon
+    before, after = [], []
+    for r in range(repeats):
+        steps = ((1.4, 32 / 480, 15 * (r + 1)),)
+        started = time.perf_counter()
+        for _ in range(3):
+            convert.__wrapped__(steps, 1e-5)
+        before.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for _ in range(3):
+            accounting.epsilon_from_history(steps, 1e-5)
+        after.append(time.perf_counter() - started)
+    return {"before": statistics.median(before), "after": statistics.median(after)}
+
+
+def bench_eval(repeats: int, n_test: int) -> dict[str, dict[str, float | bool]]:
+    import numpy as np
+    import torch
+
+    from proxyfl.engine.data import open_split
+    from proxyfl.engine.evaluate import evaluate_with_probabilities
+    from proxyfl.engine.models import build_model
+    from tests.proxyfl.conftest import write_stores
+
+    with tempfile.TemporaryDirectory() as folder:
+        data = write_stores(Path(folder), centers=(0, 1, 2, 3), n_train=8,
+                            n_test=n_test // 4, size=32)  # fmt: skip
+        splits = [open_split(data, c, "test") for c in range(4)]
+        torch.manual_seed(0)
+        models = {"private": build_model("cnn2", 2, 32), "proxy": build_model("cnn1", 2, 32)}
+        cpu = torch.device("cpu")
+
+        def run(batch: int, threads: int) -> tuple[float, dict[str, np.ndarray]]:
+            torch.set_num_threads(threads)
+            evaluate_with_probabilities(models, splits, 2, cpu, None, batch)  # warm-up
+            times, probabilities = [], {}
+            for _ in range(repeats):
+                started = time.perf_counter()
+                _, probabilities = evaluate_with_probabilities(models, splits, 2, cpu, None, batch)
+                times.append(time.perf_counter() - started)
+            return statistics.median(times), probabilities
+
+        variants = {"batch 128, 1 thread": (128, 1), "batch 64, 1 thread": (64, 1),
+                    "batch 512, 1 thread": (512, 1), "batch 128, 2 threads": (128, 2)}  # fmt: skip
+        results: dict[str, dict[str, float | bool]] = {}
+        reference = None
+        for name, (batch, threads) in variants.items():
+            seconds, probabilities = run(batch, threads)
+            reference = reference or probabilities
+            same = all(np.array_equal(probabilities[k], reference[k]) for k in reference)
+            results[name] = {"seconds": seconds, "bit_identical": same}
+        torch.set_num_threads(1)
+        return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_startup", description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--test", type=int, default=480, help="merged test patches")
+    args = parser.parse_args([] if argv is None else argv)
+    imports = bench_imports(args.repeats)
+    print(f"(a) a rank's imports, median of {args.repeats} fresh interpreters")
+    print(f"    torchvision eager (before) {imports['before']:6.2f} s")
+    print(f"    torchvision deferred       {imports['after']:6.2f} s")
+    epsilon = bench_epsilon(args.repeats)
+    print(f"(b) ε asked 3 times a round, median of {args.repeats} rounds")
+    print(f"    uncached (before) {epsilon['before']:7.3f} s   cached {epsilon['after']:7.3f} s")
+    print(f"(c) evaluation, cnn2 + cnn1 on {args.test} patches, median of {args.repeats}")
+    for name, result in bench_eval(args.repeats, args.test).items():
+        print(f"    {name:22s} {result['seconds']:6.3f} s  bit-identical to batch 128, "
+              f"1 thread: {result['bit_identical']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
