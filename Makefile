@@ -39,6 +39,7 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server -- dvc repro
 	@echo; cat results/tables/accuracy.md; echo; cat results/tables/privacy.md; echo; cat results/tables/audit.md
+	@echo; cat results/timings.md
 
 # Prefect server (UI on :4200), work pool, deployments and a worker; Ctrl-C stops them all.
 serve: $(STAMP)
