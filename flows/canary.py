@@ -40,7 +40,7 @@ def canary_run(train: TrainSection, audit: AuditSection, algorithm: str) -> Path
     """``algorithm`` trained once more, on its clients' data with the IN canaries of a new
     plan and without the OUT ones: ``CANARY_RUNS/{algorithm}/``."""
     canary_plan(audit, train, algorithm)
-    job = TrainingJob(audit.canary_job(train, algorithm), Placement(tuple(train.hosts)))
+    job = TrainingJob(audit.canary_job(train, algorithm), Placement(hosts=tuple(train.hosts)))
     training_run.with_options(retries=train.retries)(job, replace=True)
     return audit.canary_dir(algorithm)
 

@@ -46,7 +46,7 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order.
     ``replace``: runs of another configuration (or finished ones) are trained again."""
     run = training_run.with_options(retries=config.retries)
-    placement = Placement(tuple(config.hosts))
+    placement = Placement(hosts=tuple(config.hosts))
     return [run(TrainingJob(job, placement), replace) for job in config.job_configs()]
 
 

@@ -98,7 +98,7 @@ def run_mpi(
     """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout."""
     target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
     command = [
-        *PLACEMENT.launcher(n), sys.executable, "-m", "mpi4py", *target,
+        *PLACEMENT.command_prefix(n), sys.executable, "-m", "mpi4py", *target,
         *map(str, module_args),
     ]  # fmt: skip
     # appended to by the launcher and by every rank (proxyfl.run writes around the fork
