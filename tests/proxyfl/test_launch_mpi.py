@@ -11,7 +11,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import pathspec
 import psutil
 import pytest
 
@@ -46,8 +45,6 @@ from proxyfl.launch.shared_memory import (
 from proxyfl.results import predictions_path, read_predictions
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
-
-REPO = Path(__file__).resolve().parents[2]
 
 OPTIONS = {
     "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
@@ -303,19 +300,8 @@ def test_too_little_shared_memory_for_the_ranks_is_warned_of(
     assert "SIGBUS" in caplog.text and "--shm-size" in caplog.text
 
 
-def _dvc_hashed_files(run_dir: Path) -> dict[str, bytes]:
-    """The files of ``run_dir`` that DVC hashes: all but what the repository's .dvcignore
-    leaves out (gitignore patterns, as DVC reads them)."""
-    ignore = pathspec.GitIgnoreSpec.from_lines((REPO / ".dvcignore").read_text().splitlines())
-    return {
-        str(path.relative_to(run_dir)): path.read_bytes()
-        for path in sorted(run_dir.rglob("*"))
-        if path.is_file() and not ignore.match_file(str(path.relative_to(run_dir)))
-    }
-
-
 def test_the_same_job_writes_the_same_run_anywhere(
-    stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: Any
 ) -> None:
     """One job launched from two directories (other paths, other times, other processes):
     every file DVC hashes is the same bytes, so a run's dvc.lock entry is the same on any
@@ -327,7 +313,7 @@ def test_the_same_job_writes_the_same_run_anywhere(
         monkeypatch.chdir(tmp_path / place)  # relative paths, as params.yaml gives them
         run_job(_job(Path("stores"), Path("runs/ProxyFL/seed_0"), rounds=2),
                 on_line=lambda _: None)  # fmt: skip
-        hashed.append(_dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
+        hashed.append(helpers.dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
     assert {"run.json", "metrics.jsonl", "ranks/rank_0.json"} <= set(hashed[0])
     assert not {"job.log", "machine.json", "ranks/rank_0.machine.json"} & set(hashed[0])
     assert hashed[0].keys() == hashed[1].keys()
