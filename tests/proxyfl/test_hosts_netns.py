@@ -8,8 +8,13 @@ through its ssh launcher: an ``ssh`` first on ``PATH`` that runs the command hyd
 inside B's namespace (``ip netns exec``), as sshd would on B. The ranks' MPI traffic
 between the hosts is TCP over the veth (MPICH's libfabric network module, its ``tcp``
 provider on the veth interface; MPICH's default, UCX, crossed the link as well in a trial,
-but the test pins the path it checks). The filesystem is shared, as the README asks of real
-hosts (the same paths everywhere).
+but the test pins the path it checks).
+
+The run directory is shared, as the README asks (the same path everywhere), but the stores
+are laid out as the README says for hospitals that keep their data on their own disks:
+host B sees, at the same path, a directory of its own (a bind mount in B's mount
+namespace) with its centres' stores whole and the other centres' stores without a single
+training patch; host A, where the launcher runs and digests every store, has them all.
 
 The job must write the same bytes (every file DVC hashes: metrics, run.json, rank records,
 trained models, predictions) as the same job on one host with the default placement, and
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import h5py
 import psutil
 import pytest
 import yaml
@@ -55,7 +61,8 @@ TRAIN = {
 # the ranks' network path between hosts: libfabric's tcp provider on the veth
 OVER_THE_LINK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": LINK}
 # hydra's ssh launcher calls `ssh [options] HOST COMMAND...` (COMMAND: its proxy, with the
-# control port to call back); sshd on HOST would run COMMAND with a shell
+# control port to call back); sshd on HOST would run COMMAND with a shell. `ip netns exec`
+# runs it in a mount namespace of its own too, so B's bind mount is B's alone
 SSH = """#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -66,11 +73,11 @@ while [ $# -gt 0 ]; do
 done
 host=$1; shift
 case "$host" in
-  {host_a}) namespace={a} ;;
-  {host_b}) namespace={b} ;;
+  {host_a}) namespace={a}; disk="" ;;
+  {host_b}) namespace={b}; disk="mount --bind {b_stores} {stores} && " ;;
   *) echo "ssh: no host $host here" >&2; exit 255 ;;
 esac
-exec ip netns exec "$namespace" sh -c "$*"
+exec ip netns exec "$namespace" sh -c "$disk$*"
 """
 
 
@@ -121,6 +128,18 @@ def two_hosts() -> Iterator[TwoHosts]:
         subprocess.run(["ip", "link", "del", ends[0]], capture_output=True, timeout=30)
 
 
+def _without_training_patches(source: Path, target: Path) -> None:
+    """``source``'s store as a host other than its centre's holds it: the same attributes
+    and test split (every rank evaluates on it), a training split of no patch (every rank
+    checks its layout; only the centre's own rank reads it)."""
+    with h5py.File(source, "r") as whole, h5py.File(target, "w") as kept:
+        kept.attrs.update(whole.attrs)
+        whole.copy(whole["test"], kept, "test")
+        train = kept.create_group("train")
+        for name, dataset in whole["train"].items():
+            train.create_dataset(name, shape=(0, *dataset.shape[1:]), dtype=dataset.dtype)
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -157,6 +176,7 @@ class RankWatch:
 
     root: Path
     namespaces: dict[int, str] = field(default_factory=dict)
+    stores_mounted: dict[int, bool] = field(default_factory=dict)
     connections: dict[int, set[tuple[tuple[str, int], tuple[str, int]]]] = field(
         default_factory=dict
     )
@@ -168,6 +188,8 @@ class RankWatch:
                 if rank is None or not process.cwd().startswith(str(self.root)):
                     continue
                 self.namespaces[int(rank)] = os.readlink(f"/proc/{process.pid}/ns/net")
+                mounts = Path(f"/proc/{process.pid}/mountinfo").read_text().split()
+                self.stores_mounted[int(rank)] = str(self.root / "stores") in mounts
                 self.connections.setdefault(int(rank), set()).update(_established(process.pid))
             except (psutil.Error, OSError):
                 continue
@@ -196,7 +218,15 @@ def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
 ) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     helpers.write_stores(one / "stores", centers=(0, 1, 2, 3))
-    shutil.copytree(one / "stores", two / "stores")
+    shutil.copytree(one / "stores", two / "stores")  # host A's disk: every store whole
+    b_stores = tmp_path / "b-disk"  # host B's: centres 2 and 3, and the others' test splits
+    b_stores.mkdir()
+    for center in (0, 1, 2, 3):
+        name = f"center_{center}.h5"
+        if center in (2, 3):
+            shutil.copyfile(one / "stores" / name, b_stores / name)
+        else:
+            _without_training_patches(one / "stores" / name, b_stores / name)
     # the checkout under test, not another one the environment's editable install names
     python_path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 
@@ -207,7 +237,8 @@ def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ssh").write_text(SSH.format(host_a=HOST_A, host_b=HOST_B, a=two_hosts.a,
-                                            b=two_hosts.b))  # fmt: skip
+                                            b=two_hosts.b, b_stores=b_stores,
+                                            stores=two / "stores"))  # fmt: skip
     (bin_dir / "ssh").chmod(0o755)
     env = {**os.environ, **OVER_THE_LINK, "PYTHONPATH": python_path,
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -247,6 +278,9 @@ def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
     assert watch.namespaces == {0: net_a, 1: net_a, 2: net_b, 3: net_b}, watch.namespaces
     across = watch.rank_to_rank_across()
     assert across and all(a in (0, 1) and b in (2, 3) for a, b in across), watch.connections
+    # host B's ranks read their own disk; nothing of it reached A or this process
+    assert watch.stores_mounted == {0: False, 1: False, 2: True, 3: True}, watch.stores_mounted
+    assert str(two / "stores") not in Path("/proc/self/mountinfo").read_text().split()
 
     # and wrote the same bytes as on one host
     run = Path("runs") / "ProxyFL" / "seed_0"
