@@ -209,7 +209,7 @@ def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float)
 
     placement = Placement()  # the training jobs' own: this machine, ranks over shared memory
     command = [
-        *placement.launcher(ranks), sys.executable, "-m", "mpi4py", "-m",
+        *placement.command_prefix(ranks), sys.executable, "-m", "mpi4py", "-m",
         "bench.bench_proxyfl", "--exchange-worker", "--repeats", str(repeats),
         "--modes", *modes,
     ]  # fmt: skip

@@ -17,7 +17,9 @@ minutes of preprocessing or in an MPI job (``python -m flows.pipeline --check``)
   items;
 - the run directories: no run of another configuration in ``train.runs`` is replaced
   unless asked (the rules of :mod:`camelyon_proxyfl.training_checks`, which
-  ``flows.train`` applies to the stores on disk).
+  ``flows.train`` applies to the stores on disk);
+- where the jobs run: ``train.hostfile`` readable, ``srun`` on PATH for
+  ``train.launcher: srun`` (:mod:`camelyon_proxyfl.placement`).
 
 Each finding is an error (the run would fail), a warning (the catalogue's problems: files
 that will be left out) or a note (the sizes found, or what cannot be checked yet, and
@@ -29,6 +31,7 @@ from __future__ import annotations
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.data import DATA_ROOT_FIX
 from camelyon_proxyfl.params.whole import Params
+from camelyon_proxyfl.placement import placement_findings
 from camelyon_proxyfl.training_checks import run_directory_findings, training_findings
 from wsi.cache import CandidateCache
 from wsi.catalogue import Catalogue, DatasetRootError, check_dataset_root, scan_camelyon
@@ -46,7 +49,8 @@ from wsi.store.schema import StoreError, store_path
 def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:
     """Every check this module describes, on ``params`` (already validated);
     ``replace_runs``: runs of another configuration in ``train.runs`` may be replaced."""
-    findings: list[Finding] = run_directory_findings(params.train, replace_runs)
+    findings: list[Finding] = placement_findings(params.train)
+    findings += run_directory_findings(params.train, replace_runs)
     data = params.data
     try:
         check_dataset_root(data.root)

@@ -1,9 +1,10 @@
 """What a training launch can check before it starts a server or an MPI job: the stores it
 reads, the batch size against every client's training size, PrivateKT's public pool (the
-ranks' own rules, :mod:`proxyfl.rules`), and
-the run directories it would write (:mod:`proxyfl.launch.rundir`: never a finished run of another
-configuration without ``--replace``). The pipeline's preflight uses the same rules with
-the sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
+ranks' own rules, :mod:`proxyfl.rules`), the run directories it would write
+(:mod:`proxyfl.launch.rundir`: never a finished run of another configuration without
+``--replace``), and where the jobs would run (a hostfile there, ``srun`` to call:
+:mod:`camelyon_proxyfl.placement`). The pipeline's preflight uses the same rules with the
+sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
+from camelyon_proxyfl.placement import placement_findings
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
 from proxyfl.rules import (
     batch_size_problem,
@@ -94,6 +96,6 @@ def run_directory_findings(train: TrainSection, replace: bool) -> list[Finding]:
 
 def check_training(train: TrainSection, replace: bool) -> list[Finding]:
     """Every check of this module for the jobs of ``train``, on the stores as they are."""
-    findings = run_directory_findings(train, replace)
+    findings = placement_findings(train) + run_directory_findings(train, replace)
     sizes, unreadable = stored_sizes(train)
     return findings + unreadable + training_findings(train, sizes)

@@ -10,9 +10,10 @@ flows.audit).
 The method's clients train as ``train:`` says, at ``audit.canary.seed``, each on its
 training split less the OUT canaries of a new plan and with the IN ones relabelled
 (``audit.canary``: count, labels; coins from ``audit.seed``; the plan is recorded beside
-the run). A finished canary run of the same configuration, stores and plan is kept; one
-of another configuration is replaced. Exits 1 when the job fails or a store is
-missing, 2 on a bad parameter.
+the run), where ``train.launcher``, ``train.hosts`` or ``train.hostfile`` place it. A
+finished canary run of the same configuration, stores and plan is kept; one of another
+configuration is replaced. Exits 1 when the job fails or a store is missing, 2 on a bad
+parameter (a hostfile that is not there included).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from prefect import flow
 from camelyon_proxyfl.params.audit import AuditParams, AuditSection
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.train import TrainSection
+from camelyon_proxyfl.placement import placement, placement_findings
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.audit.canaries import CanaryPlanError
-from proxyfl.launch.job import Placement, TrainingJob, TrainingJobFailed
+from proxyfl.launch.job import TrainingJob, TrainingJobFailed
 from proxyfl.launch.rundir import RunConflict, holds_another_configuration
 from tasks.canary import canary_plan
 from tasks.train import training_run
@@ -41,7 +43,7 @@ def canary_run(train: TrainSection, audit: AuditSection, algorithm: str) -> Path
     """``algorithm`` trained once more, on its clients' data with the IN canaries of a new
     plan and without the OUT ones: ``CANARY_RUNS/{algorithm}/``."""
     canary_plan(audit, train, algorithm)
-    job = TrainingJob(audit.canary_job(train, algorithm), Placement(tuple(train.hosts)))
+    job = TrainingJob(audit.canary_job(train, algorithm), placement(train))
     replace = holds_another_configuration(job.config)  # a derived run: never a conflict
     training_run.with_options(retries=train.retries)(job, replace=replace)
     return audit.canary_dir(algorithm)
@@ -57,6 +59,9 @@ def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection, st
     if args.algorithm not in params.audit.canary.algorithms:
         command.parser.error(f"{args.algorithm}: not in audit.canary.algorithms "
                              f"{params.audit.canary.algorithms}")  # fmt: skip
+    placed = placement_findings(params.train)  # where the job runs: before any server
+    if placed:
+        command.parser.error("; ".join(f"{f.subject}: {f.message}" for f in placed))
     return params.train, params.audit, args.algorithm
 
 

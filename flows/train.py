@@ -5,10 +5,13 @@
 
     python -m flows.train                                  # everything params.yaml lists
     python -m flows.train --algorithms ProxyFL Joint --seeds 0 1 --rounds 5
+    python -m flows.train --hostfile hosts.txt             # ranks on the hosts it names
 
 Methods, seeds, centres and directories come from ``params.yaml``'s ``train:`` section, the
 engine's options from ``train.options``; every flag overrides one. Jobs run one after
-another (each already occupies a process per client).
+another (each already occupies a process per client). Where their ranks run is
+``train.launcher`` with ``train.hosts`` or ``train.hostfile`` (:mod:`camelyon_proxyfl.placement`;
+README, "On a cluster").
 
 A run directory that holds a finished run of the same configuration and stores is kept;
 an unfinished one of the same configuration resumes; one of another configuration is
@@ -16,8 +19,9 @@ refused (exit 2, naming it and the keys that differ) unless ``--replace`` is giv
 finished run replaced stays in place until the new one has finished
 (:mod:`proxyfl.launch.rundir`). Before any server or job starts, the checks of
 :mod:`camelyon_proxyfl.training_checks` run on the stores (readable, batch size against
-every client's training size, PrivateKT's pool) and the run directories: exit 2 with every
-error. Exits 1 when a job fails (the message names the rank and its last lines).
+every client's training size, PrivateKT's pool), the run directories and the placement (a
+hostfile there, srun on PATH): exit 2 with every error. Exits 1 when a job fails (the
+message names the rank and its last lines).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from prefect import flow
 from camelyon_proxyfl.findings import Finding, errors
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.train import TrainParams, TrainSection
+from camelyon_proxyfl.placement import placement
 from camelyon_proxyfl.training_checks import check_training
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
-from proxyfl.launch.job import Placement, TrainingJob, TrainingJobFailed
+from proxyfl.launch.job import TrainingJob, TrainingJobFailed
 from proxyfl.launch.rundir import RunConflict
 from tasks.train import training_run
 
@@ -46,8 +51,8 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
     """Run every (algorithm, seed) job of ``config``; the run directories, in order.
     ``replace``: runs of another configuration (or finished ones) are trained again."""
     run = training_run.with_options(retries=config.retries)
-    placement = Placement(tuple(config.hosts))
-    return [run(TrainingJob(job, placement), replace) for job in config.job_configs()]
+    where = placement(config)
+    return [run(TrainingJob(job, where), replace) for job in config.job_configs()]
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:

@@ -181,3 +181,71 @@ def test_the_console_command_runs_every_subcommand() -> None:
     unknown = subprocess.run([sys.executable, "-m", "camelyon_proxyfl.cli", "trian"],
                              cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert unknown.returncode == 2 and "unknown command 'trian'" in unknown.stderr
+
+
+def _with_train_keys(tmp_path: Path, **keys: str) -> Path:
+    """The demo's parameters file with ``train:`` keys of the placement replaced."""
+    text = DEMO
+    for key, value in keys.items():
+        line = next(line for line in text.splitlines() if line.startswith(f"  {key}:"))
+        text = text.replace(line, f"  {key}: {value}", 1)
+    params = tmp_path / "params.yaml"
+    params.write_text(text)
+    return params
+
+
+def test_a_hostfile_that_is_not_there_stops_a_launch_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train.hostfile`` missing, or naming no host: the training launch and the canary run
+    exit 2 before any server or job starts, naming the key, the file and why."""
+    hostfile = tmp_path / "hosts.txt"
+    params = _with_train_keys(tmp_path, hostfile=str(hostfile))
+    assert train_main(["--config", str(params)]) == 2
+    error = capsys.readouterr().err
+    assert f"error: train.hostfile: {hostfile}: no such file (hydra's mpiexec -f" in error
+    with pytest.raises(SystemExit) as canary:
+        canary_main(["--config", str(params), "ProxyFL"])
+    assert canary.value.code == 2
+    assert f"train.hostfile: {hostfile}: no such file" in capsys.readouterr().err
+    hostfile.write_text("# the hosts, one a line\n\n")
+    assert train_main(["--config", str(params)]) == 2
+    assert f"train.hostfile: {hostfile}: names no host" in capsys.readouterr().err
+    hostfile.write_text("node-a:2  # two ranks\nnode-b:2\n")
+    assert train_main(["--config", str(params)]) == 2  # the demo's stores are not built here
+    assert "train.hostfile" not in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"hosts": "[node-a, node-b]", "hostfile": "hosts.txt"},
+         "train: hosts and hostfile are both set"),
+        ({"launcher": "srun", "hosts": "[node-a]"},
+         "train: launcher srun runs the ranks where Slurm's allocation says: hosts must be "
+         "left unset"),
+        ({"launcher": "srun", "hostfile": "hosts.txt"},
+         "train: launcher srun runs the ranks where Slurm's allocation says: hostfile must "
+         "be left unset"),
+        ({"launcher": "slurm"}, "train.launcher: Input should be 'mpiexec' or 'srun'"),
+    ],
+)  # fmt: skip
+def test_a_placement_of_two_minds_is_a_bad_parameters_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], keys: dict[str, str], expected: str
+) -> None:
+    params = _with_train_keys(tmp_path, **keys)
+    assert train_main(["--config", str(params)]) == 2
+    error = capsys.readouterr().err
+    assert f"error: invalid parameters: {params}: {expected}" in error, error
+
+
+def test_srun_where_there_is_none_stops_a_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Slurm here: ``train.launcher: srun`` is refused before any job, saying where srun
+    runs (this is the check, not a run of srun)."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # for a machine that had Slurm's commands
+    params = _with_train_keys(tmp_path, launcher="srun")
+    assert train_main(["--config", str(params)]) == 2
+    assert "train.launcher: srun is not on PATH" in capsys.readouterr().err

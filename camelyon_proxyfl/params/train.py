@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from camelyon_proxyfl.params.base import Section, StageParams
 from proxyfl.config import TrainConfig, TrainOptions
-from proxyfl.names import PAPER_ALGORITHMS, Algorithm
+from proxyfl.names import PAPER_ALGORITHMS, Algorithm, Launcher
 
 
 class TrainSection(Section):
@@ -28,11 +28,22 @@ class TrainSection(Section):
     options: TrainOptions = Field(
         default_factory=TrainOptions, description="how every client trains"
     )
+    launcher: Launcher = Field(
+        "mpiexec",
+        description="what starts a job's ranks: mpiexec (this machine, or train.hosts / "
+        "train.hostfile over ssh) or srun (inside a Slurm allocation, which places the "
+        "ranks: one task per rank)",
+    )
     hosts: list[str] = Field(
         [],
         description="machines the ranks run on (hydra's mpiexec -hosts, over ssh; NAME:N "
         "puts N ranks on one; run directory and stores at the same paths on each). Empty: "
         "this machine only, and nothing of a job listens on a network socket",
+    )
+    hostfile: Path | None = Field(
+        None,
+        description="a file naming the machines the ranks run on, one NAME[:N] a line "
+        "(hydra's mpiexec -f); instead of train.hosts",
     )
     retries: int = Field(
         1, ge=0,
@@ -47,6 +58,17 @@ class TrainSection(Section):
             if not re.fullmatch(r"[A-Za-z0-9_.\-]+(:[1-9][0-9]*)?", host):
                 raise ValueError(f"{host!r} is not a host name, or NAME:N with N ranks on it")
         return hosts
+
+    @model_validator(mode="after")
+    def _one_placement(self) -> TrainSection:
+        if self.hosts and self.hostfile is not None:
+            raise ValueError("hosts and hostfile are both set: name the hosts one way, a "
+                             "list or a file")  # fmt: skip
+        if self.launcher == "srun" and (self.hosts or self.hostfile is not None):
+            given = "hosts" if self.hosts else "hostfile"
+            raise ValueError(f"launcher srun runs the ranks where Slurm's allocation says: "
+                             f"{given} must be left unset")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _every_job_is_valid(self) -> TrainSection:

@@ -1,9 +1,12 @@
 """Where a rank runs: its MPI communicator, its device, its random seeds.
 
 Device mapping: with GPUs, rank r uses ``cuda:(local rank mod #GPUs)`` (the local rank is
-r's index among the ranks on its node), so four GPUs give one client each and one GPU is
-shared; without GPUs every rank uses the CPU with one thread, so K ranks on K cores do not
-oversubscribe each other.
+r's index among the ranks on its node; #GPUs those this process sees), so four GPUs give one
+client each and one GPU is shared; without GPUs every rank uses the CPU with one thread, so
+K ranks on K cores do not oversubscribe each other. Under ``srun --gpus-per-task=1`` Slurm
+binds each task to its own GPU (``CUDA_VISIBLE_DEVICES`` names that one only), so every
+rank sees one GPU and takes ``cuda:0``, its own, whatever its local rank (0..n-1 on each
+node); where every rank of a node sees all its GPUs, local ranks spread them.
 
 Seeds are derived with NumPy's ``SeedSequence`` from the run seed and a purpose (and the
 client's centre where clients must differ): :func:`derived_seed`.

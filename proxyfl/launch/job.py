@@ -4,9 +4,10 @@ A run is ``mpiexec -n K python -m mpi4py -m proxyfl.run ...`` with K = the numbe
 clients (one for Joint, which pools the clients' data). ``mpiexec`` is called by its full
 path next to the interpreter (pip's ``mpich`` installs it there), and ``-m mpi4py`` makes
 an exception in any rank abort the whole job instead of leaving the others waiting.
-Where the ranks run, and so what of the job listens on a network, is its
-:class:`Placement`: on this machine only (the default, no socket at all), or across named
-hosts.
+Where the ranks run, what starts them, and so what of the job listens on a network, is
+its :class:`Placement`: on this machine only (the default, no socket at all), across
+hosts named in a list or a hostfile (hydra's ``mpiexec``, over ssh), or where a Slurm
+allocation has room (``srun``).
 
 Every line the job prints is handed to a callback as it arrives (a Prefect task forwards
 them to the run's log) and appended to ``RUN_DIR/job.log``. When the job fails,
@@ -47,6 +48,7 @@ from proxyfl.launch.rundir import (
     write_config,
 )
 from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
+from proxyfl.names import LAUNCHERS, Launcher
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
 logger = logging.getLogger(__name__)
@@ -86,37 +88,74 @@ FORK_LAUNCHER = "mpiexec.gforker"
 # when every rank is on this machine; ranks on one machine talk through shared memory
 # either way)
 SHARED_MEMORY_ONLY = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+# srun's options for a job of K ranks (K = --ntasks). --mpi=pmi2: Slurm's own PMI server,
+# which every Slurm build has (pmix needs Slurm built against OpenPMIx; none gives the
+# tasks no PMI at all, and each would run as a world of one). pip's MPICH links no Slurm
+# library: its built-in PMI client speaks the PMI-1 wire protocol over the socket Slurm
+# names in PMI_FD, and Slurm's pmi2 plugin serves PMI-1 as well as PMI-2 requests.
+# --kill-on-bad-exit=1: a task that exits non-zero or is killed ends the whole step, as
+# mpi4py's abort does under mpiexec, instead of leaving the others waiting for it.
+SRUN_OPTIONS = ("--mpi=pmi2", "--kill-on-bad-exit=1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Placement:
-    """Where a job's ranks run.
+    """Where a job's ranks run, and what starts them: the one place that knows launchers.
 
-    No ``hosts`` (the default): every rank on this machine, and nothing of the job listens
-    on a network socket, loopback or other (MPICH's fork launcher, ranks over shared
-    memory). ``hosts``: hydra's ``mpiexec -hosts`` starts the ranks across them, in turn
-    (``name:N`` puts N ranks on one), over ssh; the ranks then talk over the network,
-    and the hosts must share the run directory and stores at the same paths.
+    - ``mpiexec``, no hosts (the default): every rank on this machine, and nothing of the
+      job listens on a network socket, loopback or other (MPICH's fork launcher, ranks
+      over shared memory).
+    - ``mpiexec`` with ``hosts`` (``-hosts a,b:2``; ``name:N`` puts N ranks on one) or a
+      ``hostfile`` (``-f FILE``, one ``host[:N]`` a line): hydra's ``mpiexec`` starts the
+      ranks across them, in turn, over ssh; the ranks then talk over the network, and the
+      hosts must see the run directory and the stores at the same paths.
+    - ``srun``: inside a Slurm allocation (``sbatch``, ``salloc``), Slurm starts one task
+      per rank where the allocation has room and gives each its GPUs; hosts and a
+      hostfile are refused, since Slurm decides the placement. No Slurm runs where the
+      tests run: its command line is checked, never run.
     """
 
+    launcher: Launcher = "mpiexec"
     hosts: tuple[str, ...] = ()
+    hostfile: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"unknown launcher {self.launcher!r}; one of {LAUNCHERS}")
+        if self.hosts and self.hostfile is not None:
+            raise ValueError("hosts and a hostfile both given: name the hosts one way")
+        if self.launcher == "srun" and (self.hosts or self.hostfile is not None):
+            raise ValueError("srun places the ranks where Slurm's allocation says: "
+                             "give it no hosts or hostfile")  # fmt: skip
 
     @property
     def single_machine(self) -> bool:
-        return not self.hosts
+        """Every rank on this machine, started by ``mpiexec`` with no hosts."""
+        return self.launcher == "mpiexec" and not self.hosts and self.hostfile is None
 
-    def launcher(self, ranks: int) -> list[str]:
-        """The launcher's part of the command line, up to the program."""
-        mpiexec = mpiexec_path()
+    def fork_launcher(self) -> Path | None:
+        """MPICH's fork launcher, when this placement starts the ranks with it: on one
+        machine, where pip's ``mpich`` installed it beside ``mpiexec``."""
         if not self.single_machine:
-            return [str(mpiexec), "-hosts", ",".join(self.hosts), "-n", str(ranks)]
-        fork_launcher = mpiexec.with_name(FORK_LAUNCHER)
-        if not fork_launcher.is_file():
+            return None
+        fork_launcher = mpiexec_path().with_name(FORK_LAUNCHER)
+        return fork_launcher if fork_launcher.is_file() else None
+
+    def command_prefix(self, ranks: int) -> list[str]:
+        """The launcher's part of a job's command line, up to the program."""
+        if self.launcher == "srun":
+            return ["srun", f"--ntasks={ranks}", *SRUN_OPTIONS]
+        if self.hosts:
+            return [str(mpiexec_path()), "-hosts", ",".join(self.hosts), "-n", str(ranks)]
+        if self.hostfile is not None:
+            return [str(mpiexec_path()), "-f", str(self.hostfile), "-n", str(ranks)]
+        fork_launcher = self.fork_launcher()
+        if fork_launcher is None:
             logger.warning(
                 "no %s beside %s: its launcher may listen beyond this machine (pip's "
-                "mpich provides one)", FORK_LAUNCHER, mpiexec,
+                "mpich provides one)", FORK_LAUNCHER, mpiexec_path(),
             )  # fmt: skip
-            return [str(mpiexec), "-n", str(ranks)]
+            return [str(mpiexec_path()), "-n", str(ranks)]
         return [str(fork_launcher), "-n", str(ranks)]
 
     def environment(self) -> dict[str, str]:
@@ -176,9 +215,9 @@ class TrainingJob:
         return ["--config", str(self.config_file)]
 
     def command(self) -> list[str]:
-        """The whole ``mpiexec`` command line."""
+        """The whole command line: the placement's launcher, then a rank's program."""
         return [
-            *self.placement.launcher(self.ranks),
+            *self.placement.command_prefix(self.ranks),
             sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments(),
         ]  # fmt: skip
 
@@ -305,7 +344,11 @@ def _run_job(
     # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
     command = parent_bound_command(job.command(), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
-    tails, signaled = _RankTails(tail_lines), _SignaledRanks()
+    tails = _RankTails(tail_lines)
+    # only MPICH's fork launcher says in lines of its own which rank a signal ended, and
+    # exits 0 all the same; hydra and srun exit non-zero when one did (hydra with the
+    # signal's number, srun with 128 + it), and their words stay in the tails
+    signaled = _SignaledRanks() if job.placement.fork_launcher() is not None else None
     rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
     process_env = {
         **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
@@ -332,7 +375,8 @@ def _run_job(
                 line = raw.rstrip("\n")
                 log_file.write(raw)
                 tails.add(line)
-                signaled.add(line)
+                if signaled is not None:
+                    signaled.add(line)
                 on_line(line)
                 if rounds is not None and on_round is not None:  # a round ends in lines
                     for progress in rounds.poll():
@@ -346,13 +390,14 @@ def _run_job(
 
 
 def _raise_unless_finished(
-    job: TrainingJob, exit_code: int, signaled: _SignaledRanks, tails: _RankTails
+    job: TrainingJob, exit_code: int, signaled: _SignaledRanks | None, tails: _RankTails
 ) -> None:
     """:class:`TrainingJobFailed` unless the job exited 0, no signal ended a rank and its
-    run.json says finished (the fork launcher exits 0 when a signal ends its ranks)."""
+    run.json says finished (the fork launcher exits 0 when a signal ends its ranks: then
+    ``signaled`` holds what it reported; ``None`` for the other launchers)."""
     recorded = read_failures(job.run_dir)
     first, code = (recorded[0] if recorded else None), exit_code
-    ended = signaled.first()
+    ended = signaled.first() if signaled is not None else None
     if ended is not None and first is None:
         signal_code, first = _signal_failure(*ended)
         code = exit_code or signal_code

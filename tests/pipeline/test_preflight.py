@@ -150,6 +150,17 @@ def test_a_missing_data_root_is_an_error_unless_it_is_the_synthetic_one(
     assert "the pipeline writes the synthetic dataset first" in messages(synthetic, "note")[0]
 
 
+def test_where_training_would_run_is_checked_with_the_rest(tmp_path: Path) -> None:
+    """A hostfile that is not there is found before any work, like a missing data root."""
+    hosts = tmp_path / "hosts.txt"
+    findings = preflight(params_with(tmp_path, tmp_path / "nowhere", train__hostfile=hosts))
+    missing = f"train.hostfile: {hosts}: no such file"
+    assert any(m.startswith(missing) for m in messages(findings, "error")), findings
+    hosts.write_text("node-a:2\nnode-b:2\n")
+    findings = preflight(params_with(tmp_path, tmp_path / "nowhere", train__hostfile=hosts))
+    assert not [f for f in findings if f.subject == "train.hostfile"]
+
+
 def test_check_flag_runs_only_the_checks_and_exits_2_on_errors(
     root: Path, cached: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pathspec
 import pytest
 
 from plumbing.output import passing_output
@@ -98,7 +99,7 @@ def run_mpi(
     """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout."""
     target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
     command = [
-        *PLACEMENT.launcher(n), sys.executable, "-m", "mpi4py", *target,
+        *PLACEMENT.command_prefix(n), sys.executable, "-m", "mpi4py", *target,
         *map(str, module_args),
     ]  # fmt: skip
     # appended to by the launcher and by every rank (proxyfl.run writes around the fork
@@ -148,6 +149,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def dvc_hashed_files(run_dir: Path) -> dict[str, bytes]:
+    """The files of ``run_dir`` that DVC hashes: all but what the repository's .dvcignore
+    leaves out (gitignore patterns, as DVC reads them)."""
+    ignore = pathspec.GitIgnoreSpec.from_lines((REPO / ".dvcignore").read_text().splitlines())
+    return {
+        str(path.relative_to(run_dir)): path.read_bytes()
+        for path in sorted(run_dir.rglob("*"))
+        if path.is_file() and not ignore.match_file(str(path.relative_to(run_dir)))
+    }
+
+
 def explain(result: subprocess.CompletedProcess[str]) -> str:
     return (
         f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-3000:]}\n"
@@ -163,6 +175,7 @@ class Helpers:
     read_jsonl = staticmethod(read_jsonl)
     explain = staticmethod(explain)
     write_stores = staticmethod(write_stores)
+    dvc_hashed_files = staticmethod(dvc_hashed_files)
     repo = REPO
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import pathspec
 import psutil
 import pytest
 
@@ -46,8 +45,6 @@ from proxyfl.launch.shared_memory import (
 from proxyfl.results import predictions_path, read_predictions
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
-
-REPO = Path(__file__).resolve().parents[2]
 
 OPTIONS = {
     "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
@@ -174,13 +171,37 @@ def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: P
     """``train.hosts``: hydra's mpiexec starts the ranks (here on this machine, by name),
     and they train; its control port listens beyond loopback, as a multi-host job must."""
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
-    job = _job(data, tmp_path / "run", placement=Placement(("localhost",)))
+    job = _job(data, tmp_path / "run", placement=Placement(hosts=("localhost",)))
     assert job.command()[1:3] == ["-hosts", "localhost"]
     sockets = _JobSockets()
     run_job(job, on_line=sockets.sample)
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
     assert beyond_loopback, sockets.listening
+
+
+def test_a_rank_killed_under_hydra_fails_the_job_by_its_exit_code(
+    helpers: Any, tmp_path: Path
+) -> None:
+    """Hydra (and srun) report a rank a signal ended in words of their own and exit
+    non-zero: the job fails on that exit code, with hydra's words among its last lines,
+    and nothing of the fork launcher's format is looked for."""
+    data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
+    job = _job(data, tmp_path / "run", rounds=5, placement=Placement(hosts=("localhost",)))
+    killed: list[int] = []
+
+    def kill_rank_1(line: str) -> None:
+        if not killed and "[rank 1]" in line and (rank_1 := _rank_process(1)) is not None:
+            rank_1.kill()
+            killed.append(rank_1.pid)
+
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job, on_line=kill_rank_1)
+    assert killed, "rank 1 was running when it was killed"
+    error = failure.value
+    assert error.exit_code != 0 and error.failure is None, str(error)
+    assert "signal 9" in str(error)  # hydra's own line: "... EXIT STRING: Killed (signal 9)"
+    assert json.loads((job.run_dir / "run.json").read_text())["status"] != "finished"
 
 
 def _rank_process(rank: int) -> psutil.Process | None:
@@ -279,19 +300,8 @@ def test_too_little_shared_memory_for_the_ranks_is_warned_of(
     assert "SIGBUS" in caplog.text and "--shm-size" in caplog.text
 
 
-def _dvc_hashed_files(run_dir: Path) -> dict[str, bytes]:
-    """The files of ``run_dir`` that DVC hashes: all but what the repository's .dvcignore
-    leaves out (gitignore patterns, as DVC reads them)."""
-    ignore = pathspec.GitIgnoreSpec.from_lines((REPO / ".dvcignore").read_text().splitlines())
-    return {
-        str(path.relative_to(run_dir)): path.read_bytes()
-        for path in sorted(run_dir.rglob("*"))
-        if path.is_file() and not ignore.match_file(str(path.relative_to(run_dir)))
-    }
-
-
 def test_the_same_job_writes_the_same_run_anywhere(
-    stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: Any
 ) -> None:
     """One job launched from two directories (other paths, other times, other processes):
     every file DVC hashes is the same bytes, so a run's dvc.lock entry is the same on any
@@ -303,7 +313,7 @@ def test_the_same_job_writes_the_same_run_anywhere(
         monkeypatch.chdir(tmp_path / place)  # relative paths, as params.yaml gives them
         run_job(_job(Path("stores"), Path("runs/ProxyFL/seed_0"), rounds=2),
                 on_line=lambda _: None)  # fmt: skip
-        hashed.append(_dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
+        hashed.append(helpers.dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
     assert {"run.json", "metrics.jsonl", "ranks/rank_0.json"} <= set(hashed[0])
     assert not {"job.log", "machine.json", "ranks/rank_0.machine.json"} & set(hashed[0])
     assert hashed[0].keys() == hashed[1].keys()
@@ -375,6 +385,8 @@ def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
                            r"finished run") as failure:  # fmt: skip
             _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))
         assert failure.value.exit_code == 1 and failure.value.rank is None
+        with pytest.raises(TrainingJobFailed, match="records no finished run"):
+            _raise_unless_finished(job, 0, None, _RankTails(5))  # hydra's, srun's: no lines
     (job.run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
     _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))  # a finished run passes
 

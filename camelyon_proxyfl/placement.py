@@ -1,0 +1,54 @@
+"""Where the jobs of ``train:`` run: the one :class:`~proxyfl.launch.job.Placement` built from
+``train.launcher``, ``train.hosts`` and ``train.hostfile``, and what can be checked of it
+before any launch (a hostfile that is not there, no ``srun`` to call).
+
+Kept apart from :mod:`camelyon_proxyfl.params.train`, which the report and the audit read
+too: they launch nothing, so the launcher's code is not among what they depend on.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from camelyon_proxyfl.findings import Finding
+from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.launch.job import Placement
+
+
+def placement(train: TrainSection) -> Placement:
+    """Where every job of ``train`` runs, and what starts its ranks."""
+    return Placement(launcher=train.launcher, hosts=tuple(train.hosts), hostfile=train.hostfile)
+
+
+def _hostfile_problem(train: TrainSection) -> str | None:
+    """Why hydra could not read ``train.hostfile``'s hosts, or ``None``."""
+    path = train.hostfile
+    if path is None:
+        return None
+    if not path.exists():
+        return f"{path}: no such file (hydra's mpiexec -f reads the hosts from it)"
+    if not path.is_file():
+        return f"{path}: not a file (hydra's mpiexec -f reads the hosts from it)"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        return f"{path}: unreadable ({error})"
+    if not [line for line in text.splitlines() if line.split("#")[0].strip()]:
+        return f"{path}: names no host (one NAME or NAME:N a line; # starts a comment)"
+    return None
+
+
+def placement_findings(train: TrainSection) -> list[Finding]:
+    """An error for a hostfile hydra could not read, and for ``srun`` where none is on
+    ``PATH`` (the keys' own combinations are validated with the section)."""
+    findings = []
+    problem = _hostfile_problem(train)
+    if problem is not None:
+        findings.append(Finding("error", "train.hostfile", problem))
+    if train.launcher == "srun" and shutil.which("srun") is None:
+        findings.append(Finding(
+            "error", "train.launcher",
+            "srun is not on PATH: launcher srun runs inside a Slurm allocation (sbatch or "
+            "salloc, on a node where Slurm's commands are installed); elsewhere use mpiexec",
+        ))  # fmt: skip
+    return findings

@@ -1,0 +1,83 @@
+"""Where a job's ranks run: each placement's command line and environment, and the
+combinations refused.
+
+No Slurm runs here: ``srun``'s command line is checked as the launcher would run it, never
+run (a stand-in that only pretended to start tasks would prove nothing). The jobs that
+really run are in test_launch_mpi.py (this machine, hydra by host name) and
+test_hosts_netns.py (two hosts).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxyfl.config import TrainConfig
+from proxyfl.launch.job import (
+    FORK_LAUNCHER,
+    SHARED_MEMORY_ONLY,
+    Placement,
+    TrainingJob,
+    mpiexec_path,
+)
+
+
+def _job(tmp_path: Path, placement: Placement, algorithm: str = "ProxyFL") -> TrainingJob:
+    config = TrainConfig(algorithm=algorithm, seed=0, data=tmp_path / "stores",
+                         run_dir=tmp_path / "run", centers=[0, 1, 2, 3])  # fmt: skip
+    return TrainingJob(config, placement)
+
+
+def test_one_machine_is_the_fork_launcher_over_shared_memory() -> None:
+    placement = Placement()
+    assert placement.single_machine and placement.launcher == "mpiexec"
+    fork_launcher = mpiexec_path().with_name(FORK_LAUNCHER)
+    assert placement.fork_launcher() == fork_launcher
+    assert placement.command_prefix(4) == [str(fork_launcher), "-n", "4"]
+    assert placement.environment() == SHARED_MEMORY_ONLY
+
+
+def test_hosts_and_a_hostfile_are_hydras(tmp_path: Path) -> None:
+    """Named hosts go to hydra's ``-hosts``, a hostfile to its ``-f``; the ranks then talk
+    over the network, so neither keeps the shared-memory-only environment."""
+    by_name = Placement(hosts=("node-a", "node-b:2"))
+    assert by_name.command_prefix(3) == [str(mpiexec_path()), "-hosts", "node-a,node-b:2",
+                                         "-n", "3"]  # fmt: skip
+    hostfile = tmp_path / "hosts.txt"
+    by_file = Placement(hostfile=hostfile)
+    assert by_file.command_prefix(4) == [str(mpiexec_path()), "-f", str(hostfile), "-n", "4"]
+    for placement in (by_name, by_file):
+        assert not placement.single_machine and placement.fork_launcher() is None
+        assert placement.environment() == {}
+
+
+def test_srun_starts_one_task_per_rank_with_slurms_pmi(tmp_path: Path) -> None:
+    """The whole command of a four-client job under Slurm: one task per rank, Slurm's
+    PMI-2 plugin (which serves the PMI-1 protocol pip's MPICH speaks), the step ended
+    when any task fails; the program is the same as under mpiexec."""
+    placement = Placement(launcher="srun")
+    job = _job(tmp_path, placement)
+    assert job.command() == [
+        "srun", "--ntasks=4", "--mpi=pmi2", "--kill-on-bad-exit=1",
+        sys.executable, "-m", "mpi4py", "-m", "proxyfl.run",
+        "--config", str(tmp_path / "run" / "config.json"),
+    ]  # fmt: skip
+    assert _job(tmp_path, placement, "Joint").command()[:2] == ["srun", "--ntasks=1"]
+    assert not placement.single_machine and placement.fork_launcher() is None
+    assert placement.environment() == {}  # Slurm's nodes: MPICH's own network module
+
+
+@pytest.mark.parametrize(
+    ("placement", "refused"),
+    [
+        (dict(hosts=("a",), hostfile=Path("hosts.txt")), "hosts and a hostfile"),
+        (dict(launcher="srun", hosts=("a",)), "srun places the ranks"),
+        (dict(launcher="srun", hostfile=Path("hosts.txt")), "srun places the ranks"),
+        (dict(launcher="slurm"), "unknown launcher 'slurm'"),
+    ],
+)
+def test_a_placement_of_two_minds_is_refused(placement: dict, refused: str) -> None:
+    with pytest.raises(ValueError, match=refused):
+        Placement(**placement)
