@@ -398,9 +398,10 @@ def _raise_unless_finished(
     recorded = read_failures(job.run_dir)
     first, code = (recorded[0] if recorded else None), exit_code
     ended = signaled.first() if signaled is not None else None
-    if ended is not None and first is None:
-        signal_code, first = _signal_failure(*ended)
+    if ended is not None:  # a signal ended a rank: failed, whatever the launcher exited
+        signal_code, signal_failure = _signal_failure(*ended)
         code = exit_code or signal_code
+        first = first or signal_failure  # a rank's own fault record says more, if any
     if code != 0:
         raise TrainingJobFailed(job, code, first, tails.lines_of(first.rank if first else None))
     state = read_recorded_run(job.run_dir).state
