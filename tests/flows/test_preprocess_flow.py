@@ -175,6 +175,10 @@ def test_a_store_is_up_to_date_until_an_input_it_depends_on_changes(
     assert reasons()[1] is None
     shutil.copy(store_path(out, 0), store_path(out, 1))  # another store in its place
     assert reasons()[1] == "center_1.h5 changed since it was built"
+    store_path(out, 1).write_bytes(b"not HDF5")  # torn by hand: never taken for a store
+    assert reasons()[1].startswith("center_1.h5 does not read (")
+    inputs_path(out, 1).write_text("{not json")
+    assert reasons()[1].startswith("its record center_1.inputs.json does not read (")
 
     assert _run(root, out) == 0  # built again: recorded again
     assert reasons() == {0: None, 1: None}

@@ -16,6 +16,7 @@ from proxyfl.launch.rundir import (
     Action,
     RunConflict,
     RunState,
+    holds_another_configuration,
     plan_launch,
     prepare,
     publish_staged,
@@ -141,6 +142,25 @@ def test_a_run_whose_stores_changed_is_trained_again(data: Path, tmp_path: Path)
     prepare(restart, _config(data, unfinished, seed=1))
     recorded = json.loads((unfinished / "inputs.json").read_text())
     assert recorded == run_inputs(_config(data, unfinished, seed=1)) == restart.inputs
+
+
+def test_a_canary_run_is_kept_while_its_plan_is_the_same(data: Path, tmp_path: Path) -> None:
+    """A canary plan's path is in the fingerprint and its content in the inputs: the same
+    plan keeps the finished run, another plan at the same path trains it again, and a
+    run of another configuration is the one a canary launch replaces."""
+    plan_file = tmp_path / "canaries.json"
+    plan_file.write_text('{"seed": 0}')
+    run_dir = tmp_path / "runs" / "canary" / "FedAvg" / "run"
+    config = _config(data, run_dir, canaries=plan_file)
+    assert not holds_another_configuration(config), "nothing there yet"
+    _record(config, "finished")
+    assert run_inputs(config)["canaries"].startswith("sha256:")
+    assert plan_launch(config).action is Action.KEEP
+    assert not holds_another_configuration(config)
+    plan_file.write_text('{"seed": 1}')  # a new plan, drawn with another audit.seed
+    stale = plan_launch(config)
+    assert stale.action is Action.REPLACE and "canaries" in stale.reason
+    assert holds_another_configuration(_config(data, run_dir, canaries=plan_file, rounds=5))
 
 
 def test_the_public_pools_labels_are_never_read(data: Path, tmp_path: Path) -> None:
