@@ -6,8 +6,10 @@
 (b) ε per round: the RDP conversion asked three times a round (metrics, log line, rank
     record) uncached against cached.
 (c) Evaluation of a cnn2 private + cnn1 proxy pair (the demo's) on a merged test set of
-    ``--test`` 32×32 patches: eval batch sizes, and 1 against 2 intra-op threads; each
-    variant's probabilities compared bit for bit with the default's (batch 128, 1 thread).
+    ``--test`` 32×32 patches: the models' inference path (conv → pool → ReLU, pooled
+    channels-last) against their training path (conv → ReLU → pool, as before), eval batch
+    sizes, and 1 against 2 intra-op threads; each variant's probabilities compared bit for
+    bit with the default's (batch 128, 1 thread).
 
     python -m bench.bench_startup [--repeats N] [--test N]
 """
@@ -80,22 +82,39 @@ def bench_eval(repeats: int, n_test: int) -> dict[str, dict[str, float | bool]]:
         models = {"private": build_model("cnn2", 2, 32), "proxy": build_model("cnn1", 2, 32)}
         cpu = torch.device("cpu")
 
-        def run(batch: int, threads: int) -> tuple[float, dict[str, np.ndarray]]:
+        class TrainingPath(torch.nn.Module):
+            """A conv net evaluated as training runs it (conv → ReLU → pool): how
+            evaluation ran before the models had their own inference path."""
+
+            def __init__(self, model: torch.nn.Module) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.model.classifier(self.model.features(x))
+
+        training_path = {name: TrainingPath(model) for name, model in models.items()}
+
+        def run(batch: int, threads: int, path: str) -> tuple[float, dict[str, np.ndarray]]:
             torch.set_num_threads(threads)
-            evaluate_with_probabilities(models, splits, 2, cpu, None, batch)  # warm-up
+            chosen = models if path == "inference" else training_path
+            evaluate_with_probabilities(chosen, splits, 2, cpu, None, batch)  # warm-up
             times, probabilities = [], {}
             for _ in range(repeats):
                 started = time.perf_counter()
-                _, probabilities = evaluate_with_probabilities(models, splits, 2, cpu, None, batch)
+                _, probabilities = evaluate_with_probabilities(chosen, splits, 2, cpu, None, batch)
                 times.append(time.perf_counter() - started)
             return statistics.median(times), probabilities
 
-        variants = {"batch 128, 1 thread": (128, 1), "batch 64, 1 thread": (64, 1),
-                    "batch 512, 1 thread": (512, 1), "batch 128, 2 threads": (128, 2)}  # fmt: skip
+        variants = {"batch 128, 1 thread": (128, 1, "inference"),
+                    "training path (before)": (128, 1, "training"),
+                    "batch 64, 1 thread": (64, 1, "inference"),
+                    "batch 512, 1 thread": (512, 1, "inference"),
+                    "batch 128, 2 threads": (128, 2, "inference")}  # fmt: skip
         results: dict[str, dict[str, float | bool]] = {}
         reference = None
-        for name, (batch, threads) in variants.items():
-            seconds, probabilities = run(batch, threads)
+        for name, (batch, threads, path) in variants.items():
+            seconds, probabilities = run(batch, threads, path)
             reference = reference or probabilities
             same = all(np.array_equal(probabilities[k], reference[k]) for k in reference)
             results[name] = {"seconds": seconds, "bit_identical": same}

@@ -20,6 +20,7 @@ out of their training (``--public-pool share``, the paper's), or the public cent
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -475,6 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_run_json(config, size, records, status="finished")
     trainer.communicator.free()
     fatal_signals.close()
+    # All that is left is the interpreter's teardown, whose collection of torch's and
+    # Opacus' objects took a rank 0.8 s of CPU (four ranks on two cores: 3 s of every job);
+    # objects frozen out of the collector are left to the process's exit instead.
+    gc.freeze()
     return 0
 
 

@@ -133,7 +133,34 @@ class _ConvNet(nn.Module):
         self.classifier = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+        if torch.is_grad_enabled():
+            return self.classifier(self.features(x))
+        return self.classifier(self._features_without_gradient(x))
+
+    def _features_without_gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """``self.features(x)``, bit for bit, in about half the time on a CPU (evaluation:
+        every round's forward pass over the merged test set; ``bench.bench_startup`` (c)).
+
+        Each stage is computed as conv → max-pool → ReLU instead of conv → ReLU → max-pool:
+        ReLU is monotone non-decreasing, so ``max_i relu(z_i) = relu(max_i z_i)`` exactly,
+        and the ReLU runs on a quarter of the values, in place. The pool is
+        :func:`max_pool_2x2`, which keeps no indices (nothing is differentiated here).
+        """
+        conv_1, _, _, conv_2, _, _, flatten = self.features
+        x = max_pool_2x2(conv_1(x)).relu_()
+        x = max_pool_2x2(conv_2(x)).relu_()
+        return flatten(x)
+
+
+def max_pool_2x2(x: torch.Tensor) -> torch.Tensor:
+    """``F.max_pool2d(x, 2)`` of an (N, C, H, W) tensor, without the indices its CPU kernel
+    computes for a backward pass: the element-wise maximum of the four strided views
+    ``x[..., i::2, j::2]`` (odd edges dropped, as the pool's floor does). A maximum is
+    exact in any order, so the result is the same bits."""
+    h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+    top = torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2])
+    bottom = torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2])
+    return torch.maximum(top, bottom, out=top)
 
 
 def cnn1(n_classes: int, input_size: int, in_channels: int = 3) -> nn.Module:

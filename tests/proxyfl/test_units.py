@@ -16,7 +16,12 @@ from proxyfl.comm.exchange import assign_flat_parameters, flatten_parameters
 from proxyfl.comm.graphs import check_column_stochastic, exponential_offset, parse_schedule_spec
 from proxyfl.config import TrainConfig
 from proxyfl.engine.evaluate import confusion_matrix, scores_from_confusion
-from proxyfl.engine.models import ModelInputError, build_model, count_parameters
+from proxyfl.engine.models import (
+    ModelInputError,
+    build_model,
+    count_parameters,
+    max_pool_2x2,
+)
 from proxyfl.engine.runtime import DeviceError, choose_device, derived_seed
 from proxyfl.names import MODEL_NAMES
 
@@ -59,6 +64,37 @@ def test_models_reject_inputs_too_small_and_unknown_names() -> None:
         build_model("lenet5", n_classes=2, input_size=8)
     with pytest.raises(KeyError, match="unknown model"):
         build_model("resnet50", n_classes=2, input_size=32)
+
+
+@pytest.mark.parametrize("name", ["cnn1", "cnn2", "lenet5"])
+@pytest.mark.parametrize("size", [32, 29])
+def test_conv_nets_evaluate_bit_for_bit_as_they_train(name: str, size: int) -> None:
+    """The inference path (conv → pool → ReLU, no indices) against the training path."""
+    torch.manual_seed(0)
+    model = build_model(name, n_classes=2, input_size=size).eval()
+    x = torch.randn(70, 3, size, size)
+    x[:5] = 0.0  # rows whose activations are exact zeros after the first conv's bias
+    x[5:10] = -x[5:10].abs()
+    with torch.no_grad():
+        trained_path = model.classifier(model.features(x))
+    with torch.inference_mode():
+        inference_path = model(x)
+    assert torch.equal(inference_path, trained_path)
+    assert torch.equal(torch.signbit(inference_path), torch.signbit(trained_path))
+    assert model.training is False  # and a forward with gradients still trains through it
+    model.train()
+    model(x[10:14]).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 30, 30), (2, 4, 13, 13), (1, 2, 7, 10)])
+def test_max_pool_2x2_is_max_pool2d(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(1)
+    x = torch.randn(shape)
+    x[0, 0, :2, :2] = float("nan")
+    x[-1, -1, 2:4, 2:4] = -0.0
+    torch.testing.assert_close(max_pool_2x2(x), torch.nn.functional.max_pool2d(x, 2),
+                               rtol=0, atol=0, equal_nan=True)  # fmt: skip
 
 
 def test_dml_losses_mix_cross_entropy_and_detached_kl() -> None:
