@@ -52,10 +52,11 @@ def _start_worker(parent_pid: int, threads: int) -> None:
 
 
 @contextlib.contextmanager
-def reference_workers(workers: int) -> Iterator[Executor | None]:
-    """A pool of ``workers`` processes, each with this process's torch thread count, shut
-    down on exit (pending work cancelled when the block fails); ``None`` for one worker:
-    the models then train in this process."""
+def reference_workers(workers: int, threads: int | None = None) -> Iterator[Executor | None]:
+    """A pool of ``workers`` processes, each with ``threads`` torch threads (default, and
+    for the same bits: this process's count), shut down on exit (pending work cancelled
+    when the block fails); ``None`` for one worker: the models then train in this
+    process."""
     if workers <= 1:
         yield None
         return
@@ -65,7 +66,7 @@ def reference_workers(workers: int) -> Iterator[Executor | None]:
     # whose OpenMP runs already, keeps its own
     with _environment_default("OMP_WAIT_POLICY", "PASSIVE"), ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker,
-        initargs=(os.getpid(), torch.get_num_threads()),
+        initargs=(os.getpid(), threads or torch.get_num_threads()),
     ) as pool:  # fmt: skip
         try:
             yield pool
