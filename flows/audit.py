@@ -30,6 +30,7 @@ from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
 from proxyfl.audit.population import AuditInputError
+from proxyfl.audit.references import ReferenceTrainingError
 from proxyfl.audit.runs import AuditViolation, summary_lines
 from tasks.audit import audit_file, audit_rows
 
@@ -61,7 +62,8 @@ def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection]:
 def main(argv: list[str] | None = None) -> int:
     train, audit = parse_config(argv)
     return run_flow_command(lambda: privacy_audit(train, audit),
-                            failures=(AuditInputError, AuditViolation))  # fmt: skip
+                            failures=(AuditInputError, AuditViolation,
+                                      ReferenceTrainingError))  # fmt: skip
 
 
 if __name__ == "__main__":

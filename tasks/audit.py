@@ -18,6 +18,7 @@ from proxyfl.audit.runs import (
     audit_document,
     audit_training_run,
 )
+from proxyfl.audit.workers import reference_workers
 from proxyfl.results import atomic_write_json
 
 
@@ -26,15 +27,17 @@ def audit_rows(audit: AuditSection, train: TrainSection) -> list[dict[str, Any]]
     """Membership inference on every run ``train`` lists, and the ε lower bound of every
     canary run ``audit.canary.algorithms`` lists."""
     logger = get_run_logger()
-    options, cache = audit.options(), AuditCache()
+    options = audit.options()
     rows: list[dict[str, Any]] = []
-    for algorithm in train.algorithms:
-        for seed in train.seeds:
-            run_dir = train.run_dir(algorithm, seed)
-            rows += audit_training_run(run_dir, train.data, options, cache)
-            logger.info("membership inference: %s (%d model(s))", run_dir,
-                        sum(row["method"] == algorithm and row["seed"] == seed
-                            for row in rows))  # fmt: skip
+    with reference_workers(audit.workers if options.reference_models else 1) as pool:
+        cache = AuditCache(pool=pool)
+        for algorithm in train.algorithms:
+            for seed in train.seeds:
+                run_dir = train.run_dir(algorithm, seed)
+                rows += audit_training_run(run_dir, train.data, options, cache)
+                logger.info("membership inference: %s (%d model(s))", run_dir,
+                            sum(row["method"] == algorithm and row["seed"] == seed
+                                for row in rows))  # fmt: skip
     for algorithm in audit.canary.algorithms:
         rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
         logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))

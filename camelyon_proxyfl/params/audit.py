@@ -24,9 +24,15 @@ class AuditSection(AuditOptions):
         Path("runs/canary"),
         description="canary runs land in CANARY_RUNS/{algorithm}/ (canaries.json, run/)",
     )
+    workers: int = Field(
+        2, ge=1,
+        description="processes training reference models side by side (1: in the audit's "
+        "own); the results are the same bit for bit for any number",
+    )  # fmt: skip
 
     def options(self) -> AuditOptions:
-        return AuditOptions(**self.model_dump(exclude={"out", "canary_runs"}))
+        """How the audit attacks (audit.json's settings): what changes its numbers."""
+        return AuditOptions(**self.model_dump(exclude={"out", "canary_runs", "workers"}))
 
     def canary_dir(self, algorithm: str) -> Path:
         return self.canary_runs / algorithm

@@ -97,7 +97,10 @@ def resampled_metrics(
     )
     weights_m = member_counts.astype(np.float64)
     weights_n = non_member_counts.astype(np.float64)
-    aucs = np.einsum("bi,ij,bj->b", weights_m, kernel, weights_n) / (n_members * n_non_members)
+    # wᵀ K u as a matrix product (BLAS), not a three-operand einsum (a plain loop, ~20× slower):
+    # every term is a multiple of ½ and every sum at most n⁺ n⁻ (< 2⁵³), so both are exact
+    # and give the same bits whatever the order of summation
+    aucs = ((weights_m @ kernel) * weights_n).sum(axis=1) / (n_members * n_non_members)
     # the (⌊x·n⌋+1)-th highest non-member score of each resample, then the members above it
     order = np.argsort(-non_members, kind="stable")
     descending = non_members[order]

@@ -13,17 +13,23 @@ invalid one: any score gives a valid AUC.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plumbing.errors import PipelineError, describe
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
 from proxyfl.engine.runtime import derived_seed
 
 logger = logging.getLogger(__name__)
+
+
+class ReferenceTrainingError(PipelineError):
+    """A reference model that could not be trained (its worker failed or died)."""
 
 
 @dataclass(frozen=True)
@@ -100,17 +106,42 @@ def train_reference(
     return model.eval()
 
 
+def reference_logits(
+    recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, seed: int,
+    evaluated: np.ndarray,
+) -> np.ndarray:
+    """The logits on ``evaluated`` of the model of ``recipe`` trained on ``images`` and
+    ``labels`` with ``seed``: one reference model's work, in this process or a worker's."""
+    return model_logits(train_reference(recipe, images, labels, seed), evaluated,
+                        recipe.input_size)  # fmt: skip
+
+
 def train_references(
-    recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, count: int, seed: int
+    recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, count: int, seed: int,
+    pool: Executor | None = None, where: str = "",
 ) -> References:
     """``count`` reference models of ``recipe``, each on its half of the examples, and
-    their logits on all of them."""
+    their logits on all of them: trained one after the other here, or side by side in
+    ``pool`` (:mod:`.workers`: the same bits). ``where`` names the examples in errors."""
     trained_on = balanced_halves(count, len(images), derived_seed(seed, "reference-halves"))
+    jobs = [(recipe, images[inside], labels[inside],
+             derived_seed(seed, "reference-model", index), images)
+            for index, inside in enumerate(trained_on)]  # fmt: skip
+    # in a pool, every model is submitted before any result is awaited
+    pending = None if pool is None else [pool.submit(reference_logits, *job) for job in jobs]
     logits = []
     for index, inside in enumerate(trained_on):
-        model = train_reference(recipe, images[inside], labels[inside],
-                                derived_seed(seed, "reference-model", index))  # fmt: skip
-        logits.append(model_logits(model, images, recipe.input_size))
-        logger.info("reference model %d/%d (%s) trained on %d patches", index + 1, count,
-                    recipe.architecture, int(inside.sum()))  # fmt: skip
+        subject = (f"reference model {index + 1}/{count} ({recipe.architecture}"
+                   + (f", {where}" if where else "") + ")")  # fmt: skip
+        if pending is None:
+            logits.append(reference_logits(*jobs[index]))
+        else:
+            try:
+                logits.append(pending[index].result())
+            except Exception as error:  # raised in the worker, or the worker died
+                for future in pending:
+                    future.cancel()
+                raise ReferenceTrainingError(subject, f"training failed: {describe(error)}"
+                                             ) from error  # fmt: skip
+        logger.info("%s trained on %d patches", subject, int(inside.sum()))
     return References(logits=np.stack(logits), trained_on=trained_on)

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator, MutableMapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,12 @@ class AuditViolation(PipelineError):
 
 @dataclass
 class AuditCache:
-    """Populations and reference models shared by the runs of one audit."""
+    """Populations and reference models shared by the runs of one audit, and the worker
+    processes that train the reference models (:mod:`.workers`; none: in this process)."""
 
     populations: MutableMapping[tuple[Any, ...], Population] = field(default_factory=dict)
     references: MutableMapping[tuple[Any, ...], References] = field(default_factory=dict)
+    pool: Executor | None = None
 
 
 def read_finished_run(run_dir: Path) -> dict[str, Any]:
@@ -194,6 +197,7 @@ def audit_training_run(
                     cache.references[reference_key] = train_references(
                         recipe, population.images, population.labels,
                         options.reference_models, derived_seed(options.seed, population.key),
+                        pool=cache.pool, where=f"centre(s) {list(population.centers)}",
                     )  # fmt: skip
                 references = cache.references[reference_key]
                 confidence = np.stack([logit_confidence(z, population.labels)

@@ -1,0 +1,63 @@
+"""Reference models trained in worker processes (proxyfl.audit.workers) are those trained
+in the audit's own process, bit for bit; a worker's failure names the model it trained."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from proxyfl.audit.references import ReferenceRecipe, ReferenceTrainingError, train_references
+from proxyfl.audit.workers import reference_workers
+
+# cnn2: 128-channel convolutions, whose weight gradients are reductions split by thread
+RECIPE = ReferenceRecipe("cnn2", 2, 16, epochs=2, batch_size=8, lr=3e-3, weight_decay=1e-4)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """Two torch threads here, so that the workers must take them from this process (a
+    worker with one thread would give other bits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _pool_workers() -> set[int]:
+    """This process's spawned workers (not multiprocessing's resource tracker, which
+    lives as long as this process, by design)."""
+    return {child.pid for child in psutil.Process().children()
+            if "spawn_main" in " ".join(child.cmdline())}  # fmt: skip
+
+
+def _patches() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(4)
+    return rng.integers(0, 256, (40, 16, 16, 3), dtype=np.uint8), rng.integers(0, 2, 40)
+
+
+def test_reference_models_in_workers_are_those_trained_here(two_threads: None) -> None:
+    images, labels = _patches()
+    here = train_references(RECIPE, images, labels, count=4, seed=7)
+    with reference_workers(2) as pool:
+        assert pool is not None
+        there = train_references(RECIPE, images, labels, count=4, seed=7, pool=pool)
+        assert len(_pool_workers()) == 2
+    assert not _pool_workers()  # none outlives the block
+    np.testing.assert_array_equal(there.trained_on, here.trained_on)
+    assert there.logits.tobytes() == here.logits.tobytes()
+    with reference_workers(1) as none:
+        assert none is None
+
+
+def test_a_reference_model_that_fails_in_a_worker_is_named() -> None:
+    images, labels = _patches()
+    unknown = ReferenceRecipe("no-such-model", 2, 16, 1, 8, 1e-3, 0.0)
+    with (pytest.raises(ReferenceTrainingError, match=r"reference model 1/2 \(no-such-model, "
+                        r"centre\(s\) \[0\]\): training failed: KeyError"),
+          reference_workers(2) as pool):  # fmt: skip
+        train_references(unknown, images, labels, count=2, seed=0, pool=pool,
+                         where="centre(s) [0]")  # fmt: skip
