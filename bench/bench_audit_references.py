@@ -2,10 +2,11 @@
 by side in ``audit.workers`` processes, on the demo's stores.
 
 For one centre and architecture: ``--count`` reference models trained serially in this
-process, then in a pool of ``--workers`` processes with this process's thread count (the
-audit's way: the same bits, checked), and, for comparison only, in a pool whose workers
-run one thread each (other bits: see proxyfl.audit.workers). The pool is started inside
-the timing, as the audit starts it. Interleaved, median wall seconds and the ratio.
+process at torch's default thread count (the machine's cores: the audit before), serially
+at one thread (the audit's count, proxyfl.audit.workers), and in a pool of ``--workers``
+one-thread processes (the audit now: the same bits as one thread serially, checked). The
+pool is started inside the timing, as the audit starts it. Interleaved, median wall
+seconds and the ratio.
 
     python -m bench.bench_audit_references [--data data/patches] [--center 0]
         [--architecture cnn2] [--count 2] [--workers 2] [--repeats 3]
@@ -24,7 +25,7 @@ import torch
 
 from proxyfl.audit.population import client_population
 from proxyfl.audit.references import ReferenceRecipe, References, train_references
-from proxyfl.audit.workers import reference_workers
+from proxyfl.audit.workers import AUDIT_THREADS, audit_processes
 
 IN_DEFAULT_RUN = False  # needs the demo's stores (make demo)
 
@@ -46,18 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     recipe = ReferenceRecipe(args.architecture, 2, population.images.shape[1], epochs=10,
                              batch_size=32, lr=1e-3, weight_decay=1e-4)  # fmt: skip
 
-    def pooled(threads: int | None) -> Callable[[], References]:
+    default_threads = torch.get_num_threads()
+
+    def in_audit_processes(workers: int) -> Callable[[], References]:
         def train() -> References:
-            with reference_workers(args.workers, threads) as pool:
+            with audit_processes(workers) as pool:
                 return train_references(recipe, population.images, population.labels,
                                         args.count, 0, pool=pool)  # fmt: skip
         return train
 
     variants: dict[str, Callable[[], References]] = {
-        f"serial ({torch.get_num_threads()} threads)": lambda: train_references(
+        f"serial, {default_threads} threads (before)": lambda: train_references(
             recipe, population.images, population.labels, args.count, 0),
-        f"{args.workers} workers x {torch.get_num_threads()} threads": pooled(None),
-        f"{args.workers} workers x 1 thread": pooled(1),
+        f"serial, {AUDIT_THREADS} thread": in_audit_processes(1),
+        f"{args.workers} workers x {AUDIT_THREADS} thread": in_audit_processes(args.workers),
     }  # fmt: skip
     seconds: dict[str, list[float]] = {name: [] for name in variants}
     logits: dict[str, np.ndarray] = {}
@@ -66,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             logits[name] = train().logits
             seconds[name].append(time.perf_counter() - started)
-    serial = next(iter(variants))
-    base = statistics.median(seconds[serial])
+    before, serial = list(variants)[:2]
+    base = statistics.median(seconds[before])
     log.info("%d %s reference models on centre %d (%d patches), %d repeats:", args.count,
              args.architecture, args.center, len(population.images), args.repeats)  # fmt: skip
     for name, times in seconds.items():
         median = statistics.median(times)
-        same = logits[name].tobytes() == logits[serial].tobytes()
-        log.info("  %-24s median %6.2f s  (x%.2f of serial)  logits %s", name, median,
+        same = logits[name].tobytes() == logits[serial].tobytes()  # the audit's bits
+        log.info("  %-24s median %6.2f s  (x%.2f of before)  logits %s", name, median,
                  base / median, "identical" if same else
                  f"differ (max |Δ| {np.abs(logits[name] - logits[serial]).max():.2e})")  # fmt: skip
     return 0

@@ -18,7 +18,7 @@ from proxyfl.audit.runs import (
     audit_document,
     audit_training_run,
 )
-from proxyfl.audit.workers import reference_workers
+from proxyfl.audit.workers import audit_processes
 from proxyfl.results import atomic_write_json
 
 
@@ -29,7 +29,7 @@ def audit_rows(audit: AuditSection, train: TrainSection) -> list[dict[str, Any]]
     logger = get_run_logger()
     options = audit.options()
     rows: list[dict[str, Any]] = []
-    with reference_workers(audit.workers if options.reference_models else 1) as pool:
+    with audit_processes(audit.workers if options.reference_models else 1) as pool:
         cache = AuditCache(pool=pool)
         for algorithm in train.algorithms:
             for seed in train.seeds:
@@ -38,9 +38,9 @@ def audit_rows(audit: AuditSection, train: TrainSection) -> list[dict[str, Any]]
                 logger.info("membership inference: %s (%d model(s))", run_dir,
                             sum(row["method"] == algorithm and row["seed"] == seed
                                 for row in rows))  # fmt: skip
-    for algorithm in audit.canary.algorithms:
-        rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
-        logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))
+        for algorithm in audit.canary.algorithms:
+            rows += audit_canary_run(audit.canary_dir(algorithm), train.data, options)
+            logger.info("one-run ε lower bound: %s", audit.canary_dir(algorithm))
     return rows
 
 

@@ -1,5 +1,6 @@
-"""Reference models trained in worker processes (proxyfl.audit.workers) are those trained
-in the audit's own process, bit for bit; a worker's failure names the model it trained."""
+"""The audit's processes (proxyfl.audit.workers) run one torch thread whatever the caller's,
+so reference models trained in workers are those trained in the audit's own process, bit
+for bit, on any machine; a worker's failure names the model it trained."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from proxyfl.audit.references import ReferenceRecipe, ReferenceTrainingError, train_references
-from proxyfl.audit.workers import reference_workers
+from proxyfl.audit.workers import AUDIT_THREADS, audit_processes
 
 # cnn2: 128-channel convolutions, whose weight gradients are reductions split by thread
 RECIPE = ReferenceRecipe("cnn2", 2, 16, epochs=2, batch_size=8, lr=3e-3, weight_decay=1e-4)
@@ -19,8 +20,8 @@ RECIPE = ReferenceRecipe("cnn2", 2, 16, epochs=2, batch_size=8, lr=3e-3, weight_
 
 @pytest.fixture
 def two_threads() -> Iterator[None]:
-    """Two torch threads here, so that the workers must take them from this process (a
-    worker with one thread would give other bits)."""
+    """Two torch threads in the caller (torch's default on two cores), so that one thread
+    in the audit's processes is theirs to set, not inherited."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -41,16 +42,21 @@ def _patches() -> tuple[np.ndarray, np.ndarray]:
 
 def test_reference_models_in_workers_are_those_trained_here(two_threads: None) -> None:
     images, labels = _patches()
-    here = train_references(RECIPE, images, labels, count=4, seed=7)
-    with reference_workers(2) as pool:
-        assert pool is not None
+    with audit_processes(1) as none:
+        assert none is None and torch.get_num_threads() == AUDIT_THREADS
+        here = train_references(RECIPE, images, labels, count=4, seed=7)
+    assert torch.get_num_threads() == 2  # the caller's count, back
+    with audit_processes(2) as pool:
+        assert pool is not None and torch.get_num_threads() == AUDIT_THREADS
+        assert {pool.submit(torch.get_num_threads).result() for _ in range(4)} == {1}
         there = train_references(RECIPE, images, labels, count=4, seed=7, pool=pool)
         assert len(_pool_workers()) == 2
     assert not _pool_workers()  # none outlives the block
     np.testing.assert_array_equal(there.trained_on, here.trained_on)
     assert there.logits.tobytes() == here.logits.tobytes()
-    with reference_workers(1) as none:
-        assert none is None
+    # and the thread count is what pins the bits: two threads here train other ones
+    other = train_references(RECIPE, images, labels, count=4, seed=7)
+    assert other.logits.tobytes() != here.logits.tobytes()
 
 
 def test_a_reference_model_that_fails_in_a_worker_is_named() -> None:
@@ -58,6 +64,6 @@ def test_a_reference_model_that_fails_in_a_worker_is_named() -> None:
     unknown = ReferenceRecipe("no-such-model", 2, 16, 1, 8, 1e-3, 0.0)
     with (pytest.raises(ReferenceTrainingError, match=r"reference model 1/2 \(no-such-model, "
                         r"centre\(s\) \[0\]\): training failed: KeyError"),
-          reference_workers(2) as pool):  # fmt: skip
+          audit_processes(2) as pool):  # fmt: skip
         train_references(unknown, images, labels, count=2, seed=0, pool=pool,
                          where="centre(s) [0]")  # fmt: skip
