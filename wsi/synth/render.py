@@ -43,27 +43,67 @@ def _stamp_nuclei(
     """Hematoxylin load of the nuclei over the block (max where nuclei overlap).
 
     A nucleus is full strength inside, with a linear rim ``1 + blur`` px wide across its
-    edge, ``blur`` being the centre's focus blur in level-0 px (an anti-aliased edge when 0).
+    edge, ``blur`` being the centre's focus blur in level-0 px (an anti-aliased edge when 0):
+    at pixel centre (x, y), with (u, v) its offset from the nucleus' centre rotated by the
+    nucleus' angle and scaled by its semi-axes (a, b),
+    ``clip((1 - sqrt(u^2 + v^2)) * b / (1 + blur) + 1/2, 0, 1) * load``.
+
+    The windows of nuclei of equal window size are computed together (vectorised), on a
+    canvas that holds every window whole; each pixel is the same float32 arithmetic as
+    computing the nuclei one by one, and the max does not depend on the order, so the
+    load is the same to the bit.
     """
     load = np.zeros((y1 - y0, x1 - x0), dtype=np.float32)
+    if len(candidates) == 0:
+        return load
     nuclei = plan.nuclei
     rim = 1.0 + _blur_px(plan)
-    for i in candidates:
-        cx, cy, a, b = nuclei.x[i], nuclei.y[i], nuclei.radius_a[i], nuclei.radius_b[i]
-        r = int(a + rim / 2) + 2
-        top, bottom = max(int(cy) - r, y0), min(int(cy) + r + 1, y1)
-        left, right = max(int(cx) - r, x0), min(int(cx) + r + 1, x1)
-        if top >= bottom or left >= right:
-            continue
-        dy = np.arange(top, bottom, dtype=np.float32)[:, None] + 0.5 - cy
-        dx = np.arange(left, right, dtype=np.float32)[None, :] + 0.5 - cx
-        cos, sin = math.cos(nuclei.angle[i]), math.sin(nuclei.angle[i])
-        u = (dx * cos + dy * sin) / a
-        v = (dy * cos - dx * sin) / b
-        edge = np.clip((1 - np.sqrt(u * u + v * v)) * b / rim + 0.5, 0, 1)
-        window = load[top - y0 : bottom - y0, left - x0 : right - x0]
-        np.maximum(window, edge * nuclei.load[i], out=window)
+    cx, cy = nuclei.x[candidates], nuclei.y[candidates]
+    a, b = nuclei.radius_a[candidates], nuclei.radius_b[candidates]
+    # Half the side of each nucleus' window, and its centre pixel (truncated like int()).
+    half = (a + rim / 2).astype(np.int64) + 2
+    centre_row, centre_col = cy.astype(np.int64), cx.astype(np.int64)
+    # math.cos, not np.cos: numpy's vectorised cosine may differ from libm's in the last bit.
+    angles = nuclei.angle[candidates].tolist()
+    cos = np.array([math.cos(t) for t in angles]).astype(np.float32)
+    sin = np.array([math.sin(t) for t in angles]).astype(np.float32)
+    strength = nuclei.load[candidates]
+
+    origin_row = min(y0, int((centre_row - half).min()))
+    origin_col = min(x0, int((centre_col - half).min()))
+    canvas = np.zeros(
+        (
+            max(y1, int((centre_row + half).max()) + 1) - origin_row,
+            max(x1, int((centre_col + half).max()) + 1) - origin_col,
+        ),
+        dtype=np.float32,
+    )
+    for side in np.unique(half).tolist():
+        width = 2 * side + 1
+        same_size = np.flatnonzero(half == side)
+        for start in range(0, len(same_size), _STAMP_CHUNK):
+            group = same_size[start : start + _STAMP_CHUNK]
+            top, left = centre_row[group] - side, centre_col[group] - side
+            offsets = np.arange(width)
+            dy = (top[:, None] + offsets).astype(np.float32) + np.float32(0.5) - cy[group, None]
+            dx = (left[:, None] + offsets).astype(np.float32) + np.float32(0.5) - cx[group, None]
+            dy, dx = dy[:, :, None], dx[:, None, :]
+            cos_g, sin_g = cos[group, None, None], sin[group, None, None]
+            u = (dx * cos_g + dy * sin_g) / a[group, None, None]
+            v = (dy * cos_g - dx * sin_g) / b[group, None, None]
+            edge = np.clip((1 - np.sqrt(u * u + v * v)) * b[group, None, None] / rim + 0.5, 0, 1)
+            edge *= strength[group, None, None]
+            # One window at a time: a slice and a max are cheaper than a scatter (maximum.at).
+            for stamp, row, col in zip(
+                edge, (top - origin_row).tolist(), (left - origin_col).tolist(), strict=True
+            ):
+                window = canvas[row : row + width, col : col + width]
+                np.maximum(window, stamp, out=window)
+    load[...] = canvas[y0 - origin_row : y1 - origin_row, x0 - origin_col : x1 - origin_col]
     return load
+
+
+_STAMP_CHUNK = 128  # nuclei computed at once: their windows stay in the CPU cache
 
 
 def _blur_px(plan: SlidePlan) -> float:
@@ -101,17 +141,53 @@ def _render_block(
     shape = (y1 - y0, x1 - x0)
     # Unit-variance uniform noise: as good as Gaussian for grain, three times cheaper.
     grain = rng.random(shape, dtype=np.float32)
-    grain -= np.float32(0.5)
-    grain *= np.float32(math.sqrt(12))
     tissue = _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, y0, y1, x0, x1) > 0
     fibre = _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, y0, y1, x0, x1)
     tumour = _tumour_mask(plan, y0, y1, x0, x1)
     nuclei = _stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
+    rgb = np.empty((*shape, 3), dtype=np.uint8)
+    # Shading is a pure function of each pixel's inputs, so a strip at a time gives the same
+    # bytes; a strip's float64 temporaries stay in the CPU cache, a block's do not.
+    for top in range(0, shape[0], _STRIP_ROWS):
+        rows = slice(top, top + _STRIP_ROWS)
+        _shade(
+            plan,
+            grain[rows],
+            tissue[rows],
+            fibre[rows],
+            None if tumour is None else tumour[rows],
+            nuclei[rows],
+            rgb[rows],
+        )
+    return rgb
+
+
+_STRIP_ROWS = 32  # rows shaded at a time: 32 x 1024 float64 is 256 KiB, a cache's worth
+
+
+def _shade(
+    plan: SlidePlan,
+    grain: np.ndarray,
+    tissue: np.ndarray,
+    fibre: np.ndarray,
+    tumour: np.ndarray | None,
+    nuclei: np.ndarray,
+    rgb: np.ndarray,
+) -> None:
+    """Stain the pixels of a strip into ``rgb`` (Beer-Lambert: ``I = I0 exp(-OD)``).
+
+    ``grain`` is uniform on [0, 1) (float32), scaled here in place to zero mean and unit
+    variance; ``tissue`` and ``tumour`` are masks, ``fibre`` the stroma texture, ``nuclei``
+    their hematoxylin load. Every pixel's arithmetic (operations, order, dtypes) is fixed:
+    the slides' bytes depend on it.
+    """
+    look = plan.look
+    grain -= np.float32(0.5)
+    grain *= np.float32(math.sqrt(12))
 
     # Concentrations of the two stains. Healthy: eosin stroma in streaks, a trace of
     # hematoxylin. Tumour: cytoplasm moved towards purple (more hematoxylin, less eosin)
     # by the centre's tumour contrast, less streaky.
-    look = plan.look
     eosin = fibre * np.float32(0.14)
     eosin += np.float32(0.42)
     hema = fibre * np.float32(0.01)
@@ -121,9 +197,11 @@ def _render_block(
         eosin = np.where(tumour, 0.42 - 0.12 * shift + (0.14 - 0.11 * shift) * fibre, eosin)
         hema = np.where(tumour, 0.05 + 0.25 * shift + (0.01 + 0.03 * shift) * fibre, hema)
     grain *= np.float32(look.noise)
-    eosin *= 1 + np.float32(0.12) * grain
+    grain_12 = np.float32(0.12) * grain
+    grain_12 += np.float32(1)  # 1 + 0.12 grain, used twice
+    eosin *= grain_12
     hema *= 1 + np.float32(0.25) * grain
-    np.maximum(hema, nuclei * (1 + np.float32(0.12) * grain), out=hema)
+    np.maximum(hema, nuclei * grain_12, out=hema)
     eosin *= 1 - np.float32(0.5) * np.minimum(nuclei, 1)
     np.maximum(eosin, 0.12, out=eosin)
     np.maximum(hema, 0, out=hema)
@@ -135,7 +213,6 @@ def _render_block(
     h_od = _unit(stain.hematoxylin_od) * np.float32(stain.hematoxylin_strength)
     e_od = _unit(stain.eosin_od) * np.float32(stain.eosin_strength)
     glass_noise = grain * np.float32(1.2)
-    rgb = np.empty((*shape, 3), dtype=np.uint8)
     for channel in range(3):
         optical_density = hema * -h_od[channel]
         optical_density -= eosin * e_od[channel]
@@ -143,7 +220,6 @@ def _render_block(
         value *= glass_noise + np.float32(stain.background_rgb[channel] + 0.5)
         np.clip(value, 0, 255, out=value)
         rgb[..., channel] = value
-    return rgb
 
 
 def render_slide_bands(plan: SlidePlan, band_height: int) -> Iterator[np.ndarray]:
