@@ -125,7 +125,7 @@ def render_rows(plan: SlidePlan, y0: int, y1: int) -> np.ndarray:
     for x0 in range(0, plan.width, _BLOCK_WIDTH):
         x1 = min(x0 + _BLOCK_WIDTH, plan.width)
         near = np.abs(nuclei.x[in_rows] - (x0 + x1) / 2) <= (x1 - x0) / 2 + reach
-        rgb[:, x0:x1] = _render_block(plan, rng, in_rows[near], y0, y1, x0, x1)
+        _render_block(plan, rng, in_rows[near], y0, y1, x0, x1, out=rgb[:, x0:x1])
     return rgb
 
 
@@ -137,29 +137,30 @@ def _render_block(
     y1: int,
     x0: int,
     x1: int,
-) -> np.ndarray:
+    out: np.ndarray,
+) -> None:
+    """Render level-0 block [y0:y1, x0:x1] into ``out``, (y1 - y0, x1 - x0, 3) uint8."""
     shape = (y1 - y0, x1 - x0)
     # Unit-variance uniform noise: as good as Gaussian for grain, three times cheaper.
     grain = rng.random(shape, dtype=np.float32)
-    tissue = _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, y0, y1, x0, x1) > 0
-    fibre = _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, y0, y1, x0, x1)
     tumour = _tumour_mask(plan, y0, y1, x0, x1)
     nuclei = _stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
-    rgb = np.empty((*shape, 3), dtype=np.uint8)
-    # Shading is a pure function of each pixel's inputs, so a strip at a time gives the same
-    # bytes; a strip's float64 temporaries stay in the CPU cache, a block's do not.
+    # Upsampling and shading are pure functions of each pixel's inputs, so a strip at a time
+    # gives the same bytes; a strip's float64 temporaries stay in the CPU cache, a block's
+    # do not.
     for top in range(0, shape[0], _STRIP_ROWS):
-        rows = slice(top, top + _STRIP_ROWS)
+        bottom = min(top + _STRIP_ROWS, shape[0])
+        rows = slice(top, bottom)
+        strip = (y0 + top, y0 + bottom, x0, x1)
         _shade(
             plan,
             grain[rows],
-            tissue[rows],
-            fibre[rows],
+            _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, *strip) > 0,
+            _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, *strip),
             None if tumour is None else tumour[rows],
             nuclei[rows],
-            rgb[rows],
+            out[rows],
         )
-    return rgb
 
 
 _STRIP_ROWS = 32  # rows shaded at a time: 32 x 1024 float64 is 256 KiB, a cache's worth
