@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
-from skimage.draw import polygon as fill_polygon
 
 from wsi.synth.config import _STREAM_BAND
 from wsi.synth.plan import _TEXTURE_FIELD_DOWNSAMPLE, _TISSUE_FIELD_DOWNSAMPLE, SlidePlan, _upsample
@@ -27,14 +26,104 @@ def _tumour_mask(plan: SlidePlan, y0: int, y1: int, x0: int, x1: int) -> np.ndar
         if mask is None:
             mask = np.zeros((y1 - y0, x1 - x0), dtype=bool)
         # Pixel (r, c) is tumour when its centre (x0 + c + 0.5, y0 + r + 0.5) is.
-        rr, cc = fill_polygon(
+        filled = _fill_polygon(
             lesion.polygon[:, 1] - (y0 + 0.5), lesion.polygon[:, 0] - (x0 + 0.5), mask.shape
         )
-        mask[rr, cc] = True
+        if filled is not None:
+            mask[filled[0]] |= filled[1]
         for carve in lesion.carve_outs:
-            rr, cc = fill_polygon(carve[:, 1] - (y0 + 0.5), carve[:, 0] - (x0 + 0.5), mask.shape)
-            mask[rr, cc] = False
+            filled = _fill_polygon(carve[:, 1] - (y0 + 0.5), carve[:, 0] - (x0 + 0.5), mask.shape)
+            if filled is not None:
+                mask[filled[0]] &= ~filled[1]
     return mask
+
+
+_VERTEX_TOLERANCE = 1e-12  # skimage's: a pixel this close to a vertex is on the polygon
+
+
+def _fill_polygon(
+    rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]
+) -> tuple[tuple[slice, slice], np.ndarray] | None:
+    """The pixels of ``shape`` in a polygon, exactly those ``skimage.draw.polygon`` gives.
+
+    Returns the slices of the polygon's bounding box (clipped to ``shape``) and a mask
+    over it, or None when the box is empty. skimage tests every pixel (x, y) of the box
+    with O'Rourke's crossing rule: an edge from vertex j to vertex i straddling the row
+    (``y_i - y > 0`` differs from ``y_j - y > 0``, or the same with ``< 0``) crosses the
+    ray to the right of the pixel when
+
+        f(x) = ((x_i - x)(y_j - y) - (x_j - x)(y_i - y)) / (y_j - y_i) > 0,
+
+    to the left when f(x) < 0, and the pixel is drawn when either count is odd (inside,
+    or on an edge) or it lies on a vertex. Along a row ``y_i - y`` and ``y_j - y`` have
+    opposite signs (or one is 0) and rounding is monotone, so f evaluated in float64 is
+    non-increasing in x: the columns with f > 0 are a prefix of the row and those with
+    f < 0 a suffix. A bisection per (edge, row) finds both ends evaluating f with the same
+    float64 operations as skimage, and the crossing counts are prefix sums: tens of
+    operations per row instead of one test per pixel and edge.
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    cols = np.asarray(cols, dtype=np.float64)
+    top = int(max(0, rows.min()))
+    bottom = min(shape[0] - 1, math.ceil(rows.max()))
+    left = int(max(0, cols.min()))
+    right = min(shape[1] - 1, math.ceil(cols.max()))
+    if top > bottom or left > right:
+        return None
+    ys = np.arange(top, bottom + 1, dtype=np.float64)
+    xs = np.arange(left, right + 1, dtype=np.float64)
+    n_rows, n_cols = len(ys), len(xs)
+
+    # Every (edge, row) pair where the edge straddles the row, as flat arrays.
+    parts: list[tuple[np.ndarray, ...]] = []
+    for i in range(len(rows)):
+        dy_i, dy_j = rows[i] - ys, rows[i - 1] - ys
+        to_right = (dy_i > 0) != (dy_j > 0)
+        to_left = (dy_i < 0) != (dy_j < 0)
+        at = np.flatnonzero(to_right | to_left)
+        if len(at):
+            x_i, x_j = np.full(len(at), cols[i]), np.full(len(at), cols[i - 1])
+            parts.append((at, dy_i[at], dy_j[at], x_i, x_j, to_right[at], to_left[at]))
+    inside = np.zeros((n_rows, n_cols), dtype=bool)
+    if parts:
+        row, dy_i, dy_j, x_i, x_j, to_right, to_left = (
+            np.concatenate(p) for p in zip(*parts, strict=True)
+        )
+        denominator = dy_j - dy_i
+
+        def first_column(crossed: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+            """Per pair, the first column where ``crossed(f)`` holds (n_cols if none)."""
+            low = np.zeros(len(row), dtype=np.int64)
+            high = np.full(len(row), n_cols, dtype=np.int64)
+            while (searching := low < high).any():
+                middle = (low + high) // 2
+                x = xs[np.minimum(middle, n_cols - 1)]
+                hit = crossed(((x_i - x) * dy_j - (x_j - x) * dy_i) / denominator)
+                high = np.where(searching & hit, middle, high)
+                low = np.where(searching & ~hit, middle + 1, low)
+            return low
+
+        width = n_cols + 1
+        right_end = first_column(lambda f: f <= 0)  # right crossings: columns [0, right_end)
+        left_start = first_column(lambda f: f < 0)  # left crossings: [left_start, n_cols)
+        starts = row * width
+        right_toggles = np.concatenate([starts[to_right], (starts + right_end)[to_right]])
+        left_toggles = np.concatenate([(starts + left_start)[to_left], (starts + n_cols)[to_left]])
+        crossings = [
+            np.cumsum(np.bincount(ends, minlength=n_rows * width).reshape(n_rows, width), axis=1)
+            for ends in (right_toggles, left_toggles)
+        ]
+        inside = ((crossings[0] | crossings[1])[:, :n_cols] & 1).astype(bool)
+    for x, y in zip(cols.tolist(), rows.tolist(), strict=True):
+        column, row_ = round(x), round(y)
+        if (
+            top <= row_ <= bottom
+            and left <= column <= right
+            and -_VERTEX_TOLERANCE < x - column < _VERTEX_TOLERANCE
+            and -_VERTEX_TOLERANCE < y - row_ < _VERTEX_TOLERANCE
+        ):
+            inside[row_ - top, column - left] = True
+    return (slice(top, bottom + 1), slice(left, right + 1)), inside
 
 
 def _stamp_nuclei(
