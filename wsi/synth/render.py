@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -230,33 +231,84 @@ def _render_block(
 ) -> None:
     """Render level-0 block [y0:y1, x0:x1] into ``out``, (y1 - y0, x1 - x0, 3) uint8."""
     shape = (y1 - y0, x1 - x0)
-    # Unit-variance uniform noise: as good as Gaussian for grain, three times cheaper.
     grain = rng.random(shape, dtype=np.float32)
     tumour = _tumour_mask(plan, y0, y1, x0, x1)
     nuclei = _stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
+    inks = _inks(plan)
     # Upsampling and shading are pure functions of each pixel's inputs, so a strip at a time
     # gives the same bytes; a strip's float64 temporaries stay in the CPU cache, a block's
     # do not.
     for top in range(0, shape[0], _STRIP_ROWS):
         bottom = min(top + _STRIP_ROWS, shape[0])
-        rows = slice(top, bottom)
-        strip = (y0 + top, y0 + bottom, x0, x1)
+        rows, ys = slice(top, bottom), (y0 + top, y0 + bottom)
+        # Unit-variance uniform noise: as good as Gaussian for grain, three times cheaper.
+        strip_grain = grain[rows]
+        strip_grain -= np.float32(0.5)
+        strip_grain *= np.float32(math.sqrt(12))
+        strip_grain *= inks.noise
+        tissue = _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, *ys, x0, x1) > 0
+        _shade_glass(inks, strip_grain, out[rows])
+        on_tissue = np.flatnonzero(tissue.any(axis=0))
+        if len(on_tissue) == 0:
+            continue
+        # Only columns [first, last) of the strip hold tissue: stain them over the glass.
+        first, last = int(on_tissue[0]), int(on_tissue[-1]) + 1
+        aligned = first - first % _TEXTURE_FIELD_DOWNSAMPLE  # _upsample's x0 is on its grid
+        fibre = _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, *ys, x0 + aligned, x0 + last)
+        columns = slice(first, last)
         _shade(
-            plan,
-            grain[rows],
-            _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, *strip) > 0,
-            _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, *strip),
-            None if tumour is None else tumour[rows],
-            nuclei[rows],
-            out[rows],
+            inks,
+            strip_grain[:, columns],
+            tissue[:, columns],
+            fibre[:, first - aligned :],
+            None if tumour is None else tumour[rows, columns],
+            nuclei[rows, columns],
+            out[rows, columns],
         )
 
 
 _STRIP_ROWS = 32  # rows shaded at a time: 32 x 1024 float64 is 256 KiB, a cache's worth
 
 
+@dataclass(frozen=True)
+class _Inks:
+    """A slide's shading constants, in the dtypes the pixel arithmetic uses."""
+
+    noise: np.float32  # grain amplitude
+    tumour_shift: np.float32  # the centre's tumour contrast
+    hematoxylin: np.ndarray  # (3,) float32 optical density at unit concentration
+    eosin: np.ndarray  # (3,) float32
+    glass: tuple[np.float32, np.float32, np.float32]  # background + 0.5 (rounding), per channel
+
+
+def _inks(plan: SlidePlan) -> _Inks:
+    look, stain = plan.look, plan.stain
+    return _Inks(
+        noise=np.float32(look.noise),
+        tumour_shift=np.float32(look.tumour_contrast),
+        hematoxylin=_unit(stain.hematoxylin_od) * np.float32(stain.hematoxylin_strength),
+        eosin=_unit(stain.eosin_od) * np.float32(stain.eosin_strength),
+        glass=(
+            np.float32(stain.background_rgb[0] + 0.5),
+            np.float32(stain.background_rgb[1] + 0.5),
+            np.float32(stain.background_rgb[2] + 0.5),
+        ),
+    )
+
+
+def _shade_glass(inks: _Inks, grain: np.ndarray, rgb: np.ndarray) -> None:
+    """Bare glass into ``rgb``: ``I = I0 + 1.2 grain`` (and what :func:`_shade` gives
+    off tissue, where both stains are 0: ``exp(-0) = 1`` exactly; clipping and truncating a
+    value in float32 or in float64 gives the same integer)."""
+    glass_noise = grain * np.float32(1.2)
+    for channel in range(3):
+        value = glass_noise + inks.glass[channel]
+        np.clip(value, 0, 255, out=value)
+        rgb[..., channel] = value
+
+
 def _shade(
-    plan: SlidePlan,
+    inks: _Inks,
     grain: np.ndarray,
     tissue: np.ndarray,
     fibre: np.ndarray,
@@ -264,17 +316,13 @@ def _shade(
     nuclei: np.ndarray,
     rgb: np.ndarray,
 ) -> None:
-    """Stain the pixels of a strip into ``rgb`` (Beer-Lambert: ``I = I0 exp(-OD)``).
+    """Stain pixels into ``rgb`` (Beer-Lambert: ``I = I0 exp(-OD)``).
 
-    ``grain`` is uniform on [0, 1) (float32), scaled here in place to zero mean and unit
-    variance; ``tissue`` and ``tumour`` are masks, ``fibre`` the stroma texture, ``nuclei``
-    their hematoxylin load. Every pixel's arithmetic (operations, order, dtypes) is fixed:
-    the slides' bytes depend on it.
+    ``grain`` is the scanner's noise (zero mean, variance ``noise^2``, float32); ``tissue``
+    and ``tumour`` are masks, ``fibre`` the stroma texture, ``nuclei`` their hematoxylin
+    load. Every pixel's arithmetic (operations, order, dtypes) is fixed: the slides' bytes
+    depend on it.
     """
-    look = plan.look
-    grain -= np.float32(0.5)
-    grain *= np.float32(math.sqrt(12))
-
     # Concentrations of the two stains. Healthy: eosin stroma in streaks, a trace of
     # hematoxylin. Tumour: cytoplasm moved towards purple (more hematoxylin, less eosin)
     # by the centre's tumour contrast, less streaky.
@@ -283,10 +331,9 @@ def _shade(
     hema = fibre * np.float32(0.01)
     hema += np.float32(0.05)
     if tumour is not None:
-        shift = np.float32(look.tumour_contrast)
+        shift = inks.tumour_shift
         eosin = np.where(tumour, 0.42 - 0.12 * shift + (0.14 - 0.11 * shift) * fibre, eosin)
         hema = np.where(tumour, 0.05 + 0.25 * shift + (0.01 + 0.03 * shift) * fibre, hema)
-    grain *= np.float32(look.noise)
     grain_12 = np.float32(0.12) * grain
     grain_12 += np.float32(1)  # 1 + 0.12 grain, used twice
     eosin *= grain_12
@@ -299,15 +346,12 @@ def _shade(
     eosin *= on_tissue
     hema *= on_tissue
 
-    stain = plan.stain
-    h_od = _unit(stain.hematoxylin_od) * np.float32(stain.hematoxylin_strength)
-    e_od = _unit(stain.eosin_od) * np.float32(stain.eosin_strength)
     glass_noise = grain * np.float32(1.2)
     for channel in range(3):
-        optical_density = hema * -h_od[channel]
-        optical_density -= eosin * e_od[channel]
+        optical_density = hema * -inks.hematoxylin[channel]
+        optical_density -= eosin * inks.eosin[channel]
         value = np.exp(optical_density, out=optical_density)
-        value *= glass_noise + np.float32(stain.background_rgb[channel] + 0.5)
+        value *= glass_noise + inks.glass[channel]
         np.clip(value, 0, 255, out=value)
         rgb[..., channel] = value
 
