@@ -247,12 +247,16 @@ def _render_block(
         strip_grain *= np.float32(math.sqrt(12))
         strip_grain *= inks.noise
         tissue = _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, *ys, x0, x1) > 0
-        _shade_glass(inks, strip_grain, out[rows])
         on_tissue = np.flatnonzero(tissue.any(axis=0))
         if len(on_tissue) == 0:
+            _shade_glass(inks, strip_grain, out[rows])
             continue
-        # Only columns [first, last) of the strip hold tissue: stain them over the glass.
+        # Only columns [first, last) of the strip hold tissue: stain them, and the glass
+        # on either side.
         first, last = int(on_tissue[0]), int(on_tissue[-1]) + 1
+        for glass in (slice(0, first), slice(last, shape[1])):
+            if glass.start < glass.stop:
+                _shade_glass(inks, strip_grain[:, glass], out[rows, glass])
         aligned = first - first % _TEXTURE_FIELD_DOWNSAMPLE  # _upsample's x0 is on its grid
         fibre = _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, *ys, x0 + aligned, x0 + last)
         columns = slice(first, last)
