@@ -45,7 +45,8 @@ _VERTEX_TOLERANCE = 1e-12  # skimage's: a pixel this close to a vertex is on the
 def _fill_polygon(
     rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]
 ) -> tuple[tuple[slice, slice], np.ndarray] | None:
-    """The pixels of ``shape`` in a polygon, exactly those ``skimage.draw.polygon`` gives.
+    """The pixels of ``shape`` in a polygon, exactly those ``skimage.draw.polygon`` gives
+    (scikit-image 0.26, which drew the slides before; they no longer depend on its version).
 
     Returns the slices of the polygon's bounding box (clipped to ``shape``) and a mask
     over it, or None when the box is empty. skimage tests every pixel (x, y) of the box
