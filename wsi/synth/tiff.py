@@ -27,12 +27,19 @@ _BIG_BUFFER_BYTES = 512 * 2**20
 
 
 def halve(image: np.ndarray) -> np.ndarray:
-    """2x2 block mean (rounded) of an (H, W, 3) uint8 image; odd last row/column dropped."""
+    """2x2 block mean (rounded) of an (H, W, 3) uint8 image; odd last row/column dropped.
+
+    ``(a + b + c + d + 2) >> 2`` in uint16, exact whatever the order of the sums: rows are
+    summed first (whole contiguous rows), then column pairs one channel at a time (long
+    strided runs, rather than runs of 3 values).
+    """
     h, w = image.shape[0] // 2, image.shape[1] // 2
-    total = image[0 : 2 * h : 2, 0 : 2 * w : 2].astype(np.uint16)
-    total += image[1 : 2 * h : 2, 0 : 2 * w : 2]
-    total += image[0 : 2 * h : 2, 1 : 2 * w : 2]
-    total += image[1 : 2 * h : 2, 1 : 2 * w : 2]
+    rows = image[0 : 2 * h : 2, : 2 * w].astype(np.uint16)
+    rows += image[1 : 2 * h : 2, : 2 * w]
+    pairs = rows.reshape(h, w, 2, 3)
+    total = np.empty((h, w, 3), dtype=np.uint16)
+    for channel in range(3):
+        np.add(pairs[:, :, 0, channel], pairs[:, :, 1, channel], out=total[:, :, channel])
     total += 2
     total >>= 2
     return total.astype(np.uint8)
