@@ -15,7 +15,6 @@ seconds and the ratio.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -29,9 +28,6 @@ from proxyfl.audit.workers import AUDIT_THREADS, audit_processes
 
 IN_DEFAULT_RUN = False  # needs the demo's stores (make demo)
 
-log = logging.getLogger(__name__)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_audit_references")
     parser.add_argument("--data", default="data/patches")
@@ -41,7 +37,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     population = client_population(args.data, (args.center,))
     # the demo's recipe: 10 rounds of 1 local epoch, B = 32, the private learning rate
     recipe = ReferenceRecipe(args.architecture, 2, population.images.shape[1], epochs=10,
@@ -71,14 +66,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds[name].append(time.perf_counter() - started)
     before, serial = list(variants)[:2]
     base = statistics.median(seconds[before])
-    log.info("%d %s reference models on centre %d (%d patches), %d repeats:", args.count,
-             args.architecture, args.center, len(population.images), args.repeats)  # fmt: skip
+    print(f"{args.count} {args.architecture} reference models on centre {args.center} "
+          f"({len(population.images)} patches), median of {args.repeats}:")
     for name, times in seconds.items():
         median = statistics.median(times)
         same = logits[name].tobytes() == logits[serial].tobytes()  # the audit's bits
-        log.info("  %-24s median %6.2f s  (x%.2f of before)  logits %s", name, median,
-                 base / median, "identical" if same else
-                 f"differ (max |Δ| {np.abs(logits[name] - logits[serial]).max():.2e})")  # fmt: skip
+        bits = "identical" if same else (
+            f"differ (max |Δ| {np.abs(logits[name] - logits[serial]).max():.2e})")
+        print(f"  {name:28s} {median:6.2f} s  (x{base / median:.2f} of before)  "
+              f"logits against the audit's: {bits}")
     return 0
 
 
