@@ -138,7 +138,7 @@ class _ConvNet(nn.Module):
         return self.classifier(self._features_without_gradient(x))
 
     def _features_without_gradient(self, x: torch.Tensor) -> torch.Tensor:
-        """``self.features(x)``, bit for bit, in about half the time on a CPU (evaluation:
+        """``self.features(x)``, bit for bit, in a third less time on a CPU (evaluation:
         every round's forward pass over the merged test set; ``bench.bench_startup`` (c)).
 
         Each stage is computed as conv → max-pool → ReLU instead of conv → ReLU → max-pool:
