@@ -7,6 +7,7 @@ Most tests use the session fixture ``synthetic_dataset`` (tests/conftest.py: 2 c
 from __future__ import annotations
 
 import csv
+import math
 import re
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
@@ -479,3 +480,72 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert synth.main(["--out", str(out), "--layout", "zigzag"]) == 2
     assert "layout" in capsys.readouterr().err
     assert re.search(r"itc|micro|macro", synth_cli._parser()[0].format_help())
+
+
+def _skimage_mask(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    mask = np.zeros(shape, dtype=bool)
+    rr, cc = fill_polygon(rows, cols, shape)
+    mask[rr, cc] = True
+    return mask
+
+
+def test_lesion_fill_is_skimage_polygon_pixel_for_pixel() -> None:
+    """wsi.synth.render's row-crossing fill draws exactly skimage.draw.polygon's pixels,
+    which drew the slides before it: random polygons, half of them spilling over the
+    block, some with vertices on pixel centres and edges along rows."""
+    from wsi.synth.render import _fill_polygon
+
+    rng = np.random.default_rng(11)
+    shape = (40, 56)
+    for case in range(600):
+        n = int(rng.integers(3, 12))
+        rows = rng.uniform(-15, shape[0] + 15, n)
+        cols = rng.uniform(-15, shape[1] + 15, n)
+        if case % 3 == 0:  # vertices on pixel centres: the tolerance and horizontal edges
+            rows, cols = np.round(rows), np.round(cols)
+            rows[1] = rows[0]
+        drawn = np.zeros(shape, dtype=bool)
+        filled = _fill_polygon(rows, cols, shape)
+        if filled is not None:
+            drawn[filled[0]] = filled[1]
+        np.testing.assert_array_equal(drawn, _skimage_mask(rows, cols, shape), err_msg=str(case))
+    assert _fill_polygon(np.array([-5.0, -3, -4]), np.array([1.0, 2, 3]), shape) is None
+
+
+def test_halve_is_the_rounded_mean_of_each_2x2_block() -> None:
+    from wsi.synth.tiff import halve
+
+    image = np.random.default_rng(2).integers(0, 256, (37, 51, 3), dtype=np.uint8)
+    blocks = image[:36, :50].astype(np.int64).reshape(18, 2, 25, 2, 3).sum(axis=(1, 3))
+    np.testing.assert_array_equal(halve(image), ((blocks + 2) // 4).astype(np.uint8))
+    image[:2, :2] = 255  # the largest sum, 1020 + 2, fits the uint16 accumulator
+    assert halve(image)[0, 0].tolist() == [255, 255, 255]
+
+
+def test_nuclei_stamped_together_are_those_stamped_one_by_one() -> None:
+    """The vectorised stamping gives each block the load of the plain per-nucleus loop
+    (its formula in float32, window by window), to the bit, blocks on the slide's edges
+    included."""
+    from wsi.synth.render import _blur_px, _stamp_nuclei
+
+    plan = synth.plan_slide(TINY, 0, 0, "macro")
+    nuclei, rim = plan.nuclei, 1.0 + _blur_px(plan)
+    assert len(nuclei.x) > 100
+    for y0, y1, x0, x1 in [(0, 200, 0, 300), (300, 768, 500, 1024), (100, 101, 40, 90)]:
+        expected = np.zeros((y1 - y0, x1 - x0), dtype=np.float32)
+        for i in range(len(nuclei.x)):
+            cx, cy, a, b = nuclei.x[i], nuclei.y[i], nuclei.radius_a[i], nuclei.radius_b[i]
+            r = int(a + rim / 2) + 2
+            top, bottom = max(int(cy) - r, y0), min(int(cy) + r + 1, y1)
+            left, right = max(int(cx) - r, x0), min(int(cx) + r + 1, x1)
+            if top >= bottom or left >= right:
+                continue
+            dy = np.arange(top, bottom, dtype=np.float32)[:, None] + 0.5 - cy
+            dx = np.arange(left, right, dtype=np.float32)[None, :] + 0.5 - cx
+            cos, sin = math.cos(nuclei.angle[i]), math.sin(nuclei.angle[i])
+            u, v = (dx * cos + dy * sin) / a, (dy * cos - dx * sin) / b
+            edge = np.clip((1 - np.sqrt(u * u + v * v)) * b / rim + 0.5, 0, 1)
+            window = expected[top - y0 : bottom - y0, left - x0 : right - x0]
+            np.maximum(window, edge * nuclei.load[i], out=window)
+        stamped = _stamp_nuclei(plan, np.arange(len(nuclei.x)), y0, y1, x0, x1)
+        assert stamped.tobytes() == expected.tobytes(), (y0, x0)
