@@ -13,8 +13,9 @@ invalid one: any score gives a valid AUC.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Executor
+from concurrent.futures import BrokenExecutor, Executor, Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,6 +117,17 @@ def reference_logits(
                         recipe.input_size)  # fmt: skip
 
 
+def _submitted(pool: Executor, job: tuple[Any, ...]) -> Future[np.ndarray]:
+    """``reference_logits(*job)`` in ``pool``. A pool a dead worker broke refuses new work
+    at once: that error is handed back as the model's result, reported like any other."""
+    try:
+        return pool.submit(reference_logits, *job)
+    except BrokenExecutor as error:
+        refused: Future[np.ndarray] = Future()
+        refused.set_exception(error)
+        return refused
+
+
 def train_references(
     recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, count: int, seed: int,
     pool: Executor | None = None, where: str = "",
@@ -128,7 +140,7 @@ def train_references(
              derived_seed(seed, "reference-model", index), images)
             for index, inside in enumerate(trained_on)]  # fmt: skip
     # in a pool, every model is submitted before any result is awaited
-    pending = None if pool is None else [pool.submit(reference_logits, *job) for job in jobs]
+    pending = None if pool is None else [_submitted(pool, job) for job in jobs]
     logits = []
     for index, inside in enumerate(trained_on):
         subject = (f"reference model {index + 1}/{count} ({recipe.architecture}"

@@ -4,6 +4,9 @@ for bit, on any machine; a worker's failure names the model it trained."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -67,3 +70,25 @@ def test_a_reference_model_that_fails_in_a_worker_is_named() -> None:
           audit_processes(2) as pool):  # fmt: skip
         train_references(unknown, images, labels, count=2, seed=0, pool=pool,
                          where="centre(s) [0]")  # fmt: skip
+
+
+def test_a_worker_killed_outright_fails_the_audit_naming_the_model() -> None:
+    """A worker that dies (the OOM killer's SIGKILL), while training or between two groups
+    of models, breaks the pool: the audit stops with the model named, and the other
+    worker does not outlive the block."""
+    images, labels = _patches()
+    slow = ReferenceRecipe("cnn2", 2, 16, epochs=200, batch_size=8, lr=3e-3, weight_decay=0.0)
+    named = (r"reference model 1/2 \(cnn2\): training failed: "
+             r".*(terminated abruptly|BrokenProcessPool)")  # fmt: skip
+    for when in ("training", "idle"):
+        with pytest.raises(ReferenceTrainingError, match=named), audit_processes(2) as pool:
+            assert pool.submit(int).result() == 0  # the workers are up
+            victim = min(_pool_workers())
+            if when == "training":
+                pool.submit(os.kill, victim, signal.SIGKILL)  # in a worker, before the models
+            else:
+                os.kill(victim, signal.SIGKILL)
+                while pool.submit(int).exception() is None:  # until the pool knows
+                    time.sleep(0.05)
+            train_references(slow, images, labels, count=2, seed=0, pool=pool)
+        assert not _pool_workers(), when
