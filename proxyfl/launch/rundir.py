@@ -36,7 +36,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from plumbing.atomic import write_json, write_text
+from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.results import RUN_FILE, json_safe
@@ -275,6 +275,10 @@ def prepare(plan: LaunchPlan, config: TrainConfig) -> None:
         if not resumable or configuration_changes(staged, config) != {}:
             shutil.rmtree(plan.work)
     plan.work.mkdir(parents=True, exist_ok=True)
+    # A job killed part-way may have been inside an atomic write (a rank's record, the
+    # metrics, a model): its temporary would outlive the run that resumes here
+    for directory in [plan.work, *sorted(d for d in plan.work.rglob("*") if d.is_dir())]:
+        remove_stale_temporaries(directory)
     write_json(plan.work / INPUTS_FILE, plan.inputs, sort_keys=True)
 
 

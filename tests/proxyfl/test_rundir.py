@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,37 @@ def test_nothing_there_starts_and_an_unfinished_run_of_the_same_configuration_re
     for replace in (False, True):  # a resume is not a replacement
         plan = plan_launch(config, replace)
         assert (plan.action, plan.work) == (Action.RESUME, run_dir)
+
+
+def test_a_resumed_run_loses_the_temporaries_of_the_job_killed_in_it(
+    data: Path, tmp_path: Path
+) -> None:
+    """A job killed inside an atomic write leaves ``.{name}.{pid}.tmp`` (a rank record, a
+    model); the launch that resumes the run removes those of dead writers, anywhere in it,
+    and keeps a live writer's."""
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    _record(config, "running")
+    dead = _dead_pid()
+    torn = [run_dir / "ranks" / f".rank_1.machine.json.{dead}.tmp",
+            run_dir / "models" / "client_0" / f".local.safetensors.{dead}.tmp",
+            run_dir / f".metrics.jsonl.{dead}.tmp"]  # fmt: skip
+    live = run_dir / "ranks" / f".rank_0.json.{os.getpid()}.tmp"
+    for path in [*torn, live]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    plan = plan_launch(config)
+    assert plan.action is Action.RESUME
+    prepare(plan, config)
+    assert not any(path.exists() for path in torn) and live.exists()
+    assert (run_dir / "metrics.jsonl").exists()  # the run itself is kept whole
+
+
+def _dead_pid() -> int:
+    """The PID of a process that has exited (and was reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_a_finished_run_of_the_same_configuration_and_stores_is_kept(
