@@ -60,7 +60,7 @@ def _reference_tumour_mask(
     return mask
 
 
-def _reference_stamp_nuclei(
+def reference_stamp_nuclei(
     plan: SlidePlan, candidates: np.ndarray, y0: int, y1: int, x0: int, x1: int
 ) -> np.ndarray:
     from wsi.synth.render import _blur_px
@@ -105,7 +105,7 @@ def _reference_render_block(
     tissue = _upsample(plan.tissue_field, _TISSUE_FIELD_DOWNSAMPLE, y0, y1, x0, x1) > 0
     fibre = _upsample(plan.fibre_field, _TEXTURE_FIELD_DOWNSAMPLE, y0, y1, x0, x1)
     tumour = _reference_tumour_mask(plan, y0, y1, x0, x1)
-    nuclei = _reference_stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
+    nuclei = reference_stamp_nuclei(plan, nuclei_near, y0, y1, x0, x1)
     look = plan.look
     eosin = fibre * np.float32(0.14)
     eosin += np.float32(0.42)
