@@ -18,6 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from plumbing.warm_shim import STARTED_ENV
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -49,7 +51,9 @@ class Timings:
 
 def process_age() -> float | None:
     """Seconds since this process was created (fork, not exec: a rank's interpreter start,
-    imports and MPI initialisation count), or None where it cannot be told.
+    imports and MPI initialisation count), or None where it cannot be told. A rank forked
+    from a warm server (:mod:`plumbing.warm`) counts from its shim's creation: its wait for
+    the server's imports is its start-up too.
 
     On Linux both ends are read on the clock since boot (``/proc/self/stat``'s start time,
     in clock ticks, and ``CLOCK_BOOTTIME``): 10 ms resolution. Elsewhere psutil's creation
@@ -57,7 +61,8 @@ def process_age() -> float | None:
     try:
         with open("/proc/self/stat", encoding="ascii") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / _CLOCK_TICKS  # field 22, counted after the name
+        ticks = os.environ.get(STARTED_ENV) or fields[19]  # field 22, counted after the name
+        started = int(ticks) / _CLOCK_TICKS
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, IndexError, ValueError, AttributeError):
         pass

@@ -18,6 +18,7 @@ its last lines.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from plumbing.output import passing_output
 from plumbing.processes import parent_bound_command
+from plumbing.warm import WarmRanks, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
 from proxyfl.launch.accounting import record_launcher_wall
@@ -50,6 +52,7 @@ from proxyfl.launch.rundir import (
 from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
 from proxyfl.names import LAUNCHERS, Launcher
 from proxyfl.results import METRICS_FILE, RUN_FILE
+from proxyfl.run import RANK_IMPORTS
 
 logger = logging.getLogger(__name__)
 
@@ -214,12 +217,14 @@ class TrainingJob:
         """The ``proxyfl.run`` command-line arguments of this job."""
         return ["--config", str(self.config_file)]
 
-    def command(self) -> list[str]:
-        """The whole command line: the placement's launcher, then a rank's program."""
+    def command(self, warm: WarmRanks | None = None) -> list[str]:
+        """The whole command line: the placement's launcher, then a rank's program (as the
+        shim that has ``warm``'s server fork it, when one is given)."""
+        program = [sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments()]
         return [
             *self.placement.command_prefix(self.ranks),
-            sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments(),
-        ]  # fmt: skip
+            *(warm.program(program) if warm is not None else program),
+        ]
 
 
 class TrainingJobFailed(RuntimeError):
@@ -341,8 +346,28 @@ def _run_job(
 ) -> None:
     job.write_config()
     clear_failures(job.run_dir)
+    process_env = {
+        **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
+    }  # fmt: skip
+    # on one machine the ranks are forked from one interpreter that imported torch once
+    warm = (warm_server(process_env, RANK_IMPORTS) if job.placement.single_machine
+            else contextlib.nullcontext(None))  # fmt: skip
+    with warm as warm_ranks:
+        if warm_ranks is not None:
+            process_env.update(warm_ranks.environment())
+        _launch(job, warm_ranks, process_env, on_line, tail_lines, on_round)
+
+
+def _launch(
+    job: TrainingJob,
+    warm: WarmRanks | None,
+    process_env: dict[str, str],
+    on_line: Callable[[str], None],
+    tail_lines: int,
+    on_round: Callable[[RoundProgress], None] | None,
+) -> None:
     # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
-    command = parent_bound_command(job.command(), signal.SIGTERM)
+    command = parent_bound_command(job.command(warm), signal.SIGTERM)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
     # only MPICH's fork launcher says in lines of its own which rank a signal ended, and
@@ -350,9 +375,6 @@ def _run_job(
     # signal's number, srun with 128 + it), and their words stay in the tails
     signaled = _SignaledRanks() if job.placement.fork_launcher() is not None else None
     rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
-    process_env = {
-        **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
-    }  # fmt: skip
     # one pipe for every line: the launcher's, and the ranks' (which on this machine write
     # to it themselves, around the fork launcher's relay: plumbing.output)
     read_end, write_end = os.pipe()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import shutil
@@ -129,10 +130,13 @@ class _JobSockets:
 
     @staticmethod
     def _job_processes() -> list[psutil.Process]:
+        """mpiexec and its children (the ranks, or their warm shims), and the warm server
+        and its children (the ranks it forked: plumbing.warm)."""
         found = []
         for process in psutil.Process().children(recursive=True):
             try:
-                if Path(process.cmdline()[0]).name.startswith("mpiexec"):
+                command = process.cmdline()
+                if Path(command[0]).name.startswith("mpiexec") or "plumbing.warm" in command:
                     found += [process, *process.children(recursive=True)]
             except (psutil.NoSuchProcess, IndexError):
                 continue
@@ -205,7 +209,9 @@ def test_a_rank_killed_under_hydra_fails_the_job_by_its_exit_code(
 
 
 def _rank_process(rank: int) -> psutil.Process | None:
-    """Rank ``rank`` of the job this test launched, once it runs."""
+    """Rank ``rank`` of the job this test launched, once it runs: the process mpiexec
+    started for it (with PMI_RANK in its environment), which is the rank itself or its
+    warm shim (plumbing.warm_shim), which passes signals on to the rank."""
     for process in _JobSockets._job_processes():
         try:
             if process.environ().get("PMI_RANK") == str(rank):
@@ -213,6 +219,24 @@ def _rank_process(rank: int) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             continue
     return None
+
+
+def _forked_rank(started: psutil.Process) -> psutil.Process:
+    """The process that runs the rank mpiexec started as ``started``: itself, or, when
+    ``started`` is a warm shim, the server's child holding the same PMI socket at the same
+    descriptor (plumbing.warm places every descriptor at its number in the shim)."""
+    if not any("warm_shim" in part for part in started.cmdline()):
+        return started
+    descriptor = started.environ()["PMI_FD"]
+    socket_of = Path(f"/proc/{started.pid}/fd/{descriptor}").readlink()
+    for process in _JobSockets._job_processes():
+        with contextlib.suppress(OSError, psutil.NoSuchProcess):
+            if (process.pid != started.pid
+                    and Path(f"/proc/{process.pid}/fd/{descriptor}").readlink() == socket_of
+                    and process.parent() is not None
+                    and "plumbing.warm" in process.parent().cmdline()):  # fmt: skip
+                return process
+    raise AssertionError(f"no rank forked for shim {started.pid}")
 
 
 def _all_segments() -> set[str]:
@@ -260,7 +284,8 @@ def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
     def kill_every_rank(line: str) -> None:
         if not killed and "[rank " in line:
             ranks = [_rank_process(rank) for rank in (0, 1)]
-            segments.update(mapped_paths(SHM_DIR, [p for p in ranks if p is not None]))
+            running = [_forked_rank(process) for process in ranks if process is not None]
+            segments.update(mapped_paths(SHM_DIR, running))
             for process in ranks:
                 if process is not None:
                     process.kill()

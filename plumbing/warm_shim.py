@@ -1,0 +1,118 @@
+"""A rank's stand-in: what ``mpiexec`` starts when the ranks are forked warm.
+
+Run as ``python -I -S warm_shim.py PROGRAM ARGS...`` (standard library only, no site
+packages: it starts in ~20 ms). It hands everything a freshly executed PROGRAM would have
+inherited (its argv, environment, working directory and every open file descriptor, the
+launcher's PMI socket among them) to the warm server named in the environment
+(:mod:`plumbing.warm`), which forks the rank from an interpreter that has already
+imported torch and Opacus. It then stands in for that rank towards ``mpiexec``: it forwards
+the signals ``mpiexec`` sends, and exits as the rank exited (the same status, or killed by
+the same signal).
+
+Where there is no server, or it cannot be reached, the shim executes PROGRAM itself: the
+rank starts cold, as it would without the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "PLUMBING_WARM_SOCKET"
+STARTED_ENV = "PLUMBING_STARTED_AT_TICKS"  # this process's start, for the rank's start-up
+HEADER = struct.Struct("!I")  # the request's length, then its JSON
+# Every signal whose default action ends a process and that a handler can catch: sent to
+# the shim (by mpiexec stopping the job, or by a person), it goes to the rank, which then
+# ends as that signal says, and the shim with it. SIGKILL cannot be caught: the server
+# kills the rank when its shim's connection closes.
+FORWARDED = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP,
+    signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGUSR1, signal.SIGSEGV,
+    signal.SIGUSR2, signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU,
+    signal.SIGXFSZ, signal.SIGVTALRM, signal.SIGPROF, signal.SIGSYS,
+)  # fmt: skip
+
+
+def _open_descriptors() -> list[int]:
+    """Every descriptor open in this process (listing /proc opens one more, gone after)."""
+    listed = [int(name) for name in os.listdir("/proc/self/fd")]
+    open_ones = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        open_ones.append(fd)
+    return sorted(open_ones)
+
+
+def _start_ticks() -> str:
+    """This process's start time, in clock ticks since boot (/proc/self/stat, field 22)."""
+    with open("/proc/self/stat", encoding="ascii") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[19]
+
+
+def _exec_cold(argv: list[str]) -> None:
+    os.execv(argv[0], argv)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("warm_shim: no program to run")
+    path = os.environ.pop(SOCKET_ENV, "")
+    if not path:
+        _exec_cold(argv)
+    descriptors = _open_descriptors()
+    environment = dict(os.environ)
+    environment[STARTED_ENV] = _start_ticks()
+    request = json.dumps({"argv": argv, "env": environment, "cwd": os.getcwd(),
+                          "fds": descriptors, "shim_pid": os.getpid()}).encode()  # fmt: skip
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(path)
+        socket.send_fds(connection, [HEADER.pack(len(request))], descriptors)
+        connection.sendall(request)
+    except OSError as error:
+        print(f"warm_shim: no warm server at {path} ({error}); starting cold",
+              file=sys.stderr, flush=True)  # fmt: skip
+        connection.close()
+        _exec_cold(argv)
+
+    child: list[int] = []
+    pending: list[int] = []
+
+    def forward(number: int, _frame: object) -> None:
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0], number)
+        else:
+            pending.append(number)
+
+    for number in FORWARDED:
+        signal.signal(number, forward)
+    reader = connection.makefile("r", encoding="ascii")
+    for line in reader:
+        word, _, value = line.partition(" ")
+        if word == "pid":
+            child.append(int(value))
+            for number in pending:
+                forward(number, None)
+        elif word == "status":
+            status = int(value)
+            if os.WIFSIGNALED(status):
+                number = os.WTERMSIG(status)
+                signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
+            os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+    print("warm_shim: the warm server went away before the rank ended", file=sys.stderr,
+          flush=True)  # fmt: skip
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

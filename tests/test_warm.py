@@ -1,0 +1,190 @@
+"""Ranks forked from a warm server (plumbing.warm): a rank started through its shim gets
+what exec would have given it, the server's imports done once, and no process outlives the
+server or its shim. Real processes, real descriptor passing; the MPI side is in
+tests/proxyfl/test_launch_mpi.py (every job there runs warm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from plumbing.warm import DISABLE_ENV, WarmRanks, warm_server
+from plumbing.warm_shim import SOCKET_ENV, STARTED_ENV
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+# What the forked rank runs: it reports what it inherited, then does what it is told.
+PROGRAM = '''
+import json, os, signal, sys, time
+import warm_probe_preload
+out = os.environ["PROBE_OUT"]
+report = {
+    "argv": sys.argv[1:], "cwd": os.getcwd(), "pid": os.getpid(),
+    "env": os.environ.get("PROBE_VALUE"), "started": os.environ.get("STARTED_ENV"),
+    "preloaded_before_main": warm_probe_preload.IMPORTED_BEFORE_MAIN,
+    "extra_fd": os.read(int(os.environ["PROBE_FD"]), 100).decode(),
+}
+with open(out, "w") as handle:
+    json.dump(report, handle)
+action = sys.argv[1]
+if action == "exit":
+    sys.exit(int(sys.argv[2]))
+if action == "kill-self":
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+if action == "wait-for-usr1":
+    def on_usr1(number, frame):
+        sys.exit(42)
+    signal.signal(signal.SIGUSR1, on_usr1)
+    with open(out + ".ready", "w"):
+        pass
+    time.sleep(60)
+if action == "sleep":
+    with open(out + ".ready", "w"):
+        pass
+    time.sleep(60)
+'''.replace("STARTED_ENV", STARTED_ENV)
+
+PRELOAD = '''
+import os
+with open(os.environ["PRELOAD_LOG"], "a") as handle:
+    handle.write(f"{os.getpid()}\\n")
+IMPORTED_BEFORE_MAIN = True
+'''
+
+
+@pytest.fixture
+def modules(tmp_path: Path) -> Path:
+    directory = tmp_path / "modules"
+    directory.mkdir()
+    (directory / "warm_probe.py").write_text(PROGRAM)
+    (directory / "warm_probe_preload.py").write_text(PRELOAD)
+    return directory
+
+
+def _environment(modules: Path, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{modules}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "PRELOAD_LOG": str(tmp_path / "preload.log")}  # fmt: skip
+
+
+def _start(warm: WarmRanks, env: dict[str, str], tmp_path: Path, name: str,
+           *args: str, value: str = "v") -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
+    """A rank started as mpiexec would: through the shim, with one extra descriptor (a
+    pipe holding a word) at a number the program is told."""
+    out = tmp_path / f"{name}.json"
+    read_end, write_end = os.pipe()
+    os.write(write_end, name.encode())
+    os.close(write_end)
+    rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out),
+                "PROBE_VALUE": value, "PROBE_FD": str(read_end)}  # fmt: skip
+    command = warm.program([sys.executable, "-m", "warm_probe", *args])
+    cwd = tmp_path / name
+    cwd.mkdir()
+    process = subprocess.Popen(command, env=rank_env, cwd=cwd, pass_fds=(read_end,))
+    os.close(read_end)
+    return process, out
+
+
+def _wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_forked_rank_gets_what_exec_would_have_given_it(modules: Path, tmp_path: Path) -> None:
+    """argv, environment, working directory, a passed descriptor at its number, the exit
+    status; the preloaded module imported once, by the server, for both ranks; the rank's
+    start-up counted from its shim's start."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, ["warm_probe_preload"]) as warm:
+        assert warm is not None
+        first, first_out = _start(warm, env, tmp_path, "a", "exit", "3", value="one")
+        second, second_out = _start(warm, env, tmp_path, "b", "exit", "0", value="two")
+        assert first.wait(timeout=60) == 3
+        assert second.wait(timeout=60) == 0
+    for out, name, value, process in ((first_out, "a", "one", first),
+                                      (second_out, "b", "two", second)):  # fmt: skip
+        report = json.loads(out.read_text())
+        assert report["argv"] == ["exit", "3" if name == "a" else "0"]
+        assert report["cwd"] == str(tmp_path / name)
+        assert report["env"] == value
+        assert report["extra_fd"] == name
+        assert report["preloaded_before_main"] is True
+        assert report["pid"] != process.pid  # forked by the server, not the shim itself
+        assert report["started"] is not None  # the shim's start, for the rank's start-up
+    # imported once, in the server (not in either rank)
+    assert len((tmp_path / "preload.log").read_text().split()) == 1
+
+
+def test_without_a_server_the_shim_starts_the_rank_cold(modules: Path, tmp_path: Path) -> None:
+    """A shim whose server has stopped (its socket gone), or that names none, executes the
+    program itself; PLUMBING_COLD_RANKS=1 starts no server."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        assert warm is not None
+    process, out = _start(warm, env, tmp_path, "stopped", "exit", "5")
+    assert process.wait(timeout=60) == 5
+    assert json.loads(out.read_text())["pid"] == process.pid  # executed in place: no fork
+    unnamed = WarmRanks(tmp_path / "unused")
+    process, out = _start(unnamed, {**env, SOCKET_ENV: ""}, tmp_path, "unnamed", "exit", "4")
+    assert process.wait(timeout=60) == 4
+    assert json.loads(out.read_text())["pid"] == process.pid
+    with warm_server({**env, DISABLE_ENV: "1"}, []) as disabled:
+        assert disabled is None
+
+
+def test_a_rank_killed_by_a_signal_ends_its_shim_by_the_same_signal(
+    modules: Path, tmp_path: Path
+) -> None:
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        process, _ = _start(warm, env, tmp_path, "bus", "kill-self", "SIGBUS")
+        assert process.wait(timeout=60) == -signal.SIGBUS
+
+
+def test_signals_sent_to_the_shim_reach_the_rank(modules: Path, tmp_path: Path) -> None:
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        process, out = _start(warm, env, tmp_path, "usr1", "wait-for-usr1")
+        _wait_for(Path(str(out) + ".ready"))
+        process.send_signal(signal.SIGUSR1)
+        assert process.wait(timeout=60) == 42  # the rank's handler chose the status
+
+
+def test_a_rank_dies_with_its_shim_and_with_the_server(modules: Path, tmp_path: Path) -> None:
+    """SIGKILL to a shim (mpiexec's, or the OOM killer's) kills its rank; a server stopped
+    while a rank runs kills it; nothing is left."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        killed, killed_out = _start(warm, env, tmp_path, "killed", "sleep")
+        orphaned, orphaned_out = _start(warm, env, tmp_path, "orphaned", "sleep")
+        _wait_for(Path(str(killed_out) + ".ready"))
+        _wait_for(Path(str(orphaned_out) + ".ready"))
+        ranks = {name: json.loads(out.read_text())["pid"]
+                 for name, out in (("killed", killed_out), ("orphaned", orphaned_out))}  # fmt: skip
+        killed.kill()
+        assert killed.wait(timeout=60) == -signal.SIGKILL
+        assert _gone(ranks["killed"]), "the rank outlived its shim"
+        assert psutil.pid_exists(ranks["orphaned"])
+        servers = [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
+        assert len(servers) == 1
+    assert _gone(ranks["orphaned"]), "the rank outlived the server"
+    assert orphaned.wait(timeout=60) != 0  # its shim says the rank did not finish
+    assert _gone(servers[0].pid)
