@@ -11,7 +11,14 @@
     sizes, and 1 against 2 intra-op threads; each variant's probabilities compared bit for
     bit with the default's (batch 128, 1 thread).
 
-    python -m bench.bench_startup [--repeats N] [--test N]
+(d) A 4-rank job that only starts and ends (``bench.noop_rank``: a training rank's
+    imports, MPI's initialisation, a barrier, its exit) under MPICH's fork launcher, every
+    rank its own interpreter (cold, as before) against ranks forked from one warm server
+    (:mod:`plumbing.warm`, as :func:`proxyfl.launch.job.run_job` starts them now); the
+    launcher's wall from its start to its exit, the server's start included. Interleaved,
+    medians.
+
+    python -m bench.bench_startup [--repeats N] [--test N] [--ranks N]
 """
 
 from __future__ import annotations
@@ -122,10 +129,41 @@ def bench_eval(repeats: int, n_test: int) -> dict[str, dict[str, float | bool]]:
         return results
 
 
+def _job_seconds(ranks: int, warm: bool) -> float:
+    import os
+
+    from plumbing.warm import warm_server
+    from proxyfl.launch.job import RANK_IMPORTS, SHARED_MEMORY_ONLY, mpiexec_path
+
+    launcher = mpiexec_path().with_name("mpiexec.gforker")
+    env = {**os.environ, **SHARED_MEMORY_ONLY, "PYTHONPATH": str(REPO)}
+    program = [sys.executable, "-m", "mpi4py", "-m", "bench.noop_rank"]
+    started = time.perf_counter()
+    with warm_server(env, RANK_IMPORTS if warm else ()) as server:
+        if warm:
+            assert server is not None, "no warm server here (Linux only)"
+            env.update(server.environment())
+            program = server.program(program)
+        subprocess.run([str(launcher), "-n", str(ranks), *program], cwd=REPO, env=env,
+                       check=True)  # fmt: skip
+        seconds = time.perf_counter() - started
+    return seconds
+
+
+def bench_job(repeats: int, ranks: int) -> dict[str, float]:
+    cold, warm = [], []
+    for _ in range(repeats):  # interleaved
+        cold.append(_job_seconds(ranks, warm=False))
+        warm.append(_job_seconds(ranks, warm=True))
+    return {"cold": statistics.median(cold), "warm": statistics.median(warm),
+            "cold_max": max(cold), "warm_max": max(warm)}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_startup", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--test", type=int, default=480, help="merged test patches")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of the job in (d)")
     args = parser.parse_args([] if argv is None else argv)
     imports = bench_imports(args.repeats)
     print(f"(a) a rank's imports, median of {args.repeats} fresh interpreters")
@@ -138,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in bench_eval(args.repeats, args.test).items():
         print(f"    {name:22s} {result['seconds']:6.3f} s  bit-identical to batch 128, "
               f"1 thread: {result['bit_identical']}")  # fmt: skip
+    job = bench_job(args.repeats, args.ranks)
+    print(f"(d) a {args.ranks}-rank job that only starts and ends, launcher wall, median (max) "
+          f"of {args.repeats}")
+    print(f"    every rank its own interpreter (before) {job['cold']:6.2f} s "
+          f"({job['cold_max']:.2f})")
+    print(f"    forked from one warm server             {job['warm']:6.2f} s "
+          f"({job['warm_max']:.2f})   ratio {job['cold'] / job['warm']:.2f}x")
     return 0
 
 

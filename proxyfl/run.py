@@ -64,13 +64,6 @@ if TYPE_CHECKING:  # torch and Opacus load only once the input has been checked
 
 
 logger = logging.getLogger("proxyfl.run")
-# What main imports once the input is checked: on one machine a warm server imports them
-# before forking the ranks (plumbing.warm), so that the job pays for them once.
-RANK_IMPORTS = (
-    "torch", "opacus", "proxyfl.algorithms.strategies", "proxyfl.comm.graphs",
-    "proxyfl.engine.checkpoint", "proxyfl.engine.runtime", "proxyfl.loop", "proxyfl.records",
-    "proxyfl.trainer", "mpi4py.run",
-)  # fmt: skip
 _UNLOGGED = AccessLog()  # checks before training open nothing that the rank records
 
 

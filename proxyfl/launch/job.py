@@ -52,7 +52,6 @@ from proxyfl.launch.rundir import (
 from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
 from proxyfl.names import LAUNCHERS, Launcher
 from proxyfl.results import METRICS_FILE, RUN_FILE
-from proxyfl.run import RANK_IMPORTS
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +98,14 @@ SHARED_MEMORY_ONLY = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
 # --kill-on-bad-exit=1: a task that exits non-zero or is killed ends the whole step, as
 # mpi4py's abort does under mpiexec, instead of leaving the others waiting for it.
 SRUN_OPTIONS = ("--mpi=pmi2", "--kill-on-bad-exit=1")
+# What a rank imports before its first line of work: proxyfl.run's imports deferred until
+# its input is checked, and mpi4py's runner. On one machine a warm server imports them once
+# and forks the ranks from it (plumbing.warm). Not mpi4py.MPI: its import initialises MPI.
+RANK_IMPORTS = (
+    "torch", "opacus", "proxyfl.algorithms.strategies", "proxyfl.comm.graphs",
+    "proxyfl.engine.checkpoint", "proxyfl.engine.runtime", "proxyfl.loop", "proxyfl.records",
+    "proxyfl.trainer", "mpi4py.run",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

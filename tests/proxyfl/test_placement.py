@@ -9,19 +9,27 @@ test_hosts_netns.py (two hosts).
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from plumbing import warm_shim
+from plumbing.warm import WarmRanks
 from proxyfl.config import TrainConfig
 from proxyfl.launch.job import (
     FORK_LAUNCHER,
+    RANK_IMPORTS,
     SHARED_MEMORY_ONLY,
     Placement,
     TrainingJob,
     mpiexec_path,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _job(tmp_path: Path, placement: Placement, algorithm: str = "ProxyFL") -> TrainingJob:
@@ -81,3 +89,38 @@ def test_srun_starts_one_task_per_rank_with_slurms_pmi(tmp_path: Path) -> None:
 def test_a_placement_of_two_minds_is_refused(placement: dict, refused: str) -> None:
     with pytest.raises(ValueError, match=refused):
         Placement(**placement)
+
+
+def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -> None:
+    """RANK_IMPORTS holds every module proxyfl.run's main imports once its input is checked
+    (else each rank would still import it itself), and importing them all does not
+    initialise MPI (the server forks the ranks: MPI must start in each)."""
+    tree = ast.parse((REPO / "proxyfl" / "run.py").read_text())
+    main = next(node for node in tree.body
+                if isinstance(node, ast.FunctionDef) and node.name == "main")  # fmt: skip
+    deferred = set()
+    for node in ast.walk(main):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "mpi4py":
+            package = importlib.util.find_spec(node.module)
+            for alias in node.names:  # `from package import module` imports the module
+                submodule = f"{node.module}.{alias.name}"
+                is_module = package is not None and package.submodule_search_locations and (
+                    importlib.util.find_spec(submodule) is not None)
+                deferred.add(submodule if is_module else node.module)
+    assert deferred <= set(RANK_IMPORTS), deferred - set(RANK_IMPORTS)
+    assert {"torch", "opacus"} <= set(RANK_IMPORTS)
+    probe = ("import importlib, sys\n"
+             f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
+             "print('mpi4py.MPI' in sys.modules)\n")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=REPO, check=True)  # fmt: skip
+    assert result.stdout.strip() == "False"
+
+
+def test_a_warm_job_runs_each_rank_through_the_shim(tmp_path: Path) -> None:
+    job = _job(tmp_path, Placement())
+    warm = WarmRanks(tmp_path / "socket")
+    command = job.command(warm)
+    program = job.command()[3:]  # after gforker -n 4
+    assert command[:3] == job.command()[:3]
+    assert command[3:] == [sys.executable, "-I", "-S", warm_shim.__file__, *program]

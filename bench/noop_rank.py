@@ -1,0 +1,23 @@
+"""A rank that does nothing but start and end as a training rank does: the imports of
+``proxyfl.run``'s ranks, MPI's initialisation, a barrier, the same exit. For
+``bench.bench_startup`` (d)::
+
+    mpiexec -n 4 python -m mpi4py -m bench.noop_rank
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+
+from proxyfl.launch.job import RANK_IMPORTS
+
+if __name__ == "__main__":
+    for name in RANK_IMPORTS:
+        importlib.import_module(name)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+    gc.freeze()  # as proxyfl.run's exit
+    sys.exit(0)
