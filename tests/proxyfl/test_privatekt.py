@@ -513,4 +513,6 @@ def test_a_share_pool_run_trains_on_the_rest_with_a_fresh_optimizer_each_round(
     assert server["server_finetune_seconds"] > 0 and server["server_sampling_seconds"] > 0
     for rank, spent in enumerate(timings["per_rank"]):  # every phase accounted, within wall
         assert spent["setup_seconds"] > 0 and spent["records_seconds"] > 0
-        assert sum(spent.values()) <= timings["wall_seconds_per_rank"][rank] + 0.5
+        # the rank's clock starts after its start-up (the interpreter, imports, MPI)
+        on_its_clock = sum(spent.values()) - spent["startup_seconds"]
+        assert on_its_clock <= timings["wall_seconds_per_rank"][rank] + 0.5
