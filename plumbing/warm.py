@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing import warm_shim
@@ -79,7 +79,6 @@ class _Rank:
     held: list[int]  # the server's copies of the rank's descriptors
     pid: int | None = None
     ended_at: float | None = None  # monotonic time the rank's status went to its shim
-    closed: bool = field(default=False)
 
 
 def _receive(connection: socket.socket) -> RankRequest:
@@ -126,6 +125,7 @@ class _Server:
         self.listener, self.control_fd = listener, control_fd
         self.selector = selectors.DefaultSelector()
         self.ranks: dict[int, _Rank] = {}  # by connection descriptor
+        self._is_child = False
         self.wake_read, self.wake_write = os.pipe()
         for fd in (self.wake_read, self.wake_write):
             os.set_blocking(fd, False)
@@ -160,7 +160,7 @@ class _Server:
                 self._collect_children()
                 self._release_reaped()
         finally:
-            if not getattr(self, "_is_child", False):
+            if not self._is_child:
                 self._stop_all()
 
     def _accept(self) -> None:
