@@ -82,29 +82,31 @@ class _Rank:
 
 
 def _receive(connection: socket.socket) -> RankRequest:
+    """A shim's request; the descriptors received are closed again if it is malformed."""
     connection.settimeout(_REQUEST_TIMEOUT_SECONDS)  # a shim sends all of it at once
     header, fds, _, _ = socket.recv_fds(connection, warm_shim.HEADER.size, 1024)
-    if len(header) != warm_shim.HEADER.size:
+    try:
+        if len(header) != warm_shim.HEADER.size:
+            raise ValueError("a shim closed its connection before its request")
+        (length,) = warm_shim.HEADER.unpack(header)
+        body = bytearray()
+        while len(body) < length:
+            chunk = connection.recv(length - len(body))
+            if not chunk:
+                raise ValueError("a shim's request was cut short")
+            body += chunk
+        connection.settimeout(None)
+        message = json.loads(body)
+        numbers = [int(n) for n in message["fds"]]
+        if len(numbers) != len(fds):
+            raise ValueError(f"a shim named {len(numbers)} descriptors and sent {len(fds)}")
+        return RankRequest(argv=[str(a) for a in message["argv"]], env=dict(message["env"]),
+                           cwd=str(message["cwd"]), fds=dict(zip(numbers, fds, strict=True)),
+                           shim_pid=int(message["shim_pid"]))  # fmt: skip
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise ValueError("a shim closed its connection before its request")
-    (length,) = warm_shim.HEADER.unpack(header)
-    body = bytearray()
-    while len(body) < length:
-        chunk = connection.recv(length - len(body))
-        if not chunk:
-            raise ValueError("a shim's request was cut short")
-        body += chunk
-    connection.settimeout(None)
-    message = json.loads(body)
-    numbers = [int(n) for n in message["fds"]]
-    if len(numbers) != len(fds):
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"a shim named {len(numbers)} descriptors and sent {len(fds)}")
-    return RankRequest(argv=[str(a) for a in message["argv"]], env=dict(message["env"]),
-                       cwd=str(message["cwd"]), fds=dict(zip(numbers, fds, strict=True)),
-                       shim_pid=int(message["shim_pid"]))  # fmt: skip
+        raise
 
 
 def _reaped(pid: int) -> bool:
@@ -113,8 +115,8 @@ def _reaped(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
-        return False
+    except PermissionError:  # alive, as another user's process (pid reused)
+        pass
     return False
 
 
@@ -175,7 +177,7 @@ class _Server:
         if rank.pid is None:  # the shim's request
             try:
                 request = _receive(connection)
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, KeyError, TypeError) as error:
                 logger.warning("warm server: %s", error)
                 self._close(rank)
                 return None

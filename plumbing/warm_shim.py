@@ -51,10 +51,11 @@ def _open_descriptors() -> list[int]:
     return sorted(open_ones)
 
 
-def _start_ticks() -> str:
-    """This process's start time, in clock ticks since boot (/proc/self/stat, field 22)."""
+def start_ticks() -> int:
+    """This process's start time, in clock ticks since boot (/proc/self/stat, field 22,
+    counted after the name, which may hold spaces and parentheses)."""
     with open("/proc/self/stat", encoding="ascii") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[19]
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
 def _exec_cold(argv: list[str]) -> None:
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> None:
         _exec_cold(argv)
     descriptors = _open_descriptors()
     environment = dict(os.environ)
-    environment[STARTED_ENV] = _start_ticks()
+    environment[STARTED_ENV] = str(start_ticks())
     request = json.dumps({"argv": argv, "env": environment, "cwd": os.getcwd(),
                           "fds": descriptors, "shim_pid": os.getpid()}).encode()  # fmt: skip
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import psutil
 import pytest
 
 from plumbing.warm import DISABLE_ENV, WarmRanks, warm_server
-from plumbing.warm_shim import SOCKET_ENV, STARTED_ENV
+from plumbing.warm_shim import HEADER, SOCKET_ENV, STARTED_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -188,3 +189,44 @@ def test_a_rank_dies_with_its_shim_and_with_the_server(modules: Path, tmp_path: 
     assert _gone(ranks["orphaned"]), "the rank outlived the server"
     assert orphaned.wait(timeout=60) != 0  # its shim says the rank did not finish
     assert _gone(servers[0].pid)
+
+
+def _closed_everywhere(write_end: int, timeout: float = 10.0) -> bool:
+    """Whether every read end of the pipe has been closed (a write then fails)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.write(write_end, b"x")
+        except BrokenPipeError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("fault", ["cut short", "not a request", "descriptors miscounted"])
+def test_a_malformed_request_is_refused_and_its_descriptors_closed(
+    modules: Path, tmp_path: Path, fault: str
+) -> None:
+    """A connection that sends descriptors and then no well-formed request: the server
+    closes what it received (no descriptor kept open for the job's life) and goes on
+    forking the ranks that ask properly."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        assert warm is not None
+        read_end, write_end = os.pipe()
+        body = json.dumps({"argv": ["x"], "env": {}, "cwd": "/", "fds": [7, 8],
+                           "shim_pid": 1}).encode()  # fmt: skip
+        if fault == "not a request":
+            body = json.dumps({"fds": [7]}).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(warm.socket_path))
+            socket.send_fds(connection, [HEADER.pack(len(body))], [read_end])
+            connection.sendall(body[:10] if fault == "cut short" else body)
+        os.close(read_end)
+        try:
+            assert _closed_everywhere(write_end), "the server kept a refused descriptor"
+        finally:
+            os.close(write_end)
+        process, out = _start(warm, env, tmp_path, "after", "exit", "0")
+        assert process.wait(timeout=60) == 0
+        assert json.loads(out.read_text())["pid"] != process.pid, "the server is gone"

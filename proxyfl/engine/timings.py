@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from plumbing.warm_shim import STARTED_ENV
+from plumbing.warm_shim import STARTED_ENV, start_ticks
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -59,10 +59,7 @@ def process_age() -> float | None:
     in clock ticks, and ``CLOCK_BOOTTIME``): 10 ms resolution. Elsewhere psutil's creation
     time against the wall clock, whose boot time may be rounded to the second."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        ticks = os.environ.get(STARTED_ENV) or fields[19]  # field 22, counted after the name
-        started = int(ticks) / _CLOCK_TICKS
+        started = int(os.environ.get(STARTED_ENV) or start_ticks()) / _CLOCK_TICKS
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, IndexError, ValueError, AttributeError):
         pass
