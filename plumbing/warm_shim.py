@@ -22,6 +22,8 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Iterator
+from typing import NoReturn
 
 SOCKET_ENV = "PLUMBING_WARM_SOCKET"
 STARTED_ENV = "PLUMBING_STARTED_AT_TICKS"  # this process's start, for the rank's start-up
@@ -96,23 +98,46 @@ def main(argv: list[str]) -> None:
 
     for number in FORWARDED:
         signal.signal(number, forward)
-    reader = connection.makefile("r", encoding="ascii")
-    for line in reader:
-        word, _, value = line.partition(" ")
+    for word, value in _messages(connection):
         if word == "pid":
             child.append(int(value))
             for number in pending:
                 forward(number, None)
         elif word == "status":
-            status = int(value)
-            if os.WIFSIGNALED(status):
-                number = os.WTERMSIG(status)
-                signal.signal(number, signal.SIG_DFL)
-                os.kill(os.getpid(), number)
-            os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
-    print("warm_shim: the warm server went away before the rank ended", file=sys.stderr,
-          flush=True)  # fmt: skip
-    os._exit(1)
+            _end_as(int(value))
+    if child:
+        print("warm_shim: the warm server went away before the rank ended", file=sys.stderr,
+              flush=True)  # fmt: skip
+        os._exit(1)
+    # the server ended before forking the rank (its imports failed, or it was stopped):
+    # nothing has run yet, so the rank starts cold, unless it was told to stop meanwhile
+    for number in FORWARDED:
+        signal.signal(number, signal.SIG_DFL)
+    if pending:
+        os.kill(os.getpid(), pending[0])
+    print(f"warm_shim: the warm server at {path} ended before starting the rank; "
+          "starting cold", file=sys.stderr, flush=True)  # fmt: skip
+    connection.close()
+    _exec_cold(argv)
+
+
+def _messages(connection: socket.socket) -> Iterator[tuple[str, str]]:
+    """The server's lines ("pid N", then "status S") until it closes the connection, or
+    resets it (a server that exits with shims still queued for it)."""
+    reader = connection.makefile("r", encoding="ascii")
+    with contextlib.suppress(ConnectionError):
+        for line in reader:
+            word, _, value = line.partition(" ")
+            yield word, value
+
+
+def _end_as(status: int) -> NoReturn:
+    """Exit as a process with wait status ``status`` did: killed by its signal, or its code."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
 if __name__ == "__main__":

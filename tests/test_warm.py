@@ -151,6 +151,45 @@ def test_without_a_server_the_shim_starts_the_rank_cold(modules: Path, tmp_path:
         assert disabled is None
 
 
+# A preload that fails once a shim waits in the server's queue (the listener's descriptor is
+# the server's first argument): the server ends with a rank asked for and none forked.
+BROKEN_PRELOAD = """
+import select, socket, sys
+listener = socket.socket(fileno=int(sys.argv[1]))
+select.select([listener], [], [], 60)
+listener.detach()
+raise ImportError("warm_probe_broken: this install is broken")
+"""
+
+
+def test_a_shim_whose_server_ends_before_forking_starts_its_rank_cold(
+    modules: Path, tmp_path: Path
+) -> None:
+    """A server whose imports fail while a shim waits for it: the shim runs its rank
+    itself (whose own imports then say what is broken), never a traceback of its own."""
+    (modules / "warm_probe_broken.py").write_text(BROKEN_PRELOAD)
+    env = _environment(modules, tmp_path)
+    with warm_server(env, ["warm_probe_broken"]) as warm:
+        assert warm is not None
+        out = tmp_path / "queued.json"
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"queued")
+        os.close(write_end)
+        command = warm.program([sys.executable, "-m", "warm_probe", "exit", "6"])
+        (tmp_path / "queued").mkdir()
+        process = subprocess.Popen(
+            command, cwd=tmp_path / "queued", pass_fds=(read_end,), stderr=subprocess.PIPE,
+            env={**warm.environment(), **env, "PROBE_OUT": str(out), "PROBE_VALUE": "v",
+                 "PROBE_FD": str(read_end)},
+        )  # fmt: skip
+        os.close(read_end)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 6, stderr.decode()
+    assert json.loads(out.read_text())["pid"] == process.pid  # executed in place
+    assert b"ended before starting the rank; starting cold" in stderr
+    assert b"Traceback" not in stderr
+
+
 def test_a_rank_killed_by_a_signal_ends_its_shim_by_the_same_signal(
     modules: Path, tmp_path: Path
 ) -> None:
