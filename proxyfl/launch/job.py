@@ -99,12 +99,14 @@ SHARED_MEMORY_ONLY = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
 # mpi4py's abort does under mpiexec, instead of leaving the others waiting for it.
 SRUN_OPTIONS = ("--mpi=pmi2", "--kill-on-bad-exit=1")
 # What a rank imports before its first line of work: proxyfl.run's imports deferred until
-# its input is checked, and mpi4py's runner. On one machine a warm server imports them once
-# and forks the ranks from it (plumbing.warm). Not mpi4py.MPI: its import initialises MPI.
+# its input is checked, mpi4py's runner, and torch._dynamo, which the first optimizer a
+# rank builds imports (torch.optim.Optimizer.__init__ is wrapped by _disable_dynamo; 0.85 s
+# of CPU a rank). On one machine a warm server imports them once and forks the ranks from
+# it (plumbing.warm). Not mpi4py.MPI: its import initialises MPI.
 RANK_IMPORTS = (
-    "torch", "opacus", "proxyfl.algorithms.strategies", "proxyfl.comm.graphs",
+    "torch", "torch._dynamo", "opacus", "proxyfl.algorithms.strategies", "proxyfl.comm.graphs",
     "proxyfl.engine.checkpoint", "proxyfl.engine.runtime", "proxyfl.loop", "proxyfl.records",
-    "proxyfl.trainer", "mpi4py.run",
+    "proxyfl.engine.trained", "proxyfl.trainer", "mpi4py.run",
 )  # fmt: skip
 
 

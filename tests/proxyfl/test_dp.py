@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from opacus.accountants import RDPAccountant
 from torch.utils.data import TensorDataset
 
 from proxyfl.engine.models import build_model
@@ -123,13 +124,27 @@ def test_epsilon_function_is_the_accountants() -> None:
     training = _private(model, _dataset(n=24, size=4), batch_size=8)
     for _ in range(7):
         noise_only_step(training)
-    assert training.accountant.get_epsilon(1e-5) == pytest.approx(
-        epsilon_from_history(training.accountant.history, 1e-5), rel=1e-12
+    assert training.accountant.get_epsilon(1e-5) == epsilon_from_history(
+        training.accountant.history, 1e-5
     )
     q, steps = poisson_schedule(24, 8)
     assert epsilon_from_history([(1.0, q, 2 * steps)], 1e-5) == planned_epsilon(24, 8, 1.0, 2, 1e-5)
     assert epsilon_from_history([], 1e-5) == 0.0
     assert math.isinf(epsilon_from_history([(0.0, q, 3)], 1e-5))
+
+
+def test_epsilon_is_the_accountants_to_the_last_bit_for_any_history() -> None:
+    """One step's RDP computed once and scaled by T (the accountant recomputes it for every
+    question): the same floating-point result for histories of several segments, any δ."""
+    rng = np.random.default_rng(7)
+    for _ in range(25):
+        segments = int(rng.integers(1, 4))
+        history = [(float(rng.uniform(0.5, 3.0)), float(1 / rng.integers(2, 200)),
+                    int(rng.integers(1, 5000))) for _ in range(segments)]  # fmt: skip
+        delta = float(10.0 ** -rng.uniform(3, 8))
+        accountant = RDPAccountant()
+        accountant.history = list(history)
+        assert epsilon_from_history(history, delta) == accountant.get_epsilon(delta), history
 
 
 def test_planned_accountant_is_the_accountant_after_the_steps() -> None:

@@ -117,6 +117,20 @@ def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -
     assert result.stdout.strip() == "False"
 
 
+def test_a_ranks_first_optimizer_imports_nothing_the_server_did_not() -> None:
+    """torch's optimizers import torch._dynamo when the first one is built (0.85 s of CPU
+    in every rank): the warm server imports it, so a forked rank does not."""
+    probe = ("import importlib, sys\n"
+             f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
+             "before = set(sys.modules)\n"
+             "import torch\n"
+             "torch.optim.Adam(torch.nn.Linear(2, 2).parameters())\n"
+             "print(sorted(set(sys.modules) - before))\n")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=REPO, check=True)  # fmt: skip
+    assert result.stdout.strip() == "[]"
+
+
 def test_a_warm_job_runs_each_rank_through_the_shim(tmp_path: Path) -> None:
     job = _job(tmp_path, Placement())
     warm = WarmRanks(tmp_path / "socket")
