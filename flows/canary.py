@@ -32,7 +32,7 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.audit.canaries import CanaryPlanError
-from proxyfl.launch.job import TrainingJob, TrainingJobFailed
+from proxyfl.launch.job import TrainingJob, TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict, holds_another_configuration
 from tasks.canary import canary_plan
 from tasks.train import training_run
@@ -45,7 +45,8 @@ def canary_run(train: TrainSection, audit: AuditSection, algorithm: str) -> Path
     canary_plan(audit, train, algorithm)
     job = TrainingJob(audit.canary_job(train, algorithm), placement(train))
     replace = holds_another_configuration(job.config)  # a derived run: never a conflict
-    training_run.with_options(retries=train.retries)(job, replace=replace)
+    with warm_ranks(job.placement):
+        training_run.with_options(retries=train.retries)(job, replace=replace)
     return audit.canary_dir(algorithm)
 
 
@@ -69,7 +70,8 @@ def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection, st
 def main(argv: list[str] | None = None) -> int:
     train, audit, algorithm = parse_config(argv)
     failures = (CanaryPlanError, TrainingJobFailed, RunConflict, Busy)
-    return run_flow_command(lambda: canary_run(train, audit, algorithm), failures=failures)
+    with warm_ranks(placement(train)):  # importing while the flow run starts
+        return run_flow_command(lambda: canary_run(train, audit, algorithm), failures=failures)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from prefect import flow, get_run_logger
 from camelyon_proxyfl.findings import PreflightFailed, errors
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, ParamsCommand
 from camelyon_proxyfl.params.whole import Params, load_params
+from camelyon_proxyfl.placement import placement
 from camelyon_proxyfl.preflight import preflight
 from flows.audit import privacy_audit
 from flows.canary import canary_run
@@ -47,7 +48,7 @@ from plumbing.processes import start_command
 from proxyfl.audit.canaries import CanaryPlanError
 from proxyfl.audit.population import AuditInputError
 from proxyfl.audit.runs import AuditViolation
-from proxyfl.launch.job import TrainingJobFailed
+from proxyfl.launch.job import TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict
 from proxyfl.report import ReportError, ReportPaths
 from proxyfl.report.render import summary_line
@@ -83,9 +84,10 @@ def pipeline(
         run_preprocess(stores.model_copy(update={"centers": to_build}))
     else:
         get_run_logger().info("every store is up to date: preprocessing skipped")
-    train(params.train, replace_runs)
-    for algorithm in params.audit.canary.algorithms:
-        canary_run(params.train, params.audit, algorithm)
+    with warm_ranks(placement(params.train)):  # one warm server for every training job
+        train(params.train, replace_runs)
+        for algorithm in params.audit.canary.algorithms:
+            canary_run(params.train, params.audit, algorithm)
     privacy_audit(params.train, params.audit)
     paths = report(params.report_config())
     # the run's last line: its result, for a log read from the end

@@ -9,7 +9,9 @@
 
 Methods, seeds, centres and directories come from ``params.yaml``'s ``train:`` section, the
 engine's options from ``train.options``; every flag overrides one. Jobs run one after
-another (each already occupies a process per client). Where their ranks run is
+another (each already occupies a process per client); on one machine their ranks are
+forked from one warm server started with the command, which imports torch and Opacus once
+while the flow run starts (:mod:`plumbing.warm`). Where their ranks run is
 ``train.launcher`` with ``train.hosts`` or ``train.hostfile`` (:mod:`camelyon_proxyfl.placement`;
 README, "On a cluster").
 
@@ -41,7 +43,7 @@ from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
-from proxyfl.launch.job import TrainingJob, TrainingJobFailed
+from proxyfl.launch.job import TrainingJob, TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict
 from tasks.train import training_run
 
@@ -52,7 +54,8 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
     ``replace``: runs of another configuration (or finished ones) are trained again."""
     run = training_run.with_options(retries=config.retries)
     where = placement(config)
-    return [run(TrainingJob(job, where), replace) for job in config.job_configs()]
+    with warm_ranks(where):  # one warm server for all the jobs (kept from main's, if any)
+        return [run(TrainingJob(job, where), replace) for job in config.job_configs()]
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:
@@ -87,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     config, replace = parse_config(argv)
     if report_findings(check_training(config, replace)):
         return 2
-    return run_flow_command(lambda: train(config, replace),
-                            failures=(TrainingJobFailed, RunConflict, Busy))  # fmt: skip
+    # the ranks' server imports torch on the other core while Prefect starts the flow run
+    with warm_ranks(placement(config)):
+        return run_flow_command(lambda: train(config, replace),
+                                failures=(TrainingJobFailed, RunConflict, Busy))  # fmt: skip
 
 
 if __name__ == "__main__":

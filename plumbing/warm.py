@@ -18,10 +18,13 @@ rank's exit, pipes first, then SIGCHLD, happens at random: held so, the pipes cl
 after every shim is reaped, and the launcher exits at once.
 
 The server listens on a Unix socket in a private (0700) temporary directory: nothing of it
-is on a network. It lives as long as the job: it exits when the launcher closes its control
-pipe or dies (``PR_SET_PDEATHSIG``), killing any rank it forked that is still running, and
-a forked rank dies with it. A rank whose shim dies (``mpiexec`` killing it) is killed too.
-A shim that finds no server starts its rank cold.
+is on a network. It lives as long as the job (:func:`warm_server`), or as the block of jobs
+that keeps it (:func:`kept_warm_server`: a flow's jobs, whose ranks then fork from one
+server that imported once, started before the first job so that its imports overlap the
+flow's own start). It exits when the launcher closes its control pipe or dies
+(``PR_SET_PDEATHSIG``), killing any rank it forked that is still running, and a forked rank
+dies with it. A rank whose shim dies (``mpiexec`` killing it) is killed too. A shim that
+finds no server, or whose server ends before forking its rank, starts the rank cold.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +61,7 @@ _UNIX_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
 _REAP_POLL_SECONDS = 0.002
 _REAP_WAIT_SECONDS = 5.0  # a shim mpiexec has not reaped by then: release its rank anyway
 _REQUEST_TIMEOUT_SECONDS = 30.0
+_STOP_WAIT_SECONDS = 1.0  # a server told to stop exits at once, unless still importing
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,31 @@ def enabled(environment: Mapping[str, str]) -> bool:
     return sys.platform.startswith("linux") and environment.get(DISABLE_ENV, "") != "1"
 
 
+@dataclass(frozen=True)
+class _KeptServer:
+    """A server kept for the jobs of a block (:func:`kept_warm_server`), and what it is for."""
+
+    environment: dict[str, str]
+    preload: tuple[str, ...]
+    ranks: WarmRanks
+    process: subprocess.Popen[bytes]
+
+    def serves(self, environment: Mapping[str, str], preload: Sequence[str]) -> bool:
+        """Started with this environment and these imports, and still running."""
+        return (self.preload == tuple(preload) and self.environment == dict(environment)
+                and self.process.poll() is None)  # fmt: skip
+
+
+_kept: list[_KeptServer] = []
+_kept_lock = threading.Lock()
+
+
+def _kept_for(environment: Mapping[str, str], preload: Sequence[str]) -> WarmRanks | None:
+    with _kept_lock:
+        found = [kept for kept in _kept if kept.serves(environment, preload)]
+    return found[-1].ranks if found else None
+
+
 @contextlib.contextmanager
 def warm_server(
     environment: Mapping[str, str], preload: Sequence[str]
@@ -319,7 +349,48 @@ def warm_server(
     """A warm server for one job that has imported ``preload`` (never ``mpi4py.MPI``,
     whose import initialises MPI: that must happen in the rank), started with
     ``environment`` (the ranks' own, which decides what those imports read); None where
-    ranks start cold."""
+    ranks start cold. A server kept by an enclosing :func:`kept_warm_server` for the same
+    environment and imports is used as it is; otherwise one is started, and stopped after."""
+    kept = _kept_for(environment, preload)
+    if kept is not None:
+        yield kept
+        return
+    with _started(environment, preload) as started:
+        yield started[0] if started is not None else None
+
+
+@contextlib.contextmanager
+def kept_warm_server(
+    environment: Mapping[str, str], preload: Sequence[str]
+) -> Iterator[WarmRanks | None]:
+    """A warm server started now and kept for the block: every :func:`warm_server` asked
+    for inside it with the same environment and imports (the jobs of a flow) forks its
+    ranks from this one, whose imports are done once, while the caller goes on with what
+    comes before its first job. One already kept for the same is used instead. The server
+    stops when the block ends, and any rank still running with it."""
+    kept = _kept_for(environment, preload)
+    if kept is not None:
+        yield kept
+        return
+    with _started(environment, preload) as started:
+        if started is None:
+            yield None
+            return
+        entry = _KeptServer(dict(environment), tuple(preload), *started)
+        with _kept_lock:
+            _kept.append(entry)
+        try:
+            yield entry.ranks
+        finally:
+            with _kept_lock:
+                _kept.remove(entry)
+
+
+@contextlib.contextmanager
+def _started(
+    environment: Mapping[str, str], preload: Sequence[str]
+) -> Iterator[tuple[WarmRanks, subprocess.Popen[bytes]] | None]:
+    """A server started for the block, and its process; None where ranks start cold."""
     if not enabled(environment):
         yield None
         return
@@ -345,17 +416,17 @@ def warm_server(
         os.close(control_read)
         control_read = -1
         listener.close()
-        yield WarmRanks(path)
+        yield WarmRanks(path), process
     finally:
         if control_read >= 0:
             os.close(control_read)
-        os.close(control_write)  # the server's cue to stop
+        os.close(control_write)  # the server's cue to stop, once its imports are done
         listener.close()
         if process is not None:
-            try:
-                process.wait(timeout=10)
+            try:  # one still importing has forked no rank: no need to wait for it
+                process.wait(timeout=_STOP_WAIT_SECONDS)
             except subprocess.TimeoutExpired:
-                process.kill()
+                process.kill()  # its ranks, if any, die with it (PR_SET_PDEATHSIG)
                 process.wait()
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from plumbing.warm import DISABLE_ENV, WarmRanks, warm_server
+from plumbing.warm import DISABLE_ENV, WarmRanks, kept_warm_server, warm_server
 from plumbing.warm_shim import HEADER, SOCKET_ENV, STARTED_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -269,3 +269,62 @@ def test_a_malformed_request_is_refused_and_its_descriptors_closed(
         process, out = _start(warm, env, tmp_path, "after", "exit", "0")
         assert process.wait(timeout=60) == 0
         assert json.loads(out.read_text())["pid"] != process.pid, "the server is gone"
+
+
+def _servers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
+
+
+def test_a_kept_server_serves_every_job_of_its_block(modules: Path, tmp_path: Path) -> None:
+    """Jobs inside kept_warm_server fork their ranks from the one server it started (the
+    imports done once for all); a job of another environment gets its own; the kept server
+    is gone after the block, and a nested block uses the one already kept."""
+    env = _environment(modules, tmp_path)
+    with kept_warm_server(env, ["warm_probe_preload"]) as kept:
+        assert kept is not None and len(_servers()) == 1
+        with kept_warm_server(env, ["warm_probe_preload"]) as nested:
+            assert nested == kept
+        for name in ("first", "second"):
+            with warm_server(env, ["warm_probe_preload"]) as warm:
+                assert warm == kept
+                process, out = _start(warm, env, tmp_path, name, "exit", "0")
+                assert process.wait(timeout=60) == 0
+                assert json.loads(out.read_text())["preloaded_before_main"] is True
+        assert len((tmp_path / "preload.log").read_text().split()) == 1  # imported once
+        other = {**env, "PROBE_SETTING": "another"}
+        with warm_server(other, ["warm_probe_preload"]) as own:
+            assert own is not None and own != kept
+            process, _ = _start(own, other, tmp_path, "other", "exit", "0")
+            assert process.wait(timeout=60) == 0
+        assert len((tmp_path / "preload.log").read_text().split()) == 2
+        kept_server = _servers()
+        assert len(kept_server) == 1  # the other job's server stopped with its job
+    assert _gone(kept_server[0].pid)
+
+
+def test_a_kept_server_that_died_is_not_used(modules: Path, tmp_path: Path) -> None:
+    env = _environment(modules, tmp_path)
+    with kept_warm_server(env, []) as kept:
+        (server,) = _servers()
+        server.kill()
+        server.wait(timeout=10)
+        with warm_server(env, []) as warm:
+            assert warm is not None and warm != kept
+            process, out = _start(warm, env, tmp_path, "after", "exit", "0")
+            assert process.wait(timeout=60) == 0
+            assert json.loads(out.read_text())["pid"] != process.pid  # forked, not cold
+
+
+def test_a_server_still_importing_is_stopped_without_waiting_for_its_imports(
+    modules: Path, tmp_path: Path
+) -> None:
+    """A flow whose jobs were all up to date ends as soon as they are: the server it kept,
+    still importing, is killed rather than waited for."""
+    (modules / "warm_probe_slow.py").write_text("import time\ntime.sleep(120)\n")
+    env = _environment(modules, tmp_path)
+    started = time.monotonic()
+    with kept_warm_server(env, ["warm_probe_slow"]) as kept:
+        assert kept is not None
+        (server,) = _servers()
+    assert time.monotonic() - started < 60
+    assert _gone(server.pid)

@@ -28,13 +28,13 @@ import subprocess
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.output import passing_output
 from plumbing.processes import parent_bound_command
-from plumbing.warm import WarmRanks, warm_server
+from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
 from proxyfl.launch.accounting import record_launcher_wall
@@ -355,16 +355,41 @@ def _run_job(
 ) -> None:
     job.write_config()
     clear_failures(job.run_dir)
-    process_env = {
-        **os.environ, **(env or {}), **job.placement.environment(), "PYTHONUNBUFFERED": "1"
-    }  # fmt: skip
+    process_env = rank_environment(job.placement, env)
     # on one machine the ranks are forked from one interpreter that imported torch once
-    warm = (warm_server(process_env, RANK_IMPORTS) if job.placement.single_machine
-            else contextlib.nullcontext(None))  # fmt: skip
-    with warm as warm_ranks:
-        if warm_ranks is not None:
-            process_env.update(warm_ranks.environment())
-        _launch(job, warm_ranks, process_env, on_line, tail_lines, on_round)
+    warm = (warm_server(_server_environment(process_env), RANK_IMPORTS)
+            if job.placement.single_machine else contextlib.nullcontext(None))  # fmt: skip
+    with warm as forked:
+        if forked is not None:
+            process_env.update(forked.environment())
+        _launch(job, forked, process_env, on_line, tail_lines, on_round)
+
+
+def rank_environment(placement: Placement, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a job's ranks start with: this process's, ``env`` over it, and what
+    the placement needs (before the launch adds its descriptors and its warm server)."""
+    return {**os.environ, **(env or {}), **placement.environment(), "PYTHONUNBUFFERED": "1"}
+
+
+def _server_environment(ranks: Mapping[str, str]) -> dict[str, str]:
+    """What a warm server starts with, and is matched by: the ranks' environment less
+    Prefect's settings. A rank's imports never import Prefect (tested), and a flow command
+    sets ``PREFECT_API_URL`` only once its Prefect server is up: a server kept from before
+    then still serves its jobs. Each forked rank still gets its whole environment."""
+    return {name: value for name, value in ranks.items() if not name.startswith("PREFECT_")}
+
+
+@contextlib.contextmanager
+def warm_ranks(placement: Placement, env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """The ranks of every job run inside the block on this machine (``placement`` with
+    ``env``, as :func:`run_job` would be given them) forked from one warm server, started
+    now: its imports are done once for all the block's jobs, on another core while the
+    caller sets up its first. Nothing where ``placement`` is not this machine."""
+    if not placement.single_machine:
+        yield
+        return
+    with kept_warm_server(_server_environment(rank_environment(placement, env)), RANK_IMPORTS):
+        yield
 
 
 def _launch(

@@ -33,6 +33,7 @@ from proxyfl.launch.job import (
     _RankTails,
     _SignaledRanks,
     run_job,
+    warm_ranks,
 )
 from proxyfl.launch.shared_memory import (
     RANK_SEGMENT_BYTES,
@@ -77,6 +78,29 @@ def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Pat
     assert (job.run_dir / JOB_LOG).read_text().splitlines() == lines
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     assert not (job.run_dir / "checkpoints").exists()  # a finished run keeps no checkpoints
+
+
+def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
+    stores: Path, tmp_path: Path
+) -> None:
+    """warm_ranks starts one warm server before the first job; every job's ranks inside the
+    block are its children (no server of their own), and it is gone after the block."""
+    def servers() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
+
+    with warm_ranks(Placement()):
+        (kept,) = servers()
+        for name in ("first", "second"):
+            forked: list[set[int]] = []
+            job = _job(stores, tmp_path / name, rounds=2)
+            run_job(job, on_line=lambda _: None,
+                    on_round=lambda _, seen=forked: seen.append(
+                        {p.pid for p in kept.children()}))  # fmt: skip
+            assert forked and len(forked[0]) == 2, forked  # both ranks, mid-run
+            assert servers() == [kept]
+            ranks = json.loads((job.run_dir / "machine.json").read_text())["ranks"]
+            assert {rank["pid"] for rank in ranks} == forked[0]
+    assert not kept.is_running() or kept.status() == psutil.STATUS_ZOMBIE
 
 
 def test_joint_runs_as_one_rank(stores: Path, tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ def test_a_placement_of_two_minds_is_refused(placement: dict, refused: str) -> N
 def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -> None:
     """RANK_IMPORTS holds every module proxyfl.run's main imports once its input is checked
     (else each rank would still import it itself), and importing them all does not
-    initialise MPI (the server forks the ranks: MPI must start in each)."""
+    initialise MPI (the server forks the ranks: MPI must start in each) nor import
+    Prefect (whose settings a kept server ignores)."""
     tree = ast.parse((REPO / "proxyfl" / "run.py").read_text())
     main = next(node for node in tree.body
                 if isinstance(node, ast.FunctionDef) and node.name == "main")  # fmt: skip
@@ -111,10 +112,11 @@ def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -
     assert {"torch", "opacus"} <= set(RANK_IMPORTS)
     probe = ("import importlib, sys\n"
              f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
-             "print('mpi4py.MPI' in sys.modules)\n")  # fmt: skip
+             "print('mpi4py.MPI' in sys.modules, 'prefect' in sys.modules)\n")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             cwd=REPO, check=True)  # fmt: skip
-    assert result.stdout.strip() == "False"
+    # nor Prefect: a warm server is matched to its jobs with Prefect's settings left out
+    assert result.stdout.strip() == "False False"
 
 
 def test_a_ranks_first_optimizer_imports_nothing_the_server_did_not() -> None:
