@@ -18,8 +18,11 @@
     (:mod:`plumbing.warm`, as :func:`proxyfl.launch.job.run_job` starts them now); the
     launcher's wall from its start to its exit, the server's start included. Interleaved,
     medians.
+(e) ``--jobs`` such jobs in a row, as ``flows.train`` runs a flow's jobs: each with a warm
+    server of its own (before) against one server kept for them all
+    (:func:`proxyfl.launch.job.warm_ranks`, as the flows do now). Interleaved, medians.
 
-    python -m bench.bench_startup [--repeats N] [--test N] [--ranks N]
+    python -m bench.bench_startup [--repeats N] [--test N] [--ranks N] [--jobs N]
 """
 
 from __future__ import annotations
@@ -165,6 +168,32 @@ def _job_seconds(ranks: int, warm: bool) -> float:
     return seconds
 
 
+def _flow_seconds(ranks: int, jobs: int, kept: bool) -> float:
+    """``jobs`` no-op jobs in a row, as a flow runs them: each with a warm server of its own
+    (before), or all inside one kept server (now). The flow's wall, servers included."""
+    import contextlib
+    import os
+
+    from plumbing.warm import kept_warm_server
+    from proxyfl.launch.job import RANK_IMPORTS, SHARED_MEMORY_ONLY
+
+    env = {**os.environ, **SHARED_MEMORY_ONLY, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    block = kept_warm_server(env, RANK_IMPORTS) if kept else contextlib.nullcontext()
+    with block:
+        for _ in range(jobs):
+            _job_seconds(ranks, warm=True)
+    return time.perf_counter() - started
+
+
+def bench_flow(repeats: int, ranks: int, jobs: int) -> dict[str, float]:
+    own, kept = [], []
+    for _ in range(repeats):  # interleaved
+        own.append(_flow_seconds(ranks, jobs, kept=False))
+        kept.append(_flow_seconds(ranks, jobs, kept=True))
+    return {"own": statistics.median(own), "kept": statistics.median(kept)}
+
+
 def bench_job(repeats: int, ranks: int) -> dict[str, float]:
     cold, warm = [], []
     for _ in range(repeats):  # interleaved
@@ -179,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--test", type=int, default=480, help="merged test patches")
     parser.add_argument("--ranks", type=int, default=4, help="ranks of the job in (d)")
+    parser.add_argument("--jobs", type=int, default=3, help="jobs of the flow in (e)")
     args = parser.parse_args([] if argv is None else argv)
     imports = bench_imports(args.repeats)
     print(f"(a) a rank's imports, median of {args.repeats} fresh interpreters")
@@ -201,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
           f"({job['cold_max']:.2f})")
     print(f"    forked from one warm server             {job['warm']:6.2f} s "
           f"({job['warm_max']:.2f})   ratio {job['cold'] / job['warm']:.2f}x")
+    flow = bench_flow(args.repeats, args.ranks, args.jobs)
+    print(f"(e) {args.jobs} such jobs in a row (a flow's), wall, median of {args.repeats}")
+    print(f"    a warm server per job (before)   {flow['own']:6.2f} s")
+    print(f"    one server kept for the flow     {flow['kept']:6.2f} s   ratio "
+          f"{flow['own'] / flow['kept']:.2f}x")
     return 0
 
 

@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
-import gc
 import importlib
-import sys
 
 from proxyfl.launch.job import RANK_IMPORTS
+from proxyfl.run import leave
 
 if __name__ == "__main__":
     for name in RANK_IMPORTS:
@@ -19,5 +18,4 @@ if __name__ == "__main__":
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Barrier()
-    gc.freeze()  # as proxyfl.run's exit
-    sys.exit(0)
+    leave(0)  # as proxyfl.run's ranks end
