@@ -317,7 +317,7 @@ def enabled(environment: Mapping[str, str]) -> bool:
     return sys.platform.startswith("linux") and environment.get(DISABLE_ENV, "") != "1"
 
 
-@dataclass(frozen=True)
+@dataclass
 class _KeptServer:
     """A server kept for the jobs of a block (:func:`kept_warm_server`), and what it is for."""
 
@@ -325,6 +325,7 @@ class _KeptServer:
     preload: tuple[str, ...]
     ranks: WarmRanks
     process: subprocess.Popen[bytes]
+    used: bool = False  # a job has been given it
 
     def serves(self, environment: Mapping[str, str], preload: Sequence[str]) -> bool:
         """Started with this environment and these imports, and still running."""
@@ -336,9 +337,14 @@ _kept: list[_KeptServer] = []
 _kept_lock = threading.Lock()
 
 
-def _kept_for(environment: Mapping[str, str], preload: Sequence[str]) -> WarmRanks | None:
+def _kept_for(
+    environment: Mapping[str, str], preload: Sequence[str], job: bool
+) -> WarmRanks | None:
+    """The newest kept server for ``environment`` and ``preload``, marked used by a job."""
     with _kept_lock:
         found = [kept for kept in _kept if kept.serves(environment, preload)]
+        if found and job:
+            found[-1].used = True
     return found[-1].ranks if found else None
 
 
@@ -351,7 +357,7 @@ def warm_server(
     ``environment`` (the ranks' own, which decides what those imports read); None where
     ranks start cold. A server kept by an enclosing :func:`kept_warm_server` for the same
     environment and imports is used as it is; otherwise one is started, and stopped after."""
-    kept = _kept_for(environment, preload)
+    kept = _kept_for(environment, preload, job=True)
     if kept is not None:
         yield kept
         return
@@ -367,8 +373,9 @@ def kept_warm_server(
     for inside it with the same environment and imports (the jobs of a flow) forks its
     ranks from this one, whose imports are done once, while the caller goes on with what
     comes before its first job. One already kept for the same is used instead. The server
-    stops when the block ends, and any rank still running with it."""
-    kept = _kept_for(environment, preload)
+    stops when the block ends, and any rank still running with it; one that no job used
+    (every run up to date) is killed at once, still importing as it may be."""
+    kept = _kept_for(environment, preload, job=False)
     if kept is not None:
         yield kept
         return
@@ -384,6 +391,8 @@ def kept_warm_server(
         finally:
             with _kept_lock:
                 _kept.remove(entry)
+            if not entry.used:  # no job came (all up to date): not worth its imports
+                entry.process.kill()
 
 
 @contextlib.contextmanager
