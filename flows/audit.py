@@ -10,7 +10,10 @@ Membership inference on every run's kept models, and the ε lower bound of each 
 
 The runs are those ``train:`` lists (finished, with their kept models), the canary runs
 those ``audit.canary.algorithms`` lists; every number comes from ``params.yaml``'s
-``audit:`` section, and every flag overrides one. Prints the audit's summary. Exits 1 when
+``audit:`` section, and every flag overrides one. An audit file whose runs, stores,
+settings, code and libraries are those recorded beside it is kept, and its summary printed
+again (:mod:`proxyfl.audit.freshness`; DVC deletes it before its stage runs, so ``dvc
+repro`` always computes it). Prints the audit's summary. Exits 1 when
 a run, a kept model, a store or a canary run is missing (the message names it) or when an
 ε lower bound exceeds its accounted ε (a privacy bug: audit.json is written, naming it);
 2 on a bad parameter.
@@ -18,6 +21,7 @@ a run, a kept model, a store or a canary run is missing (the message names it) o
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -32,19 +36,23 @@ from plumbing.processes import start_command
 from proxyfl.audit.population import AuditInputError
 from proxyfl.audit.references import ReferenceTrainingError
 from proxyfl.audit.runs import AuditViolation, summary_lines
-from tasks.audit import audit_file, audit_rows
+from tasks.audit import audit_file, audit_freshness, audit_inputs, audit_rows
 
 
 @flow(name="audit")
 def privacy_audit(train: TrainSection, audit: AuditSection) -> Path:
     """``audit.out``: membership inference on the runs ``train`` lists and the ε lower
     bounds of the canary runs ``audit.canary.algorithms`` lists."""
-    rows = audit_rows(audit, train)
-    path = audit_file(rows, audit)
+    inputs = audit_inputs(audit, train)
+    if audit_freshness(audit.out, inputs).result():  # a State: "Up to date" or "Stale"
+        rows = audit_rows(audit, train)
+        audit_file(rows, audit, inputs)
+    else:  # kept: its runs, stores, settings, code and libraries are those it recorded
+        rows = json.loads(audit.out.read_text())["rows"]
     logger = get_run_logger()
     for line in summary_lines(rows):
         logger.info("%s", line)
-    return path
+    return audit.out
 
 
 def parse_config(argv: list[str] | None) -> tuple[TrainSection, AuditSection]:

@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
+from prefect.states import Completed
 
 from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.audit.freshness import AuditInputs, forget_inputs, record_inputs, stale_reason
 from proxyfl.audit.runs import (
     AuditCache,
     AuditViolation,
@@ -20,6 +23,14 @@ from proxyfl.audit.runs import (
 )
 from proxyfl.audit.workers import audit_processes
 from proxyfl.results import atomic_write_json
+
+
+def audit_inputs(audit: AuditSection, train: TrainSection) -> AuditInputs:
+    """The inputs of the audit ``audit`` and ``train`` describe, as they are now."""
+    runs = [train.run_dir(algorithm, seed) for algorithm in train.algorithms
+            for seed in train.seeds]  # fmt: skip
+    canary_runs = [audit.canary_dir(algorithm) for algorithm in audit.canary.algorithms]
+    return AuditInputs.now(audit.options(), runs, canary_runs, train.data)
 
 
 @task(name="audit rows")
@@ -44,12 +55,32 @@ def audit_rows(audit: AuditSection, train: TrainSection) -> list[dict[str, Any]]
     return rows
 
 
+@task(name="audit up to date?")
+def audit_freshness(out: Path, inputs: AuditInputs) -> State:
+    """Whether ``out`` was computed from exactly ``inputs`` and is untouched since: a
+    Completed state named "Up to date" (data ``False``) or "Stale" (data ``True``), its
+    message the reason, so the UI tells whether the run computes the audit again."""
+    reason = stale_reason(out, inputs)
+    logger = get_run_logger()
+    if reason is None:
+        logger.info("%s: up to date (its runs, stores, settings, code and libraries are "
+                    "those recorded beside it): kept", out)  # fmt: skip
+        return Completed(name="Up to date", message="kept: its inputs are unchanged", data=False)
+    logger.info("%s: to compute: %s", out, reason)
+    return Completed(name="Stale", message=reason, data=True)
+
+
 @task(name="audit file")
-def audit_file(rows: list[dict[str, Any]], audit: AuditSection) -> Path:
-    """``audit.out`` with the rows; then an ``AuditViolation`` if any DP model's ε lower
-    bound exceeds its accounted ε (the file is kept: it is the evidence)."""
+def audit_file(rows: list[dict[str, Any]], audit: AuditSection, inputs: AuditInputs) -> Path:
+    """``audit.out`` with the rows, its ``inputs`` recorded beside it; then an
+    ``AuditViolation`` if any DP model's ε lower bound exceeds its accounted ε (the file
+    is kept: it is the evidence; its inputs are not recorded, so the next run computes it
+    again and fails again)."""
     document = audit_document(rows, audit.options())
+    forget_inputs(audit.out)  # no record describes a file being rewritten
     atomic_write_json(audit.out, document)
+    if not document["violations"]:
+        record_inputs(audit.out, inputs)
     if document["violations"]:
         logging.getLogger(__name__).error("privacy audit violations: %s", document["violations"])
         raise AuditViolation(

@@ -27,15 +27,14 @@ lock decides, and this record is only written (one system decides each artefact'
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from plumbing.atomic import write_json
+from plumbing.fingerprints import file_digest, file_identities, source_digest
 from wsi.center import params_hash
 from wsi.params import PatchParams, SamplingParams
 from wsi.store.digest import store_digest
@@ -58,42 +57,16 @@ def inputs_path(out_dir: str | os.PathLike[str], center: int) -> Path:
 def store_code_digest() -> str:
     """SHA-256 of the source of the ``wsi`` package (less :data:`_NOT_STORE_CODE`), as
     this process imported it: every module a store's bytes can depend on."""
-    package = Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        relative = path.relative_to(package)
-        if relative.parts[0] in _NOT_STORE_CODE:
-            continue
-        digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _identity(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
-
-
-def _file_digest(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _files(path: Path) -> Iterator[Path]:
-    if path.is_file():
-        yield path
-    elif path.is_dir():
-        yield from (p for p in sorted(path.rglob("*")) if p.is_file())
+    return source_digest(Path(__file__).parent, skip=_NOT_STORE_CODE)
 
 
 def source_identities(data_root: str | os.PathLike[str], center: int) -> dict[str, list[int]]:
     """``{relative path: [size, mtime_ns]}`` of every file the centre's store is made from
     (the centre's slides, the annotations, the stage labels); absent ones are left out."""
     root = Path(data_root)
-    sources = (root / f"center_{center}", root / ANNOTATIONS_DIR, root / STAGE_LABELS)
-    return {
-        path.relative_to(root).as_posix(): _identity(path)
-        for source in sources
-        for path in _files(source)
-    }
+    return file_identities(
+        root, (root / f"center_{center}", root / ANNOTATIONS_DIR, root / STAGE_LABELS)
+    )
 
 
 @dataclass(frozen=True)
@@ -155,7 +128,7 @@ def record_inputs(out_dir: str | os.PathLike[str], inputs: StoreInputs) -> Path:
     record = {
         "inputs": inputs.to_json(),
         "store": store_digest(store_path(out_dir, center)),
-        "report": _file_digest(report_path(out_dir, center)),
+        "report": file_digest(report_path(out_dir, center)),
     }
     path = inputs_path(out_dir, center)
     write_json(path, record, sort_keys=True)
@@ -189,6 +162,6 @@ def stale_reason(out_dir: str | os.PathLike[str], inputs: StoreInputs) -> str | 
         return f"{store.name} does not read ({error.reason})"
     if record.get("store") != held:
         return f"{store.name} changed since it was built"
-    if not report.is_file() or record.get("report") != _file_digest(report):
+    if not report.is_file() or record.get("report") != file_digest(report):
         return f"{report.name} changed since it was built"
     return inputs.changes(record["inputs"])

@@ -118,6 +118,9 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert "every store is up to date: preprocessing skipped" in said, said[-6000:]
     assert "for flow 'preprocess'" not in said
     assert said.count("and these stores: kept") == 4, said[-6000:]  # 3 runs and the canary run
+    # the audit too, its runs and stores the bytes DVC cached (proxyfl.audit.freshness)
+    assert "results/audit.json: up to date" in said, said[-6000:]
+    assert "membership inference:" not in said
     assert {path: path.stat().st_mtime_ns for path in outputs} == stores_before, "not rewritten"
     assert {path.name: _sha(path) for path in outputs} == before_switch
     assert "up to date" in _dvc(project, tool_env, "status")

@@ -1,0 +1,72 @@
+"""What decided an artefact's bytes: files by identity or by content, code by digest.
+
+An artefact rebuilt only when its inputs change records them beside itself and compares
+them with the inputs now (:mod:`wsi.freshness` for the stores, :mod:`proxyfl.audit.freshness`
+for the audit). A source file nobody rewrites (a slide) is identified without reading it,
+by size and modification time: a rewrite or a copy changes the time, so the comparison
+errs one way only (an artefact that would have come out the same is rebuilt; one whose
+input changed is never kept). A file DVC caches (an output of another stage) by its
+content: DVC copies it into its cache and back, which keeps its bytes, not its time. Code
+is identified by the digest of its package's source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
+
+
+def file_identity(path: str | os.PathLike[str]) -> list[int]:
+    """``[size, mtime_ns]`` of ``path``."""
+    stat = Path(path).stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """``sha256:`` and the SHA-256 of ``path``'s bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def files_under(path: Path) -> Iterator[Path]:
+    """``path`` if it is a file, every file below it (sorted) if a directory, else none."""
+    if path.is_file():
+        yield path
+    elif path.is_dir():
+        yield from (p for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def file_identities(root: Path, sources: Iterable[Path]) -> dict[str, list[int]]:
+    """``{path relative to root: [size, mtime_ns]}`` of every file of ``sources`` (files or
+    directories under ``root``); absent ones are left out."""
+    return {
+        path.relative_to(root).as_posix(): file_identity(path)
+        for source in sources
+        for path in files_under(source)
+    }
+
+
+def file_digests(root: Path, sources: Iterable[Path]) -> dict[str, str]:
+    """``{path relative to root: file_digest}`` of every file of ``sources``."""
+    return {
+        path.relative_to(root).as_posix(): file_digest(path)
+        for source in sources
+        for path in files_under(source)
+    }
+
+
+def source_digest(package: Path, skip: Collection[str] = ()) -> str:
+    """SHA-256 of every ``*.py`` under ``package`` (by relative path and bytes), less those
+    whose first path part is in ``skip`` (a subpackage's directory name)."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] in skip:
+            continue
+        digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
