@@ -9,7 +9,6 @@ from typing import Any
 from prefect import task
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
-from prefect.states import Completed
 
 from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.train import TrainSection
@@ -23,6 +22,7 @@ from proxyfl.audit.runs import (
 )
 from proxyfl.audit.workers import audit_processes
 from proxyfl.results import atomic_write_json
+from tasks.freshness import freshness_state
 
 
 def audit_inputs(audit: AuditSection, train: TrainSection) -> AuditInputs:
@@ -60,14 +60,8 @@ def audit_freshness(out: Path, inputs: AuditInputs) -> State:
     """Whether ``out`` was computed from exactly ``inputs`` and is untouched since: a
     Completed state named "Up to date" (data ``False``) or "Stale" (data ``True``), its
     message the reason, so the UI tells whether the run computes the audit again."""
-    reason = stale_reason(out, inputs)
-    logger = get_run_logger()
-    if reason is None:
-        logger.info("%s: up to date (its runs, stores, settings, code and libraries are "
-                    "those recorded beside it): kept", out)  # fmt: skip
-        return Completed(name="Up to date", message="kept: its inputs are unchanged", data=False)
-    logger.info("%s: to compute: %s", out, reason)
-    return Completed(name="Stale", message=reason, data=True)
+    recorded = "its runs, stores, settings, code and libraries"
+    return freshness_state(str(out), stale_reason(out, inputs), recorded, "to compute")
 
 
 @task(name="audit file")

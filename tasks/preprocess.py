@@ -10,9 +10,10 @@ import numpy as np
 from prefect import task
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
-from prefect.states import Completed, Failed
+from prefect.states import Failed
 
 import wsi.preprocess
+from tasks.freshness import freshness_state
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
 from wsi.center import InsufficientPatchesError, SamplingParams
@@ -133,14 +134,8 @@ def store_freshness(center: int, out: Path, inputs: StoreInputs) -> State:
     """Whether ``out/center_{c}.h5`` was built from exactly ``inputs`` and is untouched
     since: a Completed state named "Up to date" (data ``False``) or "Stale" (data
     ``True``), its message the reason, so the UI tells which stores a run rebuilds."""
-    reason = stale_reason(out, inputs)
-    logger = get_run_logger()
-    if reason is None:
-        logger.info("center_%d.h5: up to date (its slides, parameters, code and libraries "
-                    "are those recorded beside it): kept", center)  # fmt: skip
-        return Completed(name="Up to date", message="kept: its inputs are unchanged", data=False)
-    logger.info("center_%d.h5: to build: %s", center, reason)
-    return Completed(name="Stale", message=reason, data=True)
+    return freshness_state(f"center_{center}.h5", stale_reason(out, inputs),
+                           "its slides, parameters, code and libraries", "to build")  # fmt: skip
 
 
 @task(name="patch summary")
