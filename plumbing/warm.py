@@ -284,6 +284,7 @@ def become_rank(request: RankRequest) -> None:
     """Turn this forked child into the rank the shim would have executed: returns only by
     raising SystemExit, as the program's ``__main__`` does."""
     _place_descriptors(request.fds)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
@@ -299,6 +300,10 @@ def server_main(argv: list[str] | None = None) -> None:
     then serve on the inherited listening socket; standard input is the launcher's control
     pipe. Shims that connect before the imports are done wait in the listener's queue."""
     args = sys.argv[1:] if argv is None else argv
+    # Ctrl-C reaches the terminal's whole process group, the server with it: the server
+    # ends with its launcher (control pipe, PR_SET_PDEATHSIG), not halfway through an
+    # import with a traceback of its own; its ranks take SIGINT back (become_rank)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     listener = socket.socket(fileno=int(args[0]))
     die_with_parent(int(args[1]))
     for name in filter(None, args[2].split(",")):

@@ -328,3 +328,24 @@ def test_a_server_still_importing_is_stopped_without_waiting_for_its_imports(
         (server,) = _servers()
     assert time.monotonic() - started < 60
     assert _gone(server.pid)
+
+
+def test_ctrl_c_leaves_the_server_to_its_launcher_and_reaches_the_rank(
+    modules: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C reaches a terminal's whole process group: the server ignores it (it ends with
+    its launcher, not halfway through an import), and a forked rank has SIGINT back, as
+    a fresh interpreter does."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        assert warm is not None
+        first, _ = _start(warm, env, tmp_path, "first", "exit", "0")
+        assert first.wait(timeout=60) == 0  # the server is serving
+        (server,) = _servers()
+        server.send_signal(signal.SIGINT)
+        process, out = _start(warm, env, tmp_path, "interrupted", "sleep")
+        _wait_for(Path(str(out) + ".ready"))
+        assert json.loads(out.read_text())["pid"] != process.pid  # forked: still serving
+        process.send_signal(signal.SIGINT)  # the shim passes it on
+        # an uncaught KeyboardInterrupt ends CPython by SIGINT; the shim mirrors it
+        assert process.wait(timeout=30) == -signal.SIGINT
