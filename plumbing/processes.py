@@ -107,28 +107,10 @@ def end_with_parent() -> None:
         die_with_parent(os.getppid(), signal.SIGTERM)
 
 
-_interrupted = False
-
-
-def _interrupt(number: int, frame: object) -> None:
-    global _interrupted
-    _interrupted = True
-    raise KeyboardInterrupt
-
-
 def interruptible() -> None:
     """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` even where it was inherited ignored (a
-    background job of a script), so that the command stops with everything it started; and
-    is remembered (:func:`interrupted`)."""
-    signal.signal(signal.SIGINT, _interrupt)
-
-
-def interrupted() -> bool:
-    """Whether Ctrl-C reached this process (after :func:`interruptible`). A library may
-    catch the ``KeyboardInterrupt`` and raise its own error instead (pydantic, interrupted
-    while it builds a schema, raises ``SchemaError``): a retry policy asks this, not the
-    error, before it tries a task again."""
-    return _interrupted
+    background job of a script), so that the command stops with everything it started."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def start_command() -> None:

@@ -12,7 +12,6 @@ from prefect.client.schemas.objects import State, TaskRun
 from prefect.logging import get_run_logger
 
 from plumbing.locks import Busy, exclusive
-from plumbing.processes import interrupted
 from proxyfl.engine.validation import EXIT_BAD_INPUT
 from proxyfl.launch.job import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
 from proxyfl.launch.progress import RankLineParser, RoundProgress
@@ -22,10 +21,7 @@ from wsi.store.schema import StoreError
 
 def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:
     """A job that failed on bad input (exit 2) fails the same way again; others (a killed
-    rank, a lost node, out of memory) may go through when resumed. Nothing is tried again
-    once the user has pressed Ctrl-C, whatever error the interrupt surfaced as."""
-    if interrupted():
-        return False
+    rank, a lost node, out of memory) may go through when resumed."""
     try:
         state.result()
     except TrainingJobFailed as error:
