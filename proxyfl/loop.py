@@ -49,7 +49,16 @@ def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
 
 
 def run_training(trainer: ClientTrainer, start_round: int) -> None:
-    """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each."""
+    """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each. A round's
+    checkpoint is written while the next trains (:class:`~proxyfl.engine.checkpoint.
+    CheckpointWriter`), and is on disk before that round's barrier and when this returns."""
+    cfg = trainer.config
+    writer = ckpt.CheckpointWriter(trainer.run_dir, trainer.runtime.rank, cfg.keep_checkpoints)
+    with writer:
+        _run_rounds(trainer, start_round, writer)
+
+
+def _run_rounds(trainer: ClientTrainer, start_round: int, writer: ckpt.CheckpointWriter) -> None:
     cfg, runtime = trainer.config, trainer.runtime
     comm = runtime.comm
     metrics_path = trainer.run_dir / METRICS_FILE
@@ -73,6 +82,10 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         trains = trainer.active and distribution.trains
         losses = trainer.train_round() if trains else RoundLosses()
         trainer.timings.train_seconds += time.perf_counter() - started
+
+        started = time.perf_counter()
+        writer.wait()  # the last round's checkpoint on disk before the barrier (module doc)
+        trainer.timings.checkpoint_seconds += time.perf_counter() - started
 
         comm_seconds = distribution.seconds + trainer.exchange_round(members, round_number)
         trainer.timings.comm_seconds += comm_seconds
@@ -102,13 +115,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
         trainer.timings.records_seconds += time.perf_counter() - started
 
         started = time.perf_counter()
-        ckpt.save_checkpoint(
-            trainer.run_dir,
-            runtime.rank,
-            round_number,
-            trainer.state_dict(round_number),
-            keep=cfg.keep_checkpoints,
-        )
+        writer.submit(round_number, trainer.state_dict(round_number))
         trainer.timings.checkpoint_seconds += time.perf_counter() - started
         started = time.perf_counter()
         ranks = trainer.run_dir / "ranks"
@@ -117,6 +124,7 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
                           rank_machine_record(trainer))  # fmt: skip
         trainer.timings.records_seconds += time.perf_counter() - started
         if cfg.stop_after_round is not None and round_number == cfg.stop_after_round:
+            writer.wait()
             comm.Barrier()
             raise StopAfterRound(3)
 

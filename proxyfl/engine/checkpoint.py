@@ -4,20 +4,29 @@ Each rank writes ``RUN_DIR/checkpoints/rank_{k}/round_{r:04d}.pt`` after round r
 optimizer states, accountant history, generator states, PushSum weight, its send/access
 logs and timings — everything needed for ``--resume`` to continue to the same result as an
 uninterrupted run. A rank can be at most one round ahead of another when a run dies (the
-per-round metrics gather keeps them in step), so with two or more checkpoints kept every
-rank still holds the round that all ranks agree on (the minimum of their latest rounds).
+per-round barrier keeps them in step), so with two or more checkpoints kept every rank
+still holds the round that all ranks agree on (the minimum of their latest rounds).
+
+:class:`CheckpointWriter` takes the writing off a round's critical path: round r's
+checkpoint is written while round r + 1 trains, and is on disk before that round's
+barrier, which keeps the bound above.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from plumbing.atomic import atomic_path
+
+logger = logging.getLogger(__name__)
 
 _PATTERN = re.compile(r"round_(\d+)\.pt$")
 
@@ -53,6 +62,72 @@ def save_checkpoint(
     for old in available_rounds(run_dir, rank)[:-keep]:
         checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
     return path
+
+
+def host_copy(state: Any) -> Any:
+    """A copy of ``state`` that shares nothing mutable with it: every tensor copied to host
+    memory, containers and other values copied (a state dict's ``_metadata`` kept). What a
+    rank goes on training after a round cannot change the checkpoint of that round."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        copied = copy.copy(state)  # its type and attributes (OrderedDict._metadata)
+        for key, value in state.items():
+            copied[key] = host_copy(value)
+        return copied
+    if type(state) in (list, tuple):
+        return type(state)(host_copy(value) for value in state)
+    return copy.deepcopy(state)
+
+
+class CheckpointWriter:
+    """A rank's checkpoints written by one background thread, one at a time.
+
+    :meth:`submit` copies the state (:func:`host_copy`: the copy is all the round waits
+    for) and hands the writing (:func:`save_checkpoint`: atomic, then the old ones deleted)
+    to the thread; :meth:`wait` blocks until the write in flight is on disk and raises its
+    error, if it failed. The training loop waits before each round's barrier, so once any
+    rank has passed the barrier of round r + 1 every rank has its checkpoint of round r on
+    disk: ranks' newest checkpoints differ by at most one round, as with writes in line.
+    :meth:`close` waits and stops the thread; use the writer as a context manager.
+    """
+
+    def __init__(self, run_dir: Path, rank: int, keep: int) -> None:
+        self.run_dir, self.rank, self.keep = Path(run_dir), rank, keep
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-rank{rank}")
+        self._pending: Future[Path] | None = None
+
+    def submit(self, round_number: int, state: dict[str, Any]) -> None:
+        """Write ``state`` as round ``round_number``'s checkpoint, after the one in flight."""
+        self.wait()
+        snapshot = host_copy(state)
+        self._pending = self._executor.submit(
+            save_checkpoint, self.run_dir, self.rank, round_number, snapshot, self.keep
+        )
+
+    def wait(self) -> None:
+        """Block until the checkpoint in flight is written; raise its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:  # the round written in flight is still a good checkpoint to resume from
+            self.close()
+        except Exception as error:  # the error already on its way says more
+            logger.error("checkpoint of rank %d not written: %s", self.rank, error)
 
 
 def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, Any]:

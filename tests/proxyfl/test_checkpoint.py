@@ -7,6 +7,8 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ import torch
 
 from plumbing.atomic import remove_stale_temporaries, temporary_path
 from proxyfl.engine.checkpoint import (
+    CheckpointWriter,
     available_rounds,
     checkpoint_path,
     load_checkpoint,
@@ -102,3 +105,88 @@ def test_a_checkpoint_written_before_the_move_of_scores_still_loads(
     assert "proxyfl.evaluate" not in sys.modules
     assert b"proxyfl.evaluate" in checkpoint_path(tmp_path, 0, 1).read_bytes()
     assert load_checkpoint(tmp_path, 0, 1)["last_scores"] == scores
+
+
+class _SlowToPickle:
+    """A state entry whose writing waits for ``release`` (at most 10 s); copying it is free."""
+
+    release = threading.Event()
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _SlowToPickle:
+        return self
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        self.release.wait(10)
+        return _SlowToPickle, ()
+
+
+def test_a_checkpoint_is_written_while_the_round_goes_on(tmp_path: Path) -> None:
+    """submit returns once the state is copied; the write runs beside the caller, which
+    then changes its models in place without changing the checkpoint; wait blocks until the
+    round is on disk; a state dict loads back into its model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.GroupNorm(1, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "history": [(1.4, 0.1, 3)], "slow": _SlowToPickle()}  # fmt: skip
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    moment = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    _SlowToPickle.release.clear()
+    with CheckpointWriter(tmp_path, 0, keep=2) as writer:
+        started = time.perf_counter()
+        writer.submit(1, state)
+        assert time.perf_counter() - started < 5  # not waiting for the write
+        model(torch.randn(4, 3)).sum().backward()
+        optimizer.step()  # the next round changes the models and optimizer in place
+        state["history"].append((1.4, 0.1, 6))
+        assert available_rounds(tmp_path, 0) == []  # still being written
+        _SlowToPickle.release.set()
+        writer.wait()
+        assert available_rounds(tmp_path, 0) == [1]
+    written = torch.load(checkpoint_path(tmp_path, 0, 1), weights_only=False)
+    assert all(torch.equal(written["model"][k], v) for k, v in expected.items())
+    assert not torch.equal(written["model"]["0.weight"], model.state_dict()["0.weight"])
+    assert torch.equal(written["optimizer"]["state"][0]["exp_avg"], moment)
+    assert written["history"] == [(1.4, 0.1, 3)]
+    assert written["model"]._metadata == model.state_dict()._metadata  # load_state_dict's
+    model.load_state_dict(written["model"])
+
+
+class _FailsToWrite:
+    """Copied (by the round) without trouble, failing when written (by the thread)."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _FailsToWrite:
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise RuntimeError("disk gone")
+
+
+def test_the_writer_keeps_the_newest_checkpoints_and_raises_a_failed_write(
+    tmp_path: Path,
+) -> None:
+    with CheckpointWriter(tmp_path, 0, keep=2) as writer:
+        for round_number in (1, 2, 3):
+            writer.submit(round_number, {"weights": torch.full((2,), float(round_number))})
+        writer.wait()
+        assert available_rounds(tmp_path, 0) == [2, 3]
+        writer.submit(4, {"bad": _FailsToWrite()})
+        with pytest.raises(RuntimeError, match="disk gone"):
+            writer.wait()
+        writer.submit(5, {"weights": torch.ones(2)})  # the writer goes on
+    assert available_rounds(tmp_path, 0) == [3, 5]
+    assert not list(checkpoint_path(tmp_path, 0, 1).parent.glob(".*.tmp"))
+
+
+def test_a_round_in_flight_is_written_when_the_loop_fails(tmp_path: Path) -> None:
+    """An error in the round after a submit (a crash, Ctrl-C) still leaves the submitted
+    round on disk to resume from, and the writer's thread ended."""
+    _SlowToPickle.release.clear()
+    with pytest.raises(KeyboardInterrupt), CheckpointWriter(tmp_path, 0, keep=2) as writer:
+        writer.submit(1, {"slow": _SlowToPickle(), "weights": torch.ones(2)})
+        threading.Timer(0.2, _SlowToPickle.release.set).start()
+        raise KeyboardInterrupt
+    assert available_rounds(tmp_path, 0) == [1]
+    assert not any(t.name.startswith("checkpoint-rank0") for t in threading.enumerate())
