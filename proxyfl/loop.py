@@ -95,7 +95,8 @@ def _run_rounds(trainer: ClientTrainer, start_round: int, writer: ckpt.Checkpoin
             trainer.last_scores, probabilities = trainer.evaluate_with_probabilities()
             write_client_predictions(trainer, probabilities)
         elif cfg.evaluate_every_round and (trainer.active or trainer.last_scores is None):
-            trainer.last_scores = trainer.evaluate()  # a stopped client's are frozen
+            # a stopped client's are frozen
+            trainer.last_scores = trainer.evaluate(cfg.round_evaluation == "primary")
         trainer.timings.eval_seconds += time.perf_counter() - started
 
         started = time.perf_counter()

@@ -70,7 +70,7 @@ def metric_rows(
     scores: dict[str, Scores],
     losses: RoundLosses,
 ) -> list[MetricRow]:
-    """One row per evaluated model of ``trainer``'s client after ``round_number``
+    """One row per model of ``trainer``'s client evaluated after ``round_number``
     (``metrics.jsonl``)."""
     epsilon = trainer.epsilon()
     return [
@@ -93,6 +93,7 @@ def metric_rows(
             epsilon_per_round=trainer.ledger.epsilon_per_round,
         )
         for label in trainer.strategy.evaluated_labels
+        if label in scores  # all after the final round; the primary one alone may be before
     ]
 
 

@@ -289,24 +289,27 @@ class ClientTrainer:
             assign_flat_parameters(self.training.model, new_theta)
         return seconds
 
-    def evaluated_models(self) -> dict[str, nn.Module]:
+    def evaluated_models(self, primary_only: bool = False) -> dict[str, nn.Module]:
         """The client's models by their metrics label (``private``; ``proxy``, ``central``
-        or ``local`` for the shared one)."""
+        or ``local`` for the shared one), or only the primary one (the paper's)."""
         models: dict[str, nn.Module] = {self.strategy.shared_label: self.training.model}
         if self.private is not None:
             models["private"] = self.private
+        if primary_only:
+            return {self.strategy.primary_label: models[self.strategy.primary_label]}
         return models
 
-    def evaluate(self) -> dict[str, Scores]:
-        return evaluate_models(*self._evaluation())
+    def evaluate(self, primary_only: bool = False) -> dict[str, Scores]:
+        """Scores of the client's models (or of its primary one) on the merged test set."""
+        return evaluate_models(*self._evaluation(primary_only))
 
     def evaluate_with_probabilities(self) -> tuple[dict[str, Scores], dict[str, np.ndarray]]:
         """:meth:`evaluate`, and each model's per-patch probabilities (the final round)."""
         return evaluate_with_probabilities(*self._evaluation())
 
-    def _evaluation(self) -> tuple[Any, ...]:
+    def _evaluation(self, primary_only: bool = False) -> tuple[Any, ...]:
         """The models, test splits and settings every evaluation of this client takes."""
-        return (self.evaluated_models(), self.data.test_splits, self.data.n_classes,
+        return (self.evaluated_models(primary_only), self.data.test_splits, self.data.n_classes,
                 self.runtime.device, self.input_size, self.config.eval_batch_size)  # fmt: skip
 
     # -- checkpoints ---------------------------------------------------------------------

@@ -276,6 +276,21 @@ def test_fingerprints_ignore_where_and_how_even_when_an_old_record_holds_them() 
     assert config.digest() != TrainConfig(rounds=4).digest()
 
 
+def test_runs_that_evaluated_every_model_each_round_keep_their_fingerprint() -> None:
+    """Runs recorded before round_evaluation existed evaluated every model after every
+    round: round_evaluation "all" fingerprints as they do, "primary" (the default, other
+    metric rows) does not."""
+    every_model = TrainConfig(rounds=3, round_evaluation="all")
+    recorded_before = every_model.fingerprint()
+    assert "round_evaluation" not in recorded_before
+    assert fingerprint_changes(recorded_before, every_model.fingerprint()) == {}
+    primary = TrainConfig(rounds=3)
+    assert primary.round_evaluation == "primary"
+    assert fingerprint_changes(recorded_before, primary.fingerprint()) == {
+        "round_evaluation": (None, "primary")
+    }
+
+
 def test_a_configuration_written_before_run_dir_was_named_so_still_loads(tmp_path: Path) -> None:
     config = TrainConfig(rounds=3, run_dir=tmp_path / "run", data=tmp_path / "stores")
     former = {("out" if key == "run_dir" else key): value
