@@ -113,6 +113,15 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def stoppable_by_launcher() -> None:
+    """For an MPI rank: SIGINT raises ``KeyboardInterrupt`` and SIGQUIT ends the process,
+    whatever it inherited. A launcher stops the other ranks with them when one dies (MPICH's
+    fork launcher: SIGINT, then SIGQUIT); a job started from a background job of a script
+    inherits both ignored, and its ranks would busy-wait on their dead peer for ever."""
+    interruptible()
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def start_command() -> None:
     """For a command's ``__main__``: interruptible wherever it was started, and ended with
     the process that ran it unless started detached."""

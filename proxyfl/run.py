@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from plumbing.output import adopt_passed_output
+from plumbing.processes import stoppable_by_launcher
 from proxyfl.comm.control import gather_json
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.engine.access import AccessLog
@@ -364,6 +365,7 @@ def _configure_logging(rank: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     adopt_passed_output()  # before any line: around the fork launcher's relay
+    stoppable_by_launcher()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

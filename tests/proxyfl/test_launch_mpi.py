@@ -273,11 +273,16 @@ def _all_segments() -> set[str]:
     return {entry.name for entry in SHM_DIR.iterdir() if SEGMENT_NAME.fullmatch(entry.name)}
 
 
+@pytest.mark.timeout(300)  # a rank deaf to the launcher's stop would spin for ever
+@pytest.mark.parametrize("stops", ["default", "inherited ignored"])
 def test_a_rank_ended_by_a_fatal_signal_is_named_with_the_signal(
-    helpers: Any, tmp_path: Path
+    helpers: Any, tmp_path: Path, stops: str
 ) -> None:
     """A rank that dies of SIGBUS (what a full /dev/shm gives) runs no Python to say so:
-    its fault record names it, though the launcher stops the others and they die too."""
+    its fault record names it, though the launcher stops the others and they die too, also
+    when the job is started with SIGINT and SIGQUIT ignored (a background job of a script,
+    which mpiexec, the warm server and the ranks inherit): the launcher's SIGQUIT would
+    otherwise leave the other rank busy-waiting on its dead peer."""
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
     job = _job(data, tmp_path / "run", rounds=5)  # signalled after round 1: mid-run
     signalled: list[int] = []
@@ -287,8 +292,12 @@ def test_a_rank_ended_by_a_fatal_signal_is_named_with_the_signal(
             rank_1.send_signal(signal.SIGBUS)
             signalled.append(rank_1.pid)
 
-    with pytest.raises(TrainingJobFailed) as failure:
-        run_job(job, on_line=bus_error_rank_1)
+    with contextlib.ExitStack() as inherited:
+        if stops != "default":
+            for number in (signal.SIGINT, signal.SIGQUIT):
+                inherited.callback(signal.signal, number, signal.signal(number, signal.SIG_IGN))
+        with pytest.raises(TrainingJobFailed) as failure:
+            run_job(job, on_line=bus_error_rank_1)
     assert signalled, "rank 1 was running when it was signalled"
     error = failure.value
     assert error.exit_code != 0 and error.rank == 1, str(error)
