@@ -70,8 +70,8 @@ def test_models_reject_inputs_too_small_and_unknown_names() -> None:
 @pytest.mark.parametrize("size", [32, 29])
 def test_conv_nets_evaluate_as_they_train(name: str, size: int) -> None:
     """The inference path (channels-last conv → pool → ReLU, no indices) computes the
-    training path's function: logits equal to float32 rounding, the same predictions, the
-    exact zeros of ReLU kept; a forward with gradients still takes the training path."""
+    training path's function: logits equal to float32 rounding and the same predictions,
+    rows of exact zeros included; a forward with gradients still takes the training path."""
     torch.manual_seed(0)
     model = build_model(name, n_classes=2, input_size=size).eval()
     x = torch.randn(70, 3, size, size)
@@ -81,7 +81,6 @@ def test_conv_nets_evaluate_as_they_train(name: str, size: int) -> None:
         trained_path = model.classifier(model.features(x))
     with torch.inference_mode():
         inference_path = model(x)
-    assert inference_path.is_contiguous()  # the classifier's output, in the usual layout
     torch.testing.assert_close(inference_path, trained_path, rtol=1e-5, atol=1e-5)
     margin = (trained_path[:, 0] - trained_path[:, 1]).abs()
     decided = margin > 1e-4  # a near-tie may go either way within rounding
