@@ -52,9 +52,8 @@ def run_training(trainer: ClientTrainer, start_round: int) -> None:
     """Rounds ``start_round + 1 .. T``; rank 0 writes metrics after each. A round's
     checkpoint is written while the next trains (:class:`~proxyfl.engine.checkpoint.
     CheckpointWriter`), and is on disk before that round's barrier and when this returns."""
-    cfg = trainer.config
-    writer = ckpt.CheckpointWriter(trainer.run_dir, trainer.runtime.rank, cfg.keep_checkpoints)
-    with writer:
+    keep = trainer.config.keep_checkpoints
+    with ckpt.CheckpointWriter(trainer.run_dir, trainer.runtime.rank, keep) as writer:
         _run_rounds(trainer, start_round, writer)
 
 

@@ -121,12 +121,12 @@ class CheckpointWriter:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if kind is None:
+        try:  # on an error too: the round in flight is still a checkpoint to resume from
             self.close()
-            return
-        try:  # the round written in flight is still a good checkpoint to resume from
-            self.close()
-        except Exception as error:  # the error already on its way says more
+        except Exception as error:
+            if kind is None:
+                raise
+            # the error already on its way says more
             logger.error("checkpoint of rank %d not written: %s", self.rank, error)
 
 
