@@ -75,6 +75,39 @@ class TrainOptions(BaseModel):
         None, ge=1, description="resize patches to this side (null: the stores' own size)"
     )
     device: DeviceChoice = Field("auto", description="auto: a GPU per rank when there are GPUs")
+    # The same DP-SGD mechanism either way (proxyfl/privacy/dp.py); func has no hooks and is
+    # faster on a GPU (2.7x, ../shared/gpu) and for the demo's cnn1 on a CPU (1.5x).
+    dp_engine: Literal["func", "opacus"] = Field(
+        "func",
+        description="how DP-SGD computes per-example gradients: func (torch.func's vmap(grad), "
+        "chunked) or opacus (Opacus' hooks); same sampling, clipping, noise and accounting",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="the func engine's per-example forward: bf16 (autocast; norms, clipping "
+        "and sums stay fp32) or fp32; auto: bf16 on CUDA, fp32 on a CPU",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the DP engine's per-example function and the private "
+        "model's step (auto: on for CUDA; a CPU needs a C++ compiler)",
+    )
+    dp_chunk_size: int | None = Field(
+        None, ge=1,
+        description="examples per chunk of per-example gradients (func engine; null: as "
+        "many as the memory budget holds, at most the largest plausible Poisson batch)",
+    )
+    gpu_memory_gb: float | None = Field(
+        None, gt=0,
+        description="memory budget of one rank in GB, for the per-example chunks and the "
+        "evaluation batch (null: the device's memory over the ranks that share it)",
+    )
+    deterministic: bool = Field(
+        True,
+        description="torch's deterministic algorithms (CUBLAS_WORKSPACE_CONFIG, no cudnn "
+        "benchmark): GPU runs and their resumes reproduce bit for bit, ~8 % slower on a GPU; "
+        "false trades that for speed",
+    )
     graph: str = Field(
         "exponential",
         description="exponential | exponential_mix | exponential_uneven | file:PATH",
@@ -296,6 +329,16 @@ class TrainConfig(TrainOptions):
         """The private model's Adam learning rate: ``private_lr``, else ``lr``."""
         return self.lr if self.private_lr is None else self.private_lr
 
+    def compiled_on(self, device_type: str) -> bool:
+        """Does this run ``torch.compile`` on a device of ``device_type``?"""
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
+
+    def autocast_on(self, device_type: str) -> bool:
+        """Does the func engine's per-example forward run in bfloat16 on ``device_type``?"""
+        if self.dp_engine != "func":
+            return False
+        return self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda")
+
     def private_model_for(self, client: int) -> str:
         """The private architecture of client ``client`` (one name for all, or one each)."""
         if len(self.private_model) == 1:
@@ -329,6 +372,8 @@ class TrainConfig(TrainOptions):
             ignored.add("evaluate_every_round")
         if self.round_evaluation == "all":  # likewise: every model was evaluated before
             ignored.add("round_evaluation")
+        if self.dp_engine == "opacus":  # likewise: the one engine there was
+            ignored |= {"dp_engine", "precision"}
         data = self.model_dump(mode="json")
         return {key: value for key, value in data.items() if key not in ignored}
 
@@ -341,7 +386,8 @@ class TrainConfig(TrainOptions):
 # Where a run is and how it runs, not what it computes (TrainConfig.fingerprint).
 WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
     "run_dir", "out", "data", "resume", "stop_after_round", "device", "loader_workers",
-    "keep_checkpoints", "keep_final_checkpoints",
+    "keep_checkpoints", "keep_final_checkpoints", "compile", "dp_chunk_size", "gpu_memory_gb",
+    "deterministic",
 )  # fmt: skip
 
 

@@ -176,6 +176,7 @@ def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
     """Where and how a rank ran: its host and process, the files it opened (by path, as
     this machine names them) and its seconds per phase (``ranks/rank_R.machine.json``,
     and machine.json's ``ranks``)."""
+    from proxyfl.engine.memory import memory_peaks
     from proxyfl.engine.runtime import environment_summary
 
     return {
@@ -185,6 +186,12 @@ def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
         **environment_summary(),
         "opened": list(ACCESS_LOG.opened),
         "timings": trainer.timings.as_dict(),
+        "memory": memory_peaks(trainer.runtime.device),
+        "memory_budget_gb": round(trainer.budget_bytes / 1e9, 3),
+        "eval_batch_size": trainer.eval_batch_size,
+        "dp_chunk_size": getattr(trainer.training, "chunk_size", None),
+        "compiled": trainer.config.compiled_on(trainer.runtime.device.type),
+        "deterministic": trainer.config.deterministic,
     }
 
 

@@ -40,6 +40,7 @@ from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.engine.access import AccessLog
 from proxyfl.engine.timings import process_age
 from proxyfl.engine.validation import (
+    EXIT_BAD_INPUT,
     FatalSignalRecord,
     RankFailure,
     SetupError,
@@ -390,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.algorithms.strategies import strategy_for
     from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.engine import checkpoint as ckpt
-    from proxyfl.engine.runtime import make_runtime
+    from proxyfl.engine.runtime import configure_torch, make_runtime
     from proxyfl.loop import StopAfterRound, latest_common_round, run_training
     from proxyfl.records import (
         client_summary,
@@ -402,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from proxyfl.trainer import ClientTrainer
 
+    configure_torch(config.deterministic)  # before any CUDA work
     runtime, error = run_phase(lambda: make_runtime(comm, config.device))
     _fail_if_any(comm, error, label, run_dir)
     assert runtime is not None
@@ -442,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _fail_if_any(comm, error, label, run_dir)
     assert start_round is not None
 
+    compile_seconds, error = preflight(trainer)
+    _fail_if_any(comm, error, label, run_dir)
+    trainer.timings.compile_seconds += compile_seconds or 0.0
+
     if not config.resume or start_round == 0:
         ckpt.clear_checkpoints(run_dir, rank)
         if rank == 0:
@@ -452,7 +458,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_machine_json(config, machines)
         write_run_json(config, size, records, status="running")
     comm.Barrier()
-    trainer.timings.setup_seconds += time.perf_counter() - wall_start
+    trainer.timings.setup_seconds += (
+        time.perf_counter() - wall_start - trainer.timings.compile_seconds
+    )
     trainer.timings.startup_seconds += startup or 0.0
 
     try:
@@ -461,6 +469,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("stopping after round %s (test hook)", config.stop_after_round)
         raise
     except Exception as failure:  # named for the launcher, then -m mpi4py aborts the job
+        from proxyfl.engine.memory import is_out_of_memory
+
+        if is_out_of_memory(failure):  # said as the pre-run check says it, and not retried
+            message = trainer.out_of_memory_message(failure, "a training round",
+                                                    trainer.largest_batch)  # fmt: skip
+            record_failure(run_dir, RankFailure(rank=rank, client=label(rank),
+                                                phase="training", error=message))  # fmt: skip
+            print(f"proxyfl.run: error: {label(rank)}: {message}", file=sys.stderr, flush=True)
+            comm.Abort(EXIT_BAD_INPUT)
         record_failure(run_dir, RankFailure(rank=rank, client=label(rank), phase="training",
                                             error=f"{type(failure).__name__}: {failure}"))
         raise
@@ -480,6 +497,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer.communicator.free()
     fatal_signals.close()
     return 0
+
+
+def preflight(trainer: Any) -> tuple[float | None, str | None]:
+    """Every rank's :meth:`~proxyfl.trainer.ClientTrainer.preflight` (a step at its largest
+    plausible batch, an evaluation batch): ``(compile seconds, error)``. Where the run
+    compiles, rank 0 compiles first and the others then find its kernels in inductor's
+    cache (one per user and machine), instead of four ranks compiling the same graphs."""
+    comm = trainer.runtime.comm
+    serial = trainer.config.compiled_on(trainer.runtime.device.type)
+    if serial and trainer.runtime.rank != 0:
+        comm.Barrier()
+    result = run_phase(trainer.preflight)
+    if serial and trainer.runtime.rank == 0:
+        comm.Barrier()
+    return result
 
 
 def _fail_if_any(comm: Any, error: str | None, label: Any, run_dir: Path) -> None:

@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from proxyfl.algorithms.dml import dml_losses
+from proxyfl.algorithms.dml import mutual_learning_loss
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
 from proxyfl.algorithms.privatekt.strategy import (
     forget_state,
@@ -61,18 +60,29 @@ from proxyfl.config import TrainConfig
 from proxyfl.engine.data import PatchDataset, prepare_images
 from proxyfl.engine.evaluate import Scores, evaluate_models, evaluate_with_probabilities
 from proxyfl.engine.local_training import PlainTraining, make_plain
+from proxyfl.engine.memory import (
+    MemoryContext,
+    OutOfMemoryError,
+    batch_within,
+    device_memory_bytes,
+    is_out_of_memory,
+    out_of_memory_message,
+    rank_budget_bytes,
+    reset_peaks,
+)
 from proxyfl.engine.models import build_model, count_parameters
 from proxyfl.engine.runtime import Runtime, derived_seed, seeded_generator
 from proxyfl.engine.timings import Timings
-from proxyfl.privacy.dp import (
-    PrivateTraining,
-    check_dp_compatible,
-    make_private,
-    noise_only_step,
-    quiet_opacus,
-)
+from proxyfl.privacy.dp import PrivateTraining, check_dp_compatible, make_private
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import DPSGDLedger, PrivacyLedger
+from proxyfl.privacy.per_sample import (
+    FuncPrivateTraining,
+    activation_bytes_per_example,
+    chunk_size_for,
+    estimated_bytes_per_example,
+    largest_plausible_batch,
+)
 from wsi.store.reader import PatchSplitReader
 
 logger = logging.getLogger(__name__)
@@ -131,6 +141,8 @@ class ClientTrainer:
         self.exchange = self.strategy.make_exchange(self.schedule, self._knowledge_transfer)
         self.proxy_parameters = count_parameters(self.training.model)
         self.private_parameters = count_parameters(self.private) if self.private else 0
+        self.private_forward = self._compiled_private()
+        self.eval_batch_size = self._size_for_memory()
 
     # -- set-up, in __post_init__'s order ---------------------------------------------------
     def _build_proxy_model(self) -> nn.Module:
@@ -168,7 +180,7 @@ class ClientTrainer:
 
     def _build_proxy_training(
         self, proxy: nn.Module
-    ) -> tuple[PrivateTraining | PlainTraining, PrivacyLedger]:
+    ) -> tuple[PrivateTraining | FuncPrivateTraining | PlainTraining, PrivacyLedger]:
         """The proxy model's training and the ledger of what it spends: DP-Adam on Poisson
         batches with the RDP accountant, or (PrivateKT) its own optimizer on shuffled batches
         with the label-level LDP ledger."""
@@ -181,10 +193,13 @@ class ClientTrainer:
             )  # fmt: skip
             return plain, LDPLedger(cfg.ldp_epsilon)
         optimizer = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        device_type = self.runtime.device.type
         private = make_private(
             proxy, optimizer, self.data.train, batch_size=cfg.batch_size, sigma=cfg.sigma,
             clip=cfg.clip, sampler_generator=self.sampler_generator,
             noise_generator=self.noise_generator, loader_workers=cfg.loader_workers,
+            engine=cfg.dp_engine, chunk_size=cfg.dp_chunk_size,
+            compiled=cfg.compiled_on(device_type), autocast=cfg.autocast_on(device_type),
         )  # fmt: skip
         ledger = DPSGDLedger(
             private.accountant, sigma=cfg.sigma, sample_rate=private.sample_rate,
@@ -192,8 +207,42 @@ class ClientTrainer:
         )  # fmt: skip
         return private, ledger
 
+    def _compiled_private(self) -> nn.Module | None:
+        """The private model's forward, through ``torch.compile`` when the run compiles
+        (dynamic shapes: Poisson batches vary in size); the model itself otherwise."""
+        if self.private is None or not self.config.compiled_on(self.runtime.device.type):
+            return self.private
+        return torch.compile(self.private, dynamic=True)  # type: ignore[return-value]
+
+    def _size_for_memory(self) -> int:
+        """Size the func engine's chunks of per-example gradients (unless ``dp_chunk_size``
+        says) and the evaluation batch from this rank's memory budget
+        (:mod:`proxyfl.engine.memory`); returns the evaluation batch."""
+        cfg, device = self.config, self.runtime.device
+        self.budget_bytes = rank_budget_bytes(device, self.runtime.ranks_on_device,
+                                              cfg.gpu_memory_gb)  # fmt: skip
+        example = torch.zeros(1, 3, self.input_size, self.input_size, device=device)
+        model = self.training.model
+        if isinstance(self.training, FuncPrivateTraining) and cfg.dp_chunk_size is None:
+            per_example = estimated_bytes_per_example(model, example)
+            self.training.chunk_size = chunk_size_for(
+                0.5 * self.budget_bytes, per_example, self.largest_batch
+            )
+        models = [model] + ([self.private] if self.private is not None else [])
+        per_image = max(activation_bytes_per_example(m, example) for m in models)
+        return batch_within(self.budget_bytes, per_image, cfg.eval_batch_size)
+
     @property
-    def dp(self) -> PrivateTraining | PlainTraining:
+    def largest_batch(self) -> int:
+        """The largest training batch this client will plausibly draw: the 99.9th
+        percentile of its Poisson batches' sizes (the whole batch without DP sampling)."""
+        q = self.training.sample_rate
+        if q is None:
+            return self.config.batch_size
+        return largest_plausible_batch(len(self.data.train), q)
+
+    @property
+    def dp(self) -> PrivateTraining | FuncPrivateTraining | PlainTraining:
         """The shared model's training (DP-SGD, or plain for PrivateKT); old name of
         :attr:`training`."""
         return self.training
@@ -228,11 +277,11 @@ class ClientTrainer:
     # -- one round -----------------------------------------------------------------------
     def train_round(self) -> RoundLosses:
         """``local_epochs`` epochs of Poisson batches; both models step on every batch."""
-        cfg, device = self.config, self.runtime.device
+        device = self.runtime.device
         losses = RoundLosses()
         shared_sum = private_sum = 0.0
         training = self.training
-        if self.knowledge_transfer and cfg.kt_optimizer_state == "fresh":
+        if self.knowledge_transfer and self.config.kt_optimizer_state == "fresh":
             forget_state(training.optimizer)  # Θ_t is new each round: so are its moments
         training.module.train()
         if self.private is not None:
@@ -240,35 +289,110 @@ class ClientTrainer:
         for _ in range(self.local_epochs):
             for images, labels in training.loader:
                 if labels.shape[0] == 0:  # only Poisson (DP) batches can be empty
-                    assert isinstance(training, PrivateTraining)
-                    noise_only_step(training)
+                    assert not isinstance(training, PlainTraining)
+                    training.noise_only_step()
                     losses.empty_batches += 1
                     continue
                 x = prepare_images(images, device, self.input_size)
                 y = labels.to(device)
-                training.optimizer.zero_grad(set_to_none=True)
-                shared_logits = training.module(x)
-                if self.private is not None and self.private_optimizer is not None:
-                    self.private_optimizer.zero_grad(set_to_none=True)
-                    private_logits = self.private(x)
-                    private_loss, shared_loss = dml_losses(
-                        private_logits, shared_logits, y, cfg.dml_alpha, cfg.dml_beta
-                    )
-                    private_loss.backward()
-                    self.private_optimizer.step()
-                    private_sum += float(private_loss.detach())
-                else:
-                    shared_loss = F.cross_entropy(shared_logits, y)
-                with quiet_opacus():
-                    shared_loss.backward()
-                training.optimizer.step()
-                shared_sum += float(shared_loss.detach())
+                shared_loss, private_loss = self._step(x, y)
+                shared_sum += shared_loss
+                private_sum += private_loss or 0.0
                 losses.steps += 1
         if losses.steps:
             losses.shared = shared_sum / losses.steps
             if self.private is not None:
                 losses.private = private_sum / losses.steps
         return losses
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float | None]:
+        """Both models' step on one batch (DML: each model's loss takes the other's logits,
+        detached, computed before either stepped); ``(shared loss, private loss)``."""
+        cfg = self.config
+        if self.private is None or self.private_optimizer is None:
+            shared_loss, _ = self.training.step(x, y)
+            return shared_loss, None
+        assert self.private_forward is not None
+        self.private_optimizer.zero_grad(set_to_none=True)
+        private_logits = self.private_forward(x)
+        shared_loss, shared_logits = self.training.step(
+            x, y, private_logits.detach(), cfg.dml_beta
+        )
+        private_loss = mutual_learning_loss(private_logits, shared_logits, y, cfg.dml_alpha)
+        private_loss.backward()
+        self.private_optimizer.step()
+        return shared_loss, float(private_loss.detach())
+
+    # -- before round 1 ------------------------------------------------------------------
+    def preflight(self) -> float:
+        """One training step at the largest batch the run will plausibly draw and one
+        evaluation batch, on zeros, nothing stepped: a run that does not fit its device
+        fails here, in seconds, with :class:`OutOfMemoryError`, not mid-run. The first
+        calls compile where the run compiles; returns the compilation's seconds (the first
+        call's time less the second's)."""
+        device = self.runtime.device
+        reset_peaks(device)
+        rounds = 2 if self.config.compiled_on(device.type) else 1
+        seconds = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            self._guarded("a training step", self.largest_batch, self._dry_step)
+            self._guarded("an evaluation batch", self.eval_batch_size, self._dry_evaluation)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - started)
+        return max(0.0, seconds[0] - seconds[-1]) if rounds == 2 else 0.0
+
+    def _dry_step(self) -> None:
+        """A training step's memory at the largest batch, its gradients then dropped."""
+        batch, device, size = self.largest_batch, self.runtime.device, self.input_size
+        x = torch.zeros(batch, 3, size, size, device=device)
+        y = torch.zeros(batch, dtype=torch.long, device=device)
+        partner = None
+        if self.private is not None and self.private_forward is not None:
+            private_logits = self.private_forward(x)
+            private_logits.sum().backward()
+            partner = private_logits.detach()
+            self.private.zero_grad(set_to_none=True)
+        training = self.training
+        if isinstance(training, FuncPrivateTraining):
+            training.clipped_sum(x, y, partner, self.config.dml_beta)
+        else:
+            training.module(x).sum().backward()
+            training.optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _dry_evaluation(self) -> None:
+        size, device = self.input_size, self.runtime.device
+        x = torch.zeros(self.eval_batch_size, 3, size, size, device=device)
+        for model in self.evaluated_models().values():
+            was_training = model.training
+            model.eval()
+            with torch.no_grad():
+                model(x)
+            model.train(was_training)
+
+    def _guarded(self, what: str, batch: int, action: Any) -> None:
+        """``action()``, its out-of-memory error told as :class:`OutOfMemoryError`."""
+        try:
+            action()
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            raise OutOfMemoryError(self.out_of_memory_message(error, what, batch)) from None
+
+    def out_of_memory_message(self, error: BaseException, what: str, batch: int) -> str:
+        """What :func:`proxyfl.engine.memory.out_of_memory_message` says of this rank."""
+        device = self.runtime.device
+        dp = self.training.sample_rate is not None and what == "a training step"
+        context = MemoryContext(
+            device=device, what=what, batch=batch,
+            expected_batch=self.config.batch_size if dp else None,
+            budget_bytes=self.budget_bytes, device_bytes=device_memory_bytes(device),
+            ranks_on_device=self.runtime.ranks_on_device,
+        )  # fmt: skip
+        return out_of_memory_message(error, context)
 
     def distribute_round(self, members: list[int], round_number: int) -> Distribution:
         """What the strategy hands out before training (PrivateKT's server), applied."""
@@ -310,7 +434,7 @@ class ClientTrainer:
     def _evaluation(self, primary_only: bool = False) -> tuple[Any, ...]:
         """The models, test splits and settings every evaluation of this client takes."""
         return (self.evaluated_models(primary_only), self.data.test_splits, self.data.n_classes,
-                self.runtime.device, self.input_size, self.config.eval_batch_size)  # fmt: skip
+                self.runtime.device, self.input_size, self.eval_batch_size)  # fmt: skip
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, round_number: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
@@ -36,6 +37,17 @@ class PlainTraining:
     @property
     def base_optimizer(self) -> torch.optim.Optimizer:
         return self.optimizer
+
+    def step(
+        self, x: torch.Tensor, y: torch.Tensor, partner: None = None, weight: float = 0.0
+    ) -> tuple[float, torch.Tensor]:
+        """One plain step of cross-entropy on the batch; ``(loss, logits)``, detached."""
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach()), logits.detach()
 
 
 def make_plain(

@@ -5,8 +5,8 @@ other ranks, and PrivateKT's server work (rank 0 only).
 A rank's life from its process's creation to its last record is, up to the few
 statements between the timed blocks,
 
-    process seconds = startup + setup + train + eval + comm + checkpoint + records
-                      + wait + server (fine-tune, self-train, sampling)
+    process seconds = startup + setup + compile + train + eval + comm + checkpoint
+                      + records + wait + server (fine-tune, self-train, sampling)
 
 where ``startup`` is the time before the rank's own clock starts (the interpreter, the
 imports before ``proxyfl.run``'s first line, MPI's initialisation: :func:`process_age`).
@@ -39,6 +39,7 @@ class Timings:
     server_self_train_seconds: float = 0.0  # PrivateKT: scoring the pool, self-training
     server_sampling_seconds: float = 0.0  # PrivateKT: scoring the pool for Eq. 4
     startup_seconds: float = 0.0  # process created -> the rank's clock (process_age)
+    compile_seconds: float = 0.0  # torch.compile's first calls, in the pre-run check
 
     def as_dict(self) -> dict[str, float]:
         return dict(vars(self))

@@ -18,6 +18,12 @@ takes its noise-only step and the accountant counts it, as DP-SGD requires.
 Seeds: Poisson sampling draws from ``sampler_generator`` and the noise from
 ``noise_generator`` (``secure_mode=False``), so a run is reproducible and its generator
 states can be checkpointed.
+
+Two engines compute the same mechanism (``train.options.dp_engine``): ``opacus``, the
+hooks above, and ``func``, per-example gradients by ``torch.func``
+(:mod:`proxyfl.privacy.per_sample`: the same loader, sampler, noise draws, accountant and
+plain optimizer; 2.7x faster on a GPU, and no hooks). Both offer :meth:`step` and
+:meth:`noise_only_step` to the training loop.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from opacus import GradSampleModule, PrivacyEngine
 from opacus.accountants import RDPAccountant
 from opacus.data_loader import DPDataLoader
@@ -36,7 +44,12 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from proxyfl.algorithms.dml import mutual_learning_loss
 from proxyfl.privacy.accounting import poisson_schedule
+from proxyfl.privacy.per_sample import FuncPrivateTraining, largest_plausible_batch
+
+DPEngine = Literal["func", "opacus"]
+DP_ENGINES: tuple[str, ...] = ("func", "opacus")
 
 # Expected with seeded noise, and harmless (the first layer's input needs no gradient).
 _QUIET = ("Secure RNG turned off", "Full backward hook is firing")
@@ -76,6 +89,30 @@ class PrivateTraining:
         """The wrapped optimizer (Adam), whose state a checkpoint keeps."""
         return self.optimizer.original_optimizer
 
+    def step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        partner: torch.Tensor | None = None,
+        weight: float = 0.0,
+    ) -> tuple[float, torch.Tensor]:
+        """One DP-SGD step on the batch (the loss: cross-entropy, or the DML loss against
+        the ``partner`` logits with KL weight ``weight``); ``(mean loss, logits)``, detached."""
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.module(x)
+        if partner is None:
+            loss = F.cross_entropy(logits, y)
+        else:
+            loss = mutual_learning_loss(logits, partner, y, weight)
+        with quiet_opacus():
+            loss.backward()
+        self.optimizer.step()
+        return float(loss.detach()), logits.detach()
+
+    def noise_only_step(self) -> None:
+        """The step of an empty Poisson batch (:func:`noise_only_step`)."""
+        noise_only_step(self)
+
 
 def check_dp_compatible(model: nn.Module, name: str) -> None:
     """Raise :class:`DPIncompatibleModelError` listing what Opacus cannot train."""
@@ -96,11 +133,24 @@ def make_private(
     sampler_generator: torch.Generator,
     noise_generator: torch.Generator,
     loader_workers: int = 0,
-) -> PrivateTraining:
-    """Wrap ``model``/``optimizer`` for DP-SGD on ``dataset`` with Poisson batches of mean B."""
+    engine: DPEngine = "opacus",
+    chunk_size: int | None = None,
+    compiled: bool = False,
+    autocast: bool = False,
+) -> PrivateTraining | FuncPrivateTraining:
+    """``model``/``optimizer`` set up for DP-SGD on ``dataset`` with Poisson batches of mean
+    B, by ``engine``. The func engine's options: examples per chunk of per-example gradients
+    (``None``: the whole batch), ``torch.compile``, a bfloat16 forward."""
     loader = DataLoader(
         dataset, batch_size=batch_size, generator=sampler_generator, num_workers=loader_workers
     )
+    if engine == "func":
+        return _func_private(
+            model, optimizer, loader, sigma=sigma, clip=clip, noise_generator=noise_generator,
+            chunk_size=chunk_size, compiled=compiled, autocast=autocast,
+        )  # fmt: skip
+    if engine != "opacus":
+        raise ValueError(f"unknown DP engine {engine!r}; choose one of {', '.join(DP_ENGINES)}")
     with quiet_opacus():
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         module, dp_optimizer, dp_loader = engine.make_private(
@@ -127,6 +177,33 @@ def make_private(
         sample_rate=sample_rate,
         steps_per_epoch=steps,
     )
+
+
+def _func_private(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    *,
+    sigma: float,
+    clip: float,
+    noise_generator: torch.Generator,
+    chunk_size: int | None,
+    compiled: bool,
+    autocast: bool,
+) -> FuncPrivateTraining:
+    """The func engine over the loader, sampler and accountant Opacus would make: the
+    ``DPDataLoader`` drawing from the loader's own generator, E|B| = int(N q)."""
+    n = len(loader.dataset)  # type: ignore[arg-type]
+    dp_loader = DPDataLoader.from_data_loader(loader)
+    sample_rate, steps = poisson_schedule(n, loader.batch_size or 1)
+    expected_batch_size = int(n * sample_rate)
+    return FuncPrivateTraining(
+        model=model, optimizer=optimizer, loader=dp_loader, accountant=RDPAccountant(),
+        sample_rate=sample_rate, steps_per_epoch=steps, sigma=sigma, clip=clip,
+        expected_batch_size=expected_batch_size, noise_generator=noise_generator,
+        chunk_size=chunk_size or largest_plausible_batch(n, sample_rate), compiled=compiled,
+        autocast=autocast,
+    )  # fmt: skip
 
 
 def accountant_after(

@@ -166,8 +166,8 @@ def test_planned_accountant_is_the_accountant_after_the_steps() -> None:
     assert other.history == [(1.0, q, steps), (2.0, q, 1)]
 
 
-def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: Any) -> None:
-    """Train one ProxyFL client in-process with tiny Poisson batches (many are empty)."""
+def _one_client(tmp_path: Path, helpers: Any, **options: Any):
+    """One ProxyFL client in-process (cnn1 proxy, mlp private) on a 30-patch store."""
     from mpi4py import MPI
 
     from proxyfl.algorithms.strategies import strategy_for
@@ -177,28 +177,43 @@ def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: A
     from proxyfl.engine.runtime import make_runtime
     from proxyfl.trainer import ClientData, ClientTrainer
 
-    stores = helpers.write_stores(tmp_path / "stores", centers=(0,), n_train=30, n_test=4)
-    config = TrainConfig(
-        algorithm="ProxyFL", data=stores, run_dir=tmp_path / "run", batch_size=1,
-        proxy_model="cnn1", private_model=["mlp"], device="cpu",
-    )  # fmt: skip
+    stores = tmp_path / "stores"
+    if not stores.exists():
+        helpers.write_stores(stores, centers=(0,), n_train=30, n_test=4)
+    settings = {"batch_size": 1, "proxy_model": "cnn1", "private_model": ["mlp"]}
+    settings.update(options)
+    config = TrainConfig(algorithm="ProxyFL", data=stores, run_dir=tmp_path / "run",
+                         device="cpu", **settings)  # fmt: skip
     data = ClientData(
         client=0, center=0, train=PatchDataset([open_split(stores, 0, "train")]),
         test_splits=[open_split(stores, 0, "test")], n_classes=2, patch_size=16,
     )  # fmt: skip
-    trainer = ClientTrainer(
+    return ClientTrainer(
         config=config, runtime=make_runtime(MPI.COMM_WORLD, "cpu"),
         strategy=strategy_for("ProxyFL"), data=data,
         schedule=parse_schedule_spec("exponential"), run_dir=tmp_path / "run",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ["func", "opacus"])
+def test_private_model_sees_exactly_the_proxy_batches(
+    tmp_path: Path, helpers: Any, engine: str
+) -> None:
+    """Train one ProxyFL client in-process with tiny Poisson batches (many are empty)."""
+    trainer = _one_client(tmp_path, helpers, dp_engine=engine)
     seen: dict[str, list[np.ndarray]] = {"private": [], "proxy": []}
     trainer.private.register_forward_hook(
         lambda m, args, out: seen["private"].append(args[0].detach().numpy().copy())
     )
-    trainer.dp.model.register_forward_hook(
-        lambda m, args, out: seen["proxy"].append(args[0].detach().numpy().copy())
-    )
+    step = trainer.dp.step  # what the proxy's step is given (under vmap, no hook sees it)
+
+    def recorded_step(x: torch.Tensor, *args: Any) -> Any:
+        seen["proxy"].append(x.detach().numpy().copy())
+        return step(x, *args)
+
+    trainer.dp.step = recorded_step
     before = [p.detach().clone() for p in trainer.private.parameters()]
+    proxy_before = [p.detach().clone() for p in trainer.dp.model.parameters()]
     losses = trainer.train_round()
     assert losses.empty_batches > 0  # q = 1/30: about a third of the batches are empty
     assert losses.steps + losses.empty_batches == trainer.steps_per_round == 30
@@ -207,6 +222,185 @@ def test_private_model_sees_exactly_the_proxy_batches(tmp_path: Path, helpers: A
         np.testing.assert_array_equal(a, b)
         assert len(a) > 0
     # The DP model took one accounted step per batch, empty ones included.
-    assert trainer.dp.accountant.history == [(config.sigma, 1 / 30, 30)]
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.private.parameters(),
-                                                     strict=True))  # fmt: skip
+    assert trainer.dp.accountant.history == [(trainer.config.sigma, 1 / 30, 30)]
+    for old, new in ((before, trainer.private.parameters()),
+                     (proxy_before, trainer.dp.model.parameters())):  # fmt: skip
+        assert any(not torch.equal(a, b) for a, b in zip(old, new, strict=True))
+
+
+# -- the func engine (proxyfl/privacy/per_sample.py) against brute force and Opacus -------
+MODELS = ["mlp", "cnn1", "cnn2", "resnet18_gn"]
+
+
+def _batch(n: int = 6, size: int = 16, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = _dataset(n=n, size=size, seed=seed).tensors
+    return images.float() / 127.5 - 1, labels
+
+
+def _both_engines(name: str, dataset: TensorDataset, **kw: Any):
+    """The same model, optimizer and seeds under the Opacus and the func engine."""
+    torch.manual_seed(0)
+    model = build_model(name, n_classes=2, input_size=dataset.tensors[0].shape[-1])
+    twin = copy.deepcopy(model)
+    opacus = _private(model, dataset, engine="opacus", **kw)
+    func = _private(twin, dataset, engine="func", **kw)
+    return opacus, func
+
+
+def _brute_force_dml(model: torch.nn.Module, x, y, partner, weight: float) -> torch.Tensor:
+    """Per-example gradients of the proxy's DML loss, one backward per example."""
+    from proxyfl.algorithms.dml import mutual_learning_loss
+
+    grads = []
+    for i in range(len(y)):
+        model.zero_grad()
+        loss = mutual_learning_loss(model(x[i : i + 1]), partner[i : i + 1], y[i : i + 1], weight)
+        loss.backward()
+        grads.append(torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()]))
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_func_per_example_gradients_are_brute_forces(name: str) -> None:
+    """vmap(grad(ℓ)) gives each example's own gradient of the DML loss, for every model."""
+    from proxyfl.privacy.per_sample import clip_factors, per_example_norms
+
+    clip, weight = 1e9, 0.3  # no clipping: the clipped sum is the sum of the raw gradients
+    _, func = _both_engines(name, _dataset(), sigma=0.0, clip=clip)
+    reference = copy.deepcopy(func.model)
+    x, y = _batch()
+    partner = torch.randn(len(y), 2, generator=torch.Generator().manual_seed(5))
+    raw = _brute_force_dml(reference, x, y, partner, weight)
+    func.chunk_size = 4  # two chunks, the second partial
+    sums, losses, logits = func.clipped_sum(x, y, partner, weight)
+    summed = torch.cat([sums[n].reshape(-1) for n, _ in func.model.named_parameters()])
+    expected = raw.sum(0)  # to float rounding, over all 11 M weights of ResNet-18 too
+    assert ((summed - expected).norm() / expected.norm()).item() <= 1e-5
+    torch.testing.assert_close(logits, reference(x).detach(), rtol=1e-5, atol=1e-6)
+    assert losses.shape == (len(y),)
+    # the flat norm is the norm over all parameters of each example's gradient
+    grads = [raw[:, :1], raw[:, 1:]]  # any split of the parameters gives the same norm
+    torch.testing.assert_close(per_example_norms(grads), raw.norm(dim=1))
+    assert (clip_factors(raw.norm(dim=1), 0.1) * raw.norm(dim=1) <= 0.1).all()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_func_clipped_noisy_step_is_opacus_step(name: str) -> None:
+    """The same batch, seeds and noise generator: the applied gradient (clipped sum plus
+    noise, over E|B|) agrees with Opacus' to 1e-5 relative, and the noise is the same
+    draws (σ large enough that the noise dominates: then they agree to the last digits)."""
+    dataset = _dataset(n=24)
+    for sigma in (0.0, 1.0):
+        opacus, func = _both_engines(name, dataset, sigma=sigma, clip=0.05)
+        x, y = _batch()
+        partner = torch.randn(len(y), 2, generator=torch.Generator().manual_seed(5))
+        loss_o, logits_o = opacus.step(x, y, partner, 0.3)
+        func.chunk_size = 4
+        loss_f, logits_f = func.step(x, y, partner, 0.3)
+        applied = [torch.cat([p.grad.reshape(-1) for p in t.model.parameters()])
+                   for t in (opacus, func)]  # fmt: skip
+        assert applied[0].norm() > 0
+        relative = ((applied[0] - applied[1]).norm() / applied[0].norm()).item()
+        assert relative <= 1e-5, (name, sigma, relative)
+        assert loss_f == pytest.approx(loss_o, rel=1e-5)
+        torch.testing.assert_close(logits_f, logits_o, rtol=1e-5, atol=1e-6)
+        assert func.expected_batch_size == opacus.optimizer.expected_batch_size
+        assert func.accountant.history == opacus.accountant.history == [(sigma, 1 / 3, 1)]
+
+
+def test_func_clips_every_example_to_c_in_float32() -> None:
+    """No clipped per-example gradient exceeds C (norms, factors and sums in float32)."""
+    from proxyfl.privacy.per_sample import clip_factors, per_example_norms
+
+    torch.manual_seed(0)
+    model = build_model("cnn1", n_classes=2, input_size=16)
+    clip = 0.01
+    func = _private(model, _dataset(), sigma=0.0, clip=clip, engine="func")
+    x, y = _batch()
+    raw = _per_example_gradients(copy.deepcopy(model), x, y)
+    assert (raw.norm(dim=1) > clip).all(), "the test needs gradients larger than C"
+    factors = clip_factors(per_example_norms([raw]), clip)
+    assert ((raw * factors[:, None]).norm(dim=1) <= clip).all()
+    sums, _, _ = func.clipped_sum(x, y)
+    summed = torch.cat([sums[n].reshape(-1) for n, _ in model.named_parameters()])
+    assert summed.dtype == torch.float32
+    assert summed.norm() <= len(y) * clip
+
+
+def test_func_noise_has_standard_deviation_sigma_c_over_expected_batch() -> None:
+    torch.manual_seed(0)
+    model = build_model("cnn1", n_classes=2, input_size=16)
+    sigma, clip = 2.0, 0.5
+    training = _private(model, _dataset(), sigma=sigma, clip=clip, engine="func")
+    samples = []
+    for _ in range(4):
+        training.noise_only_step()  # empty batch: the gradient is pure noise
+        samples.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    noise = torch.cat(samples).double()
+    expected = sigma * clip / training.expected_batch_size
+    assert noise.std().item() == pytest.approx(expected, rel=0.03)
+    assert abs(noise.mean().item()) < 4 * expected / math.sqrt(noise.numel())
+    standardised = (noise - noise.mean()) / noise.std()
+    assert (standardised**4).mean().item() == pytest.approx(3.0, abs=0.15)
+    assert training.accountant.history == [(sigma, training.sample_rate, 4)]
+
+
+def test_func_samples_the_batches_opacus_samples() -> None:
+    """The same Poisson loader: the same batches from the same sampler generator state."""
+    opacus, func = _both_engines("mlp", _dataset(n=41, size=4), batch_size=8)
+    assert func.sample_rate == opacus.sample_rate and func.steps_per_epoch == opacus.steps_per_epoch
+    for (xa, ya), (xb, yb) in zip(opacus.loader, func.loader, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_func_padding_rows_add_nothing() -> None:
+    """A compiled chunk is padded to its size with copies whose clipping factor is 0: the
+    sums are those of the real rows alone (run here uncompiled, padded by hand)."""
+    _, func = _both_engines("cnn1", _dataset(), sigma=0.0, clip=0.1)
+    x, y = _batch(n=3)
+    unpadded, _, _ = func.clipped_sum(x, y)
+    assert list(func._chunk_functions) == [(False, 0.0)]  # made once, eager, kept
+    func.compiled = True  # now chunks are padded to chunk_size, through the same function
+    func.chunk_size = 8
+    padded, losses, logits = func.clipped_sum(x, y)
+    assert losses.shape == (3,) and logits.shape == (3, 2)
+    for name, value in unpadded.items():
+        torch.testing.assert_close(padded[name], value, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("engine", ["func", "opacus"])
+def test_models_opacus_refuses_are_refused(engine: str) -> None:
+    from proxyfl.privacy.dp import DPIncompatibleModelError, check_dp_compatible
+
+    with pytest.raises(DPIncompatibleModelError, match="BatchNorm"):
+        check_dp_compatible(torch.nn.Sequential(torch.nn.BatchNorm2d(3)), "bn")
+
+
+def test_both_engines_train_one_client_alike(tmp_path: Path, helpers: Any) -> None:
+    """A round of one ProxyFL client under each engine from the same seeds: the same
+    accountant history and ε, the same batches, and losses and weights that agree to
+    float rounding (the engines sum in another order)."""
+    trainers = {engine: _one_client(tmp_path / engine, helpers, dp_engine=engine, batch_size=8)
+                for engine in ("func", "opacus")}  # fmt: skip
+    losses = {engine: trainer.train_round() for engine, trainer in trainers.items()}
+    func, opacus = trainers["func"], trainers["opacus"]
+    assert func.dp.accountant.history == opacus.dp.accountant.history
+    assert func.epsilon() == opacus.epsilon() > 0
+    assert losses["func"].steps == losses["opacus"].steps > 0
+    assert losses["func"].shared == pytest.approx(losses["opacus"].shared, rel=1e-4)
+    for a, b in zip(func.dp.model.parameters(), opacus.dp.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("n", "q"), [(30, 1 / 30), (2338, 1 / 74), (10842, 1 / 339), (5, 1.0), (41, 1 / 6)]
+)
+def test_largest_plausible_batch_is_the_binomial_quantile(n: int, q: float) -> None:
+    """P(|B| > k) ≤ 1e-3 < P(|B| ≥ k) for the returned k, against scipy's binomial."""
+    from scipy.stats import binom
+
+    from proxyfl.privacy.per_sample import largest_plausible_batch
+
+    k = largest_plausible_batch(n, q)
+    assert binom.sf(k, n, q) <= 1e-3
+    assert k == n or binom.sf(k - 1, n, q) > 1e-3
