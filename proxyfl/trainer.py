@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -80,12 +81,14 @@ from proxyfl.privacy.per_sample import (
     FuncPrivateTraining,
     activation_bytes_per_example,
     chunk_size_for,
+    cross_entropy,
     estimated_bytes_per_example,
     largest_plausible_batch,
 )
 from wsi.store.reader import PatchSplitReader
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -221,16 +224,26 @@ class ClientTrainer:
         cfg, device = self.config, self.runtime.device
         self.budget_bytes = rank_budget_bytes(device, self.runtime.ranks_on_device,
                                               cfg.gpu_memory_gb)  # fmt: skip
-        example = torch.zeros(1, 3, self.input_size, self.input_size, device=device)
         model = self.training.model
+        models = [model] + ([self.private] if self.private is not None else [])
+
+        def probe() -> tuple[int, int]:
+            example = torch.zeros(1, 3, self.input_size, self.input_size, device=device)
+            return (estimated_bytes_per_example(model, example),
+                    max(activation_bytes_per_example(m, example) for m in models))  # fmt: skip
+
+        per_example, per_image = self._guarded("one example's forward pass", 1, probe)
         if isinstance(self.training, FuncPrivateTraining) and cfg.dp_chunk_size is None:
-            per_example = estimated_bytes_per_example(model, example)
             self.training.chunk_size = chunk_size_for(
                 0.5 * self.budget_bytes, per_example, self.largest_batch
             )
-        models = [model] + ([self.private] if self.private is not None else [])
-        per_image = max(activation_bytes_per_example(m, example) for m in models)
         return batch_within(self.budget_bytes, per_image, cfg.eval_batch_size)
+
+    @property
+    def expected_batch(self) -> int:
+        """E|B| = int(N q): the mean of this client's Poisson batches (B, or N when B > N)."""
+        q = self.training.sample_rate
+        return self.config.batch_size if q is None else int(len(self.data.train) * q)
 
     @property
     def largest_batch(self) -> int:
@@ -305,6 +318,15 @@ class ClientTrainer:
                 losses.private = private_sum / losses.steps
         return losses
 
+    def proxy_objective(
+        self, logits: torch.Tensor, targets: torch.Tensor, partner: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The proxy's DML loss ``(1 − β)·CE + β·KL(partner ‖ proxy)`` (an
+        :data:`~proxyfl.privacy.per_sample.Objective`: per example under the func engine)."""
+        if partner is None:
+            return cross_entropy(logits, targets)
+        return mutual_learning_loss(logits, partner, targets, self.config.dml_beta)
+
     def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float | None]:
         """Both models' step on one batch (DML: each model's loss takes the other's logits,
         detached, computed before either stepped); ``(shared loss, private loss)``."""
@@ -316,7 +338,7 @@ class ClientTrainer:
         self.private_optimizer.zero_grad(set_to_none=True)
         private_logits = self.private_forward(x)
         shared_loss, shared_logits = self.training.step(
-            x, y, private_logits.detach(), cfg.dml_beta
+            x, y, self.proxy_objective, private_logits.detach()
         )
         private_loss = mutual_learning_loss(private_logits, shared_logits, y, cfg.dml_alpha)
         private_loss.backward()
@@ -356,7 +378,7 @@ class ClientTrainer:
             self.private.zero_grad(set_to_none=True)
         training = self.training
         if isinstance(training, FuncPrivateTraining):
-            training.clipped_sum(x, y, partner, self.config.dml_beta)
+            training.clipped_sum(x, y, self.proxy_objective, partner)
         else:
             training.module(x).sum().backward()
             training.optimizer.zero_grad(set_to_none=True)
@@ -373,10 +395,10 @@ class ClientTrainer:
                 model(x)
             model.train(was_training)
 
-    def _guarded(self, what: str, batch: int, action: Any) -> None:
+    def _guarded(self, what: str, batch: int, action: Callable[[], T]) -> T:
         """``action()``, its out-of-memory error told as :class:`OutOfMemoryError`."""
         try:
-            action()
+            return action()
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -388,7 +410,7 @@ class ClientTrainer:
         dp = self.training.sample_rate is not None and what == "a training step"
         context = MemoryContext(
             device=device, what=what, batch=batch,
-            expected_batch=self.config.batch_size if dp else None,
+            expected_batch=self.expected_batch if dp else None,
             budget_bytes=self.budget_bytes, device_bytes=device_memory_bytes(device),
             ranks_on_device=self.runtime.ranks_on_device,
         )  # fmt: skip

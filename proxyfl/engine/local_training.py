@@ -14,9 +14,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from proxyfl.privacy.per_sample import Objective, cross_entropy
 
 
 @dataclass
@@ -39,12 +40,16 @@ class PlainTraining:
         return self.optimizer
 
     def step(
-        self, x: torch.Tensor, y: torch.Tensor, partner: None = None, weight: float = 0.0
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        objective: Objective = cross_entropy,
+        partner: torch.Tensor | None = None,
     ) -> tuple[float, torch.Tensor]:
-        """One plain step of cross-entropy on the batch; ``(loss, logits)``, detached."""
+        """One plain step of ``objective`` on the batch; ``(loss, logits)``, detached."""
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
+        loss = objective(logits, y, partner)
         loss.backward()
         self.optimizer.step()
         return float(loss.detach()), logits.detach()

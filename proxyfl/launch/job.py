@@ -106,7 +106,7 @@ SRUN_OPTIONS = ("--mpi=pmi2", "--kill-on-bad-exit=1")
 RANK_IMPORTS = (
     "torch", "torch._dynamo", "opacus", "proxyfl.algorithms.strategies", "proxyfl.comm.graphs",
     "proxyfl.engine.checkpoint", "proxyfl.engine.runtime", "proxyfl.loop", "proxyfl.records",
-    "proxyfl.engine.trained", "proxyfl.trainer", "mpi4py.run",
+    "proxyfl.engine.trained", "proxyfl.trainer", "proxyfl.engine.memory", "mpi4py.run",
 )  # fmt: skip
 
 

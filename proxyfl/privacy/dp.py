@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from opacus import GradSampleModule, PrivacyEngine
 from opacus.accountants import RDPAccountant
 from opacus.data_loader import DPDataLoader
@@ -44,9 +43,13 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from proxyfl.algorithms.dml import mutual_learning_loss
 from proxyfl.privacy.accounting import poisson_schedule
-from proxyfl.privacy.per_sample import FuncPrivateTraining, largest_plausible_batch
+from proxyfl.privacy.per_sample import (
+    FuncPrivateTraining,
+    Objective,
+    cross_entropy,
+    largest_plausible_batch,
+)
 
 DPEngine = Literal["func", "opacus"]
 DP_ENGINES: tuple[str, ...] = ("func", "opacus")
@@ -93,17 +96,14 @@ class PrivateTraining:
         self,
         x: torch.Tensor,
         y: torch.Tensor,
+        objective: Objective = cross_entropy,
         partner: torch.Tensor | None = None,
-        weight: float = 0.0,
     ) -> tuple[float, torch.Tensor]:
-        """One DP-SGD step on the batch (the loss: cross-entropy, or the DML loss against
-        the ``partner`` logits with KL weight ``weight``); ``(mean loss, logits)``, detached."""
+        """One DP-SGD step on the batch's ``objective`` (against the ``partner`` logits,
+        if any); ``(mean loss, logits)``, detached."""
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.module(x)
-        if partner is None:
-            loss = F.cross_entropy(logits, y)
-        else:
-            loss = mutual_learning_loss(logits, partner, y, weight)
+        loss = objective(logits, y, partner)
         with quiet_opacus():
             loss.backward()
         self.optimizer.step()

@@ -16,9 +16,10 @@ step on g̃, and the RDP accountant records one step of (σ, q). Exactly what Op
 * the noise is drawn parameter by parameter, in the optimizer's order, from the seeded
   noise generator with the same call, so the same seeds give the same noise bits;
 * E|B| = ``int(N q)``, and an empty batch is a noise-only step, counted;
-* ℓ is the per-example loss: cross-entropy, or the proxy's DML loss
-  ``(1 − β)·CE + β·KL(softmax(p_i) ‖ softmax(h(x_i)))`` whose partner logits p_i (the
-  private model's, detached) are an input of each example, never differentiated.
+* ℓ is the per-example loss (an :data:`Objective` on a batch of one): cross-entropy, or
+  the proxy's DML loss ``(1 − β)·CE + β·KL(softmax(p_i) ‖ softmax(h(x_i)))`` whose partner
+  logits p_i (the private model's, detached) are an input of each example, never
+  differentiated.
 
 So ε, the ledger, budgets, checkpoints (the optimizer is the plain one, its state the same)
 and resume are those of the Opacus engine; the clipped sums agree to float rounding
@@ -43,18 +44,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from opacus.accountants import RDPAccountant
 from opacus.data_loader import DPDataLoader
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
-
-from proxyfl.algorithms.dml import mutual_learning_loss
 
 # Opacus' DPOptimizer.clip_and_accumulate: min(1, C / (‖g_i‖ + 1e-6))
 CLIP_EPSILON = 1e-6
 CLIP_MARGIN = 1.0 - 2.0**-18
 
 ChunkFunction = Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]]
+# A batch's mean loss from (logits, targets, partner logits or None); on a batch of one
+# example, that example's loss (cross-entropy, or the DML loss of proxyfl.algorithms.dml).
+Objective = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, _partner: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The plain objective: cross-entropy, no partner."""
+    return F.cross_entropy(logits, targets)
 
 
 def per_example_norms(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -133,7 +143,7 @@ class FuncPrivateTraining:
     chunk_size: int
     compiled: bool = False
     autocast: bool = False
-    _chunk_functions: dict[tuple[bool, float], ChunkFunction] = field(
+    _chunk_functions: dict[tuple[Objective, bool], ChunkFunction] = field(
         default_factory=dict, repr=False
     )
 
@@ -152,14 +162,15 @@ class FuncPrivateTraining:
         return [(names[id(p)], p) for group in self.optimizer.param_groups
                 for p in group["params"] if p.requires_grad]  # fmt: skip
 
-    def _chunk_function(self, with_partner: bool, weight: float) -> ChunkFunction:
+    def _chunk_function(self, objective: Objective, with_partner: bool) -> ChunkFunction:
         """``(params, buffers, x, y, partner, keep) -> (clipped sums, losses, logits)`` of
-        one chunk, compiled once per (objective) when ``compiled``."""
-        key = (with_partner, weight)
+        one chunk, compiled once per objective when ``compiled``."""
+        key = (objective, with_partner)
         if key not in self._chunk_functions:
             function = _clipped_chunk_sum(
-                self.model, self.clip, weight, with_partner=with_partner, autocast=self.autocast
-            )
+                self.model, self.clip, objective, with_partner=with_partner,
+                autocast=self.autocast,
+            )  # fmt: skip
             self._chunk_functions[key] = torch.compile(function) if self.compiled else function
         return self._chunk_functions[key]
 
@@ -167,14 +178,14 @@ class FuncPrivateTraining:
         self,
         x: torch.Tensor,
         y: torch.Tensor,
+        objective: Objective = cross_entropy,
         partner: torch.Tensor | None = None,
-        weight: float = 0.0,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """``Σ_i clip(g_i)`` per parameter name, with every example's loss and logits
         (detached), chunk by chunk."""
         parameters = {name: p.detach() for name, p in self._parameters()}
         buffers = {name: b.detach() for name, b in self.model.named_buffers()}
-        function = self._chunk_function(partner is not None, weight)
+        function = self._chunk_function(objective, partner is not None)
         sums: dict[str, torch.Tensor] = {}
         losses, logits = [], []
         n = x.shape[0]
@@ -198,11 +209,11 @@ class FuncPrivateTraining:
         self,
         x: torch.Tensor,
         y: torch.Tensor,
+        objective: Objective = cross_entropy,
         partner: torch.Tensor | None = None,
-        weight: float = 0.0,
     ) -> tuple[float, torch.Tensor]:
         """One DP-SGD step on the batch; ``(mean loss, logits)``, both detached."""
-        sums, losses, logits = self.clipped_sum(x, y, partner, weight)
+        sums, losses, logits = self.clipped_sum(x, y, objective, partner)
         self._noisy_step(sums)
         return float(losses.mean()), logits
 
@@ -229,7 +240,7 @@ class FuncPrivateTraining:
 
 
 def _clipped_chunk_sum(
-    model: nn.Module, clip: float, weight: float, *, with_partner: bool, autocast: bool
+    model: nn.Module, clip: float, objective: Objective, *, with_partner: bool, autocast: bool
 ) -> ChunkFunction:
     """The per-chunk function: per-example gradients of the loss by ``vmap(grad(ℓ))``,
     their flat norms, clipping factors (0 for padding rows: ``keep``) and clipped sums."""
@@ -245,8 +256,7 @@ def _clipped_chunk_sum(
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast):
             logits = functional_call(model, (parameters, buffers), (x.unsqueeze(0),))
         logits = logits.float()
-        other = partner.unsqueeze(0) if with_partner else logits
-        loss = mutual_learning_loss(logits, other, y.unsqueeze(0), weight if with_partner else 0.0)
+        loss = objective(logits, y.unsqueeze(0), partner.unsqueeze(0) if with_partner else None)
         return loss, logits.squeeze(0).detach()
 
     per_example = vmap(grad_and_value(loss_of_one, has_aux=True), in_dims=(None, None, 0, 0, 0))

@@ -119,6 +119,29 @@ def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -
     assert result.stdout.strip() == "False False"
 
 
+def test_the_warm_servers_imports_never_touch_cuda() -> None:
+    """The warm server imports torch and then forks every rank: CUDA initialised (or even
+    its driver asked for devices) before a fork breaks CUDA in the ranks. Every function of
+    torch's CUDA bindings is wrapped to record its calls before the server's imports."""
+    probe = (
+        "import importlib, torch\n"
+        "called = []\n"
+        "def recorded(name, function):\n"
+        "    def call(*args, **kwargs):\n"
+        "        called.append(name)\n"
+        "        return function(*args, **kwargs)\n"
+        "    return call\n"
+        "for name in dir(torch._C):\n"
+        "    if name.startswith(('_cuda_', '_cuda')) and callable(getattr(torch._C, name)):\n"
+        "        setattr(torch._C, name, recorded(name, getattr(torch._C, name)))\n"
+        f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
+        "print(torch.cuda.is_initialized(), sorted(set(called)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=REPO, check=True)  # fmt: skip
+    assert result.stdout.strip() == "False []"
+
+
 def test_a_ranks_first_optimizer_imports_nothing_the_server_did_not() -> None:
     """torch's optimizers import torch._dynamo when the first one is built (0.85 s of CPU
     in every rank): the warm server imports it, so a forked rank does not."""

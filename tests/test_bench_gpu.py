@@ -1,0 +1,49 @@
+"""``python -m bench gpu --smoke``: the GPU bench's code, run on a CPU in tiny sizes, so that
+the one command a GPU's few minutes depend on cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_gpu_smoke_measures_every_figure(tmp_path: Path) -> None:
+    figures_path = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "gpu", "--smoke", "--work", str(tmp_path / "work"),
+         "--json", str(figures_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(figures_path.read_text())
+    # stores from synthetic slides, through wsi's functions
+    counts = figures["stores"]["counts"]
+    assert set(counts) == {"0", "1"} and all(sum(c["train"].values()) > 0 for c in counts.values())
+    # (a) every step variant timed, against the plain step
+    steps = {row["variant"]: row for row in figures["steps"]}
+    assert {"plain", "opacus fp32", "func fp32"} <= set(steps)
+    assert all(row["ms"] > 0 and row["x_plain"] > 0 for row in steps.values())
+    # (b) a job of two ranks through the launcher, with each rank's phases and memory
+    job = figures["job"]
+    assert job["ok"] and len(job["ranks"]) == 2
+    for rank in job["ranks"]:
+        assert rank["timings"]["train_seconds"] > 0 and rank["memory"]["peak_rss_gb"] > 0
+    # (c) on a CPU two runs and a stopped-and-resumed one are identical
+    determinism = figures["determinism"]
+    assert determinism["two_runs"]["identical"] and determinism["two_runs"]["rows"] > 0
+    assert determinism["stop_and_resume"]["identical"]
+    # (d) a projection at Table 1's size
+    assert figures["projection"]["table2_gpu_hours"] > 0
+    # (e) what does not fit is named, in one line per rank group, not a traceback
+    oom = figures["out_of_memory"]
+    assert not oom["ok"]
+    assert "out of memory on cpu" in oom["message"] and "lower train.options" in oom["message"]
+    assert "Traceback" not in oom["message"]
+    assert "== bench gpu:" in done.stdout
