@@ -414,3 +414,34 @@ def test_largest_plausible_batch_is_the_binomial_quantile(n: int, q: float) -> N
     k = largest_plausible_batch(n, q)
     assert binom.sf(k, n, q) <= 1e-3
     assert k == n or binom.sf(k - 1, n, q) > 1e-3
+
+
+@pytest.mark.slow  # torch.compile on a CPU: ~1 minute of C++ compilation
+def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -> None:
+    """``compile: on`` (CUDA's default) on a CPU: the private model's forward and the func
+    engine's padded chunk function compiled; a round from the same seeds gives the same
+    batches, accountant and (to float rounding) weights as the eager round, and Poisson
+    batches of every size run without a recompilation of the chunk function."""
+    import torch._dynamo
+
+    trainers = {
+        setting: _one_client(tmp_path / setting, helpers, batch_size=8, compile=setting,
+                             dp_chunk_size=4)  # fmt: skip
+        for setting in ("off", "on")
+    }
+    compiled = trainers["on"]
+    assert compiled.private_forward is not compiled.private  # the compiled wrapper
+    torch._dynamo.utils.counters.clear()
+    compile_seconds = compiled.preflight()
+    assert compile_seconds > 0
+    losses = {setting: trainer.train_round() for setting, trainer in trainers.items()}
+    assert losses["on"].steps == losses["off"].steps > 0
+    assert losses["on"].shared == pytest.approx(losses["off"].shared, rel=1e-4)
+    assert compiled.dp.accountant.history == trainers["off"].dp.accountant.history
+    for a, b in zip(compiled.dp.model.parameters(), trainers["off"].dp.model.parameters(),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    # one graph for the padded chunks of every batch size (the private model's is dynamic)
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
