@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PREFECT_HOME := $(CURDIR)/.prefect
 
-.PHONY: setup test test-fast demo serve bench fidelity privatekt lint clean
+.PHONY: setup test test-fast demo serve bench fidelity privatekt lint clean wheelhouse
 
 setup: $(STAMP)
 
@@ -64,6 +64,13 @@ fidelity: $(STAMP)
 privatekt: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server -- dvc repro preprocess
 	$(BIN)/python -m bench privatekt
+
+# The wheels an offline GPU server needs for training and `python -m bench gpu` (no Prefect,
+# DVC or torch: README "On a GPU"), into ./wheelhouse/ with its requirements.txt.
+PY ?= 3.12
+PLATFORM ?= manylinux_2_28_x86_64
+wheelhouse: $(STAMP)
+	$(BIN)/python -m bench.wheelhouse --python $(PY) --platform $(PLATFORM)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

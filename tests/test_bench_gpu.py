@@ -47,3 +47,17 @@ def test_bench_gpu_smoke_measures_every_figure(tmp_path: Path) -> None:
     assert "out of memory on cpu" in oom["message"] and "lower train.options" in oom["message"]
     assert "Traceback" not in oom["message"]
     assert "== bench gpu:" in done.stdout
+
+
+def test_the_wheelhouse_asks_for_every_wheel_an_older_glibc_built() -> None:
+    """pip's --platform matches only the tags given: manylinux_2_28 must bring the
+    manylinux2014 and manylinux1 wheels (openslide-python's) too."""
+    from bench.wheelhouse import compatible_platforms, runtime_requirements
+
+    tags = compatible_platforms("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_29_x86_64" not in tags
+    assert compatible_platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
+    names = " ".join(runtime_requirements())
+    assert "opacus" in names and "mpich" in names and "prefect" not in names and "dvc" not in names

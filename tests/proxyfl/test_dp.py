@@ -425,8 +425,9 @@ def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -
     import torch._dynamo
 
     trainers = {
-        setting: _one_client(tmp_path / setting, helpers, batch_size=8, compile=setting,
-                             dp_chunk_size=4)  # fmt: skip
+        setting: _one_client(
+            tmp_path / setting, helpers, batch_size=8, compile=setting, dp_chunk_size=4
+        )
         for setting in ("off", "on")
     }
     compiled = trainers["on"]
