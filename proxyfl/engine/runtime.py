@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from proxyfl.names import CUDA_ALLOCATOR_SETTING
+
 logger = logging.getLogger(__name__)
 
 
@@ -106,10 +108,6 @@ def make_runtime(comm: Any, device_choice: str) -> Runtime:
     )
 
 
-# A rank holds what it allocated, not the largest blocks it ever cached: with the default
-# allocator four ProxyFL ranks on one H100 held 16-22 GB each, with this 10-12 GB, at the
-# same speed (../shared/gpu/README.md).
-ALLOCATOR_SETTING = "expandable_segments:True"
 # cuBLAS's deterministic workspace (torch's "Reproducibility" notes)
 CUBLAS_DETERMINISTIC = ":4096:8"
 
@@ -120,7 +118,7 @@ def configure_torch(deterministic: bool) -> None:
     deterministic algorithms with cuBLAS's deterministic workspace and no cuDNN
     benchmarking, so that a GPU run and its resume reproduce bit for bit (+7.7 % of
     training time on an H100); without, GPU runs differ in late digits from run to run."""
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOCATOR_SETTING)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOCATOR_SETTING)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
     torch.use_deterministic_algorithms(deterministic)

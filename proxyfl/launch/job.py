@@ -50,7 +50,7 @@ from proxyfl.launch.rundir import (
     write_config,
 )
 from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
-from proxyfl.names import LAUNCHERS, Launcher
+from proxyfl.names import CUDA_ALLOCATOR_SETTING, LAUNCHERS, Launcher
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
 logger = logging.getLogger(__name__)
@@ -367,8 +367,12 @@ def _run_job(
 
 def rank_environment(placement: Placement, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a job's ranks start with: this process's, ``env`` over it, and what
-    the placement needs (before the launch adds its descriptors and its warm server)."""
-    return {**os.environ, **(env or {}), **placement.environment(), "PYTHONUNBUFFERED": "1"}
+    the placement needs (before the launch adds its descriptors and its warm server); CUDA's
+    allocator with expandable segments unless the user chose its settings."""
+    merged = {**os.environ, **(env or {}), **placement.environment(), "PYTHONUNBUFFERED": "1"}
+    # before any process of the job imports torch (proxyfl.engine.runtime.configure_torch)
+    merged.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOCATOR_SETTING)
+    return merged
 
 
 def _server_environment(ranks: Mapping[str, str]) -> dict[str, str]:

@@ -93,3 +93,38 @@ def test_peaks_report_this_process() -> None:
     peaks = memory_peaks(torch.device("cpu"))
     assert 0.01 < peaks["peak_rss_gb"] < 100
     assert "peak_gpu_allocated_gb" not in peaks
+
+
+def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() -> None:
+    """configure_torch (in a fresh interpreter: it sets process-wide state): the allocator's
+    expandable segments unless the user chose, cuBLAS's deterministic workspace and torch's
+    deterministic mode when asked; the launcher gives a job's ranks the allocator too."""
+    import subprocess
+    import sys
+
+    from proxyfl.launch.job import Placement, rank_environment
+
+    probe = (
+        "import os, sys, torch\n"
+        "from proxyfl.engine.runtime import configure_torch\n"
+        "configure_torch(sys.argv[1] == 'on')\n"
+        "print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'),"
+        " os.environ.get('CUBLAS_WORKSPACE_CONFIG'),"
+        " torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)\n"
+    )
+    clean = {k: v for k, v in __import__("os").environ.items()
+             if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")}  # fmt: skip
+
+    def run(mode: str, **extra: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True,
+                              text=True, check=True, env={**clean, **extra})  # fmt: skip
+        return done.stdout.strip()
+
+    assert run("on") == "expandable_segments:True :4096:8 True False"
+    assert run("off") == "expandable_segments:True None False False"
+    assert run("on", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128").startswith(
+        "max_split_size_mb:128 "
+    )
+    assert rank_environment(Placement())["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert rank_environment(Placement(), {"PYTORCH_CUDA_ALLOC_CONF": "x"})[
+        "PYTORCH_CUDA_ALLOC_CONF"] == "x"
