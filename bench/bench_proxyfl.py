@@ -1,8 +1,9 @@
 """Benchmarks of ProxyFL's two costs: the DP mutual-learning step and the proxy exchange.
 
-(a) One DML step of a GroupNorm ResNet-18 pair — private model (Adam) and proxy (DP-Adam
-    through Opacus: per-example gradients, clipping, noise) — against the same step with
-    both models on plain Adam. Reports samples/s (median over repeats) and the slowdown.
+(a) One DML step of a GroupNorm ResNet-18 pair (or ``--models PRIVATE PROXY``) — private
+    model (Adam) and proxy (DP-Adam: per-example gradients, clipping, noise, through each
+    DP engine: torch.func and Opacus' hooks) — against the same step with both models on
+    plain Adam. Reports samples/s (medians, the variants interleaved) and the slowdowns.
 (b) One round's proxy exchange among 4 MPI ranks: the project's single float32 buffer
     through ``Sendrecv`` against a pickled state dict through ``sendrecv`` (what the
     reference implementation does); then PushSum (exponential graph) against the server
@@ -10,6 +11,7 @@
     timed between barriers.
 
     python -m bench.bench_proxyfl [--device auto|cpu|cuda] [--input-size S] [--batch-size B]
+                                  [--models PRIVATE PROXY] [--threads N] [--skip-exchange]
 
 Part (b) launches ``mpiexec -n K python -m mpi4py -m bench.bench_proxyfl --exchange-worker``
 itself. On a CPU-only machine ranks oversubscribe the cores, so (b) measures shared-memory
@@ -39,41 +41,42 @@ def _synchronize(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_dml_step(device_name: str, input_size: int, batch: int, repeats: int) -> dict:
-    """Median seconds of one DML step with and without DP-SGD on the proxy."""
+def bench_dml_step(
+    device_name: str,
+    input_size: int,
+    batch: int,
+    repeats: int,
+    models: tuple[str, str] = ("resnet18_gn", "resnet18_gn"),
+    threads: int | None = None,
+) -> dict:
+    """Median seconds of one DML step (private model with Adam, proxy) without DP and with
+    DP-SGD on the proxy through each engine (``opacus``: hooks; ``func``: torch.func, as a
+    run takes it on this device), the variants interleaved step by step so that a noisy
+    machine slows them alike."""
     import torch
     from torch.utils.data import TensorDataset
 
-    from proxyfl.algorithms.dml import dml_losses
+    from proxyfl.algorithms.dml import dml_losses, mutual_learning_loss
     from proxyfl.engine.models import build_model
     from proxyfl.engine.runtime import choose_device
-    from proxyfl.privacy.dp import make_private, quiet_opacus
+    from proxyfl.privacy.dp import make_private
 
     device = choose_device(device_name, 0)
     if device.type == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+    cuda = device.type == "cuda"
     torch.manual_seed(0)
     x = torch.randn(batch, 3, input_size, input_size, device=device)
     y = torch.randint(0, 2, (batch,), device=device)
+    dataset = TensorDataset(torch.zeros(batch * 4, 3, 1, 1), torch.zeros(batch * 4).long())
 
-    def models() -> tuple[Any, Any]:
-        private = build_model("resnet18_gn", 2, input_size).to(device)
-        proxy = build_model("resnet18_gn", 2, input_size).to(device)
-        return private, proxy
+    def pair() -> tuple[Any, Any, Any]:
+        torch.manual_seed(0)
+        private = build_model(models[0], 2, input_size).to(device)
+        proxy = build_model(models[1], 2, input_size).to(device)
+        return private, torch.optim.Adam(private.parameters(), lr=1e-3), proxy
 
-    def run(step: Any) -> list[float]:
-        step()  # warm-up (allocations, cuDNN autotuning)
-        times = []
-        for _ in range(repeats):
-            _synchronize(device)
-            start = time.perf_counter()
-            step()
-            _synchronize(device)
-            times.append(time.perf_counter() - start)
-        return times
-
-    private, proxy = models()
-    private_opt = torch.optim.Adam(private.parameters(), lr=1e-3)
+    private, private_opt, proxy = pair()
     proxy_opt = torch.optim.Adam(proxy.parameters(), lr=1e-3)
 
     def plain_step() -> None:
@@ -85,48 +88,61 @@ def bench_dml_step(device_name: str, input_size: int, batch: int, repeats: int) 
         private_opt.step()
         proxy_opt.step()
 
-    plain_times = run(plain_step)
+    def objective(logits: Any, targets: Any, partner: Any) -> Any:
+        return mutual_learning_loss(logits, partner, targets, 0.3)
 
-    dp_private, dp_proxy = models()
-    dp_private_opt = torch.optim.Adam(dp_private.parameters(), lr=1e-3)
-    dataset = TensorDataset(torch.zeros(batch * 4, 3, 1, 1), torch.zeros(batch * 4).long())
-    dp = make_private(
-        dp_proxy,
-        torch.optim.Adam(dp_proxy.parameters(), lr=1e-3),
-        dataset,
-        batch_size=batch,
-        sigma=1.4,
-        clip=0.7,
-        sampler_generator=torch.Generator().manual_seed(0),
-        noise_generator=torch.Generator(device=device).manual_seed(1),
-    )
+    def dp_step_of(engine: str) -> Any:
+        dp_private, dp_private_opt, dp_proxy = pair()
+        dp = make_private(
+            dp_proxy, torch.optim.Adam(dp_proxy.parameters(), lr=1e-3), dataset,
+            batch_size=batch, sigma=1.4, clip=0.7,
+            sampler_generator=torch.Generator().manual_seed(0),
+            noise_generator=torch.Generator(device=device).manual_seed(1), engine=engine,
+            compiled=cuda and engine == "func", autocast=cuda and engine == "func",
+        )  # fmt: skip
 
-    def dp_step() -> None:
-        dp_private_opt.zero_grad(set_to_none=True)
-        dp.optimizer.zero_grad(set_to_none=True)
-        private_loss, proxy_loss = dml_losses(dp_private(x), dp.module(x), y, 0.3, 0.3)
-        private_loss.backward()
-        with quiet_opacus():
-            proxy_loss.backward()
-        dp_private_opt.step()
-        dp.optimizer.step()
+        def step() -> None:
+            dp_private_opt.zero_grad(set_to_none=True)
+            private_logits = dp_private(x)
+            _, proxy_logits = dp.step(x, y, objective, private_logits.detach())
+            mutual_learning_loss(private_logits, proxy_logits, y, 0.3).backward()
+            dp_private_opt.step()
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    dp_times = run(dp_step)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    plain, private_dp = statistics.median(plain_times), statistics.median(dp_times)
+        return step
+
+    variants = {"plain": plain_step, "opacus": dp_step_of("opacus"), "func": dp_step_of("func")}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    peaks: dict[str, float | None] = {}
+    for name, step in variants.items():  # warm-up (allocations, autotuning, compilation)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        step()
+        step()
+        peaks[name] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    for _ in range(repeats):
+        for name, step in variants.items():
+            _synchronize(device)
+            start = time.perf_counter()
+            step()
+            _synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(values) for name, values in times.items()}
     return {
         "device": str(device),
+        "models": list(models),
         "input_size": input_size,
         "batch_size": batch,
         "repeats": repeats,
-        "plain_step_s": plain,
-        "dp_step_s": private_dp,
-        "plain_samples_per_s": batch / plain,
-        "dp_samples_per_s": batch / private_dp,
-        "dp_slowdown": private_dp / plain,
-        "cuda_peak_gib": peak,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "plain_step_s": median["plain"],
+        "dp_step_s": median["func"],
+        "opacus_step_s": median["opacus"],
+        "plain_samples_per_s": batch / median["plain"],
+        "dp_samples_per_s": batch / median["func"],
+        "opacus_samples_per_s": batch / median["opacus"],
+        "dp_slowdown": median["func"] / median["plain"],
+        "opacus_slowdown": median["opacus"] / median["plain"],
+        "cuda_peak_gib": peaks,
     }
 
 
@@ -241,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-size", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--models", nargs=2, default=["resnet18_gn", "resnet18_gn"],
+                        metavar=("PRIVATE", "PROXY"), help="the DML pair (the demo's: cnn2 cnn1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (a rank's: 1; default all cores)")
     parser.add_argument("--exchange-repeats", type=int, default=7)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--skip-step", action="store_true")
@@ -258,17 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_step:
         size, batch, repeats = _defaults(args.device)
         step = bench_dml_step(
-            args.device, args.input_size or size, args.batch_size or batch, args.repeats or repeats
-        )
+            args.device, args.input_size or size, args.batch_size or batch, args.repeats or repeats,
+            models=tuple(args.models), threads=args.threads,
+        )  # fmt: skip
         report["dml_step"] = step
-        print("(a) one DML step, GroupNorm ResNet-18 private + proxy "
+        print(f"(a) one DML step, private {step['models'][0]} + proxy {step['models'][1]} "
               f"({step['device']}, {step['input_size']} px, batch {step['batch_size']}, "
-              f"median of {step['repeats']})")  # fmt: skip
-        print(f"    without DP : {step['plain_step_s']:8.3f} s/step "
+              f"threads {step['threads']}, median of {step['repeats']}, interleaved)")  # fmt: skip
+        print(f"    without DP      : {step['plain_step_s']:8.3f} s/step "
               f"{step['plain_samples_per_s']:8.2f} samples/s")  # fmt: skip
-        print(f"    proxy DP   : {step['dp_step_s']:8.3f} s/step "
-              f"{step['dp_samples_per_s']:8.2f} samples/s")  # fmt: skip
-        print(f"    DP / no DP : {step['dp_slowdown']:8.2f}x time per step")
+        print(f"    proxy DP, func  : {step['dp_step_s']:8.3f} s/step "
+              f"{step['dp_samples_per_s']:8.2f} samples/s   {step['dp_slowdown']:5.2f}x no DP")
+        print(f"    proxy DP, opacus: {step['opacus_step_s']:8.3f} s/step "
+              f"{step['opacus_samples_per_s']:8.2f} samples/s   "
+              f"{step['opacus_slowdown']:5.2f}x no DP")  # fmt: skip
+        print(f"    opacus / func   : {step['opacus_step_s'] / step['dp_step_s']:8.2f}x")
     if not args.skip_exchange:
         timeout = 600
         four = _launch_exchange(4, args.exchange_repeats, ["buffer", "pickle"], timeout)

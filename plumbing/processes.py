@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -91,11 +92,35 @@ def stop_tree(pid: int, timeout_s: float = 8.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
+# what runs `nohup cmd &` or a script's `(cmd &)`: a parent meant to exit before its command
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "busybox"})
+
+
 def started_detached() -> bool:
-    """Whether this process was started to outlive the shell that ran it: under ``nohup``
-    (SIGHUP ignored) or ``setsid`` (a session leader)."""
+    """Whether this process was started to outlive the shell that ran it: ``setsid`` (a
+    session leader), or ``nohup`` (SIGHUP ignored) run by a shell.
+
+    SIGHUP ignored alone does not say it: it is inherited by every descendant of a
+    ``nohup``'d command, so a stage command that ``dvc repro`` runs inside ``nohup make
+    test &`` has it too, while its parent is DVC, which it must end with (a killed
+    ``dvc repro`` otherwise left its training job running to the end)."""
+    if os.getsid(0) == os.getpid():
+        return True
     hangup_ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-    return hangup_ignored or os.getsid(0) == os.getpid()
+    return hangup_ignored and _parent_name() in SHELLS
+
+
+def _parent_name() -> str:
+    """The command name of this process's parent ("" where it cannot be read)."""
+    try:
+        return Path(f"/proc/{os.getppid()}/comm").read_text().strip()
+    except OSError:
+        import psutil
+
+        try:
+            return psutil.Process(os.getppid()).name()
+        except psutil.Error:
+            return ""
 
 
 def end_with_parent() -> None:

@@ -43,6 +43,26 @@ def test_detached_commands_outlive_their_shell_and_bound_ones_do_not(
     assert marker.exists() is survives, f"{prefix or 'plain &'}: marker {marker.exists()}"
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_command_inheriting_nohup_still_ends_with_its_program_parent(tmp_path: Path) -> None:
+    """Under ``nohup make test &`` every process inherits SIGHUP ignored: a stage command
+    run by ``dvc repro`` (a program, not a shell) must still end when DVC is killed, or its
+    training job runs on to the end (test_resume's flake)."""
+    marker = tmp_path / "marker"
+    parent = (  # a program that starts the command, then dies outright 2 s later
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {COMMAND!r}, {str(marker)!r}])\n"
+        "time.sleep(2)\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", parent], cwd=REPO, check=True, timeout=30,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup leaves it
+    )  # fmt: skip
+    time.sleep(4)  # the command would have written its marker by now
+    assert not marker.exists()
+
+
 def test_ctrl_c_stops_a_command_started_with_sigint_ignored(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", COMMAND, str(tmp_path / "marker")],

@@ -87,3 +87,24 @@ def test_a_no_op_update_fails_the_learning_check(
     rows = helpers.read_jsonl(metrics)
     with pytest.raises(AssertionError, match="below the majority-class rate"):
         assert_learned(rows, majority_rate(learnable, CENTERS), algorithm)
+
+
+def test_both_dp_engines_learn_alike(helpers: Any, learnable: Path, tmp_path: Path) -> None:
+    """ProxyFL under the func engine (the default) and under Opacus' hooks: the same ε for
+    every client and round (the same accountant steps), and both learn, to accuracies
+    within a seed's spread of each other (the engines sum in another order, so the runs
+    part in late digits and then by the chaos of training)."""
+    rows = {engine: helpers.read_jsonl(train(helpers, learnable, tmp_path / engine, "ProxyFL",
+                                             dp_engine=engine))
+            for engine in ("func", "opacus")}  # fmt: skip
+    majority = majority_rate(learnable, CENTERS)
+    for engine, engine_rows in rows.items():
+        assert_learned(engine_rows, majority, f"ProxyFL ({engine})")
+
+    def epsilons(engine: str) -> dict[tuple[int, int], float]:
+        return {(r["client"], r["round"]): r["epsilon"] for r in rows[engine] if r["primary"]}
+
+    assert epsilons("func") == epsilons("opacus") and len(epsilons("func")) == 4 * ROUNDS
+    final = {engine: np.mean(list(final_primary_accuracies(rows[engine]).values()))
+             for engine in rows}  # fmt: skip
+    assert abs(final["func"] - final["opacus"]) < 0.15, final
