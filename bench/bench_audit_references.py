@@ -28,6 +28,7 @@ from proxyfl.audit.workers import AUDIT_THREADS, audit_processes
 
 IN_DEFAULT_RUN = False  # needs the demo's stores (make demo)
 
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_audit_references")
     parser.add_argument("--data", default="data/patches")
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             with audit_processes(workers) as pool:
                 return train_references(recipe, population.images, population.labels,
                                         args.count, 0, pool=pool)  # fmt: skip
+
         return train
 
     variants: dict[str, Callable[[], References]] = {
@@ -66,15 +68,22 @@ def main(argv: list[str] | None = None) -> int:
             seconds[name].append(time.perf_counter() - started)
     before, serial = list(variants)[:2]
     base = statistics.median(seconds[before])
-    print(f"{args.count} {args.architecture} reference models on centre {args.center} "
-          f"({len(population.images)} patches), median of {args.repeats}:")
+    print(
+        f"{args.count} {args.architecture} reference models on centre {args.center} "
+        f"({len(population.images)} patches), median of {args.repeats}:"
+    )
     for name, times in seconds.items():
         median = statistics.median(times)
         same = logits[name].tobytes() == logits[serial].tobytes()  # the audit's bits
-        bits = "identical" if same else (
-            f"differ (max |Δ| {np.abs(logits[name] - logits[serial]).max():.2e})")
-        print(f"  {name:28s} {median:6.2f} s  (x{base / median:.2f} of before)  "
-              f"logits against the audit's: {bits}")
+        bits = (
+            "identical"
+            if same
+            else (f"differ (max |Δ| {np.abs(logits[name] - logits[serial]).max():.2e})")
+        )
+        print(
+            f"  {name:28s} {median:6.2f} s  (x{base / median:.2f} of before)  "
+            f"logits against the audit's: {bits}"
+        )
     return 0
 
 

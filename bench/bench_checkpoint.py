@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.round_seconds:g} s rounds, {kind}: seconds a round waits, median of "
               f"{args.rounds}")  # fmt: skip
         print(f"    in line (before) {result['inline']:6.3f} s")
-        print(f"    writer (now)     {result['writer']:6.3f} s   ratio "
-              f"{result['inline'] / result['writer']:.1f}x")
+        print(
+            f"    writer (now)     {result['writer']:6.3f} s   ratio "
+            f"{result['inline'] / result['writer']:.1f}x"
+        )
     return 0
 
 

@@ -383,6 +383,7 @@ def metrics_of(work: Path, name: str) -> list[dict[str, Any]]:
 
 def compare_runs(work: Path, a: str, b: str) -> dict[str, Any]:
     """Rows of metrics.jsonl that differ between runs ``a`` and ``b`` (timings aside)."""
+
     def key(row: dict[str, Any]) -> tuple[Any, ...]:
         return row["round"], row["client"], row["evaluated_model"]
 

@@ -257,10 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-size", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--models", nargs=2, default=["resnet18_gn", "resnet18_gn"],
-                        metavar=("PRIVATE", "PROXY"), help="the DML pair (the demo's: cnn2 cnn1)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (a rank's: 1; default all cores)")
+    parser.add_argument(
+        "--models",
+        nargs=2,
+        default=["resnet18_gn", "resnet18_gn"],
+        metavar=("PRIVATE", "PROXY"),
+        help="the DML pair (the demo's: cnn2 cnn1)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (a rank's: 1; default all cores)"
+    )
     parser.add_argument("--exchange-repeats", type=int, default=7)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--skip-step", action="store_true")
@@ -287,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
               f"threads {step['threads']}, median of {step['repeats']}, interleaved)")  # fmt: skip
         print(f"    without DP      : {step['plain_step_s']:8.3f} s/step "
               f"{step['plain_samples_per_s']:8.2f} samples/s")  # fmt: skip
-        print(f"    proxy DP, func  : {step['dp_step_s']:8.3f} s/step "
-              f"{step['dp_samples_per_s']:8.2f} samples/s   {step['dp_slowdown']:5.2f}x no DP")
+        print(
+            f"    proxy DP, func  : {step['dp_step_s']:8.3f} s/step "
+            f"{step['dp_samples_per_s']:8.2f} samples/s   {step['dp_slowdown']:5.2f}x no DP"
+        )
         print(f"    proxy DP, opacus: {step['opacus_step_s']:8.3f} s/step "
               f"{step['opacus_samples_per_s']:8.2f} samples/s   "
               f"{step['opacus_slowdown']:5.2f}x no DP")  # fmt: skip

@@ -243,10 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(b) ε of a 10-round run, asked 3 times a round, median of {args.repeats} runs")
     print(f"    Opacus' accountant every time        {epsilon['asked']:7.3f} s")
     print(f"    once a round (history cached)        {epsilon['history']:7.3f} s")
-    print(f"    one step's RDP once per (σ, q) (now) {epsilon['step']:7.3f} s   ratio "
-          f"{epsilon['history'] / epsilon['step']:.0f}x")
-    print(f"(c) evaluation, cnn2 + cnn1 on {args.test} patches, median of {args.repeats}; "
-          "probabilities against batch 16's")
+    print(
+        f"    one step's RDP once per (σ, q) (now) {epsilon['step']:7.3f} s   ratio "
+        f"{epsilon['history'] / epsilon['step']:.0f}x"
+    )
+    print(
+        f"(c) evaluation, cnn2 + cnn1 on {args.test} patches, median of {args.repeats}; "
+        "probabilities against batch 16's"
+    )
     evaluation = bench_eval(args.repeats, args.test)
     now = evaluation["batch 16 (now)"]["seconds"]
     for name, result in evaluation.items():
@@ -254,17 +258,24 @@ def main(argv: list[str] | None = None) -> int:
               f"max |Δp| {result['max_difference']:.1e}  same predictions: "
               f"{result['same_predictions']}")  # fmt: skip
     job = bench_job(args.repeats, args.ranks)
-    print(f"(d) a {args.ranks}-rank job that only starts and ends, launcher wall, median (max) "
-          f"of {args.repeats}")
-    print(f"    every rank its own interpreter (before) {job['cold']:6.2f} s "
-          f"({job['cold_max']:.2f})")
-    print(f"    forked from one warm server             {job['warm']:6.2f} s "
-          f"({job['warm_max']:.2f})   ratio {job['cold'] / job['warm']:.2f}x")
+    print(
+        f"(d) a {args.ranks}-rank job that only starts and ends, launcher wall, median (max) "
+        f"of {args.repeats}"
+    )
+    print(
+        f"    every rank its own interpreter (before) {job['cold']:6.2f} s ({job['cold_max']:.2f})"
+    )
+    print(
+        f"    forked from one warm server             {job['warm']:6.2f} s "
+        f"({job['warm_max']:.2f})   ratio {job['cold'] / job['warm']:.2f}x"
+    )
     flow = bench_flow(args.repeats, args.ranks, args.jobs)
     print(f"(e) {args.jobs} such jobs in a row (a flow's), wall, median of {args.repeats}")
     print(f"    a warm server per job (before)   {flow['own']:6.2f} s")
-    print(f"    one server kept for the flow     {flow['kept']:6.2f} s   ratio "
-          f"{flow['own'] / flow['kept']:.2f}x")
+    print(
+        f"    one server kept for the flow     {flow['kept']:6.2f} s   ratio "
+        f"{flow['own'] / flow['kept']:.2f}x"
+    )
     return 0
 
 

@@ -71,8 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.wheelhouse",
                                      description=__doc__.splitlines()[0])  # fmt: skip
     parser.add_argument("--python", default="3.12", help="the server's Python (default 3.12)")
-    parser.add_argument("--platform", default="manylinux_2_28_x86_64",
-                        help="its wheel platform tag (default manylinux_2_28_x86_64)")
+    parser.add_argument(
+        "--platform",
+        default="manylinux_2_28_x86_64",
+        help="its wheel platform tag (default manylinux_2_28_x86_64)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "wheelhouse")
     parser.add_argument("--with-torch", action="store_true", help="torch's wheels too (~3 GB)")
     args = parser.parse_args(argv)
@@ -97,8 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "requirements.txt").write_text("\n".join(keep) + "\n")
     wanted.unlink()
     size = sum(p.stat().st_size for p in args.out.glob("*.whl")) / 1e6
-    print(f"{len(keep)} wheels, {size:.0f} MB, in {args.out} (install: see "
-          f"`python -m bench.wheelhouse --help`)")
+    print(
+        f"{len(keep)} wheels, {size:.0f} MB, in {args.out} (install: see "
+        f"`python -m bench.wheelhouse --help`)"
+    )
     return 0
 
 

@@ -94,8 +94,12 @@ def _with_progress(futures: list, description: str) -> list:
     """Results of ``futures`` in submission order, with a progress bar while they finish."""
     results: dict[int, object] = {}
     index = {id(future): i for i, future in enumerate(futures)}
-    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    columns = (
+        *Progress.get_default_columns()[:1],
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, transient=False) as progress:
         bar = progress.add_task(description, total=len(futures))
         for future in as_completed(futures):
@@ -167,9 +171,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     if failed:
         raise PreprocessFailed("; ".join(failed[center] for center in sorted(failed)))
     if config.strict and failures:
-        raise PreprocessFailed(
-            f"{len(failures)} slide or catalogue failure(s) and --strict is set"
-        )
+        raise PreprocessFailed(f"{len(failures)} slide or catalogue failure(s) and --strict is set")
     return [report for report in reports if report.center in config.centers]
 
 
@@ -231,9 +233,7 @@ def task_runner(config: PreprocessConfig) -> TaskRunner:
     )
 
 
-def run_preprocess(
-    config: PreprocessConfig, redo_slides: Sequence[str] = ()
-) -> list[CenterReport]:
+def run_preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> list[CenterReport]:
     """The preprocess flow on ``config``'s runner (:func:`task_runner`).
 
     Another run building one of the same stores makes this one fail at once

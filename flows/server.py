@@ -53,7 +53,9 @@ def _healthy(api_url: str) -> bool:
 
 @contextlib.contextmanager
 def prefect_server(
-    host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 180.0,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout_s: float = 180.0,
     log_path: Path | None = None,
 ) -> Iterator[str]:
     """Start ``prefect server start`` and yield its API URL; stop it on exit.

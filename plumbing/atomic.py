@@ -108,8 +108,9 @@ def remove_stale_temporaries(
             path.unlink()
         except FileNotFoundError:  # removed meanwhile, e.g. by another sweep
             continue
-        log.info("removed %s (%d bytes) left by process %d, no longer running",
-                 path, size, parsed[1])
+        log.info(
+            "removed %s (%d bytes) left by process %d, no longer running", path, size, parsed[1]
+        )
         removed.append(path)
     return removed
 

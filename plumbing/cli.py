@@ -109,8 +109,9 @@ def add_model_flags(
     key ``at + (name,)``; see :func:`add_field_flag` for the help text."""
     excluded = set(exclude)
     return [
-        add_field_flag(parser, "--" + name.replace("_", "-"), (*at, name), info,
-                       current=current, source=source)
+        add_field_flag(
+            parser, "--" + name.replace("_", "-"), (*at, name), info, current=current, source=source
+        )
         for name, info in model.model_fields.items()
         if name not in excluded
     ]

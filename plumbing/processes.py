@@ -59,9 +59,7 @@ def die_with_parent(parent_pid: int, signal_number: int = signal.SIGKILL) -> Non
         os._exit(1)
 
 
-def parent_bound_command(
-    argv: Sequence[str], signal_number: int = signal.SIGKILL
-) -> list[str]:
+def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKILL) -> list[str]:
     """``argv`` (an executable's path, then its arguments) as a command whose process gets
     ``signal_number`` when the calling process dies; ``argv`` itself off Linux. SIGTERM
     lets a program that has children of its own (``mpiexec``) stop them first."""

@@ -56,7 +56,8 @@ class TrainOptions(BaseModel):
     # The paper trains both models of ProxyFL/FML with one learning rate. A model trained
     # without DP noise may want a smaller step than its DP proxy: None keeps the paper's.
     private_lr: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="Adam learning rate of ProxyFL's and FML's private (non-DP) model "
         "(null: lr, as in the paper)",
     )
@@ -93,12 +94,14 @@ class TrainOptions(BaseModel):
         "model's step (auto: on for CUDA; a CPU needs a C++ compiler)",
     )
     dp_chunk_size: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="examples per chunk of per-example gradients (func engine; null: as "
         "many as the memory budget holds, at most the largest plausible Poisson batch)",
     )
     gpu_memory_gb: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="memory budget of one rank in GB, for the per-example chunks and the "
         "evaluation batch (null: the device's memory over the ranks that share it)",
     )
@@ -134,12 +137,15 @@ class TrainOptions(BaseModel):
         "training split held out (share, the paper's) or public_center's store (center)",
     )
     public_share: float = Field(
-        0.2, gt=0, lt=1,
+        0.2,
+        gt=0,
+        lt=1,
         description="PrivateKT: the share of each client's training split held out as the "
         "public pool (the authors' public_data_ratio, 0.2)",
     )
     public_center: int = Field(
-        4, ge=0,
+        4,
+        ge=0,
         description="PrivateKT with public_pool: center: the centre whose store is the pool",
     )
     # How PrivateKT trains: the authors' code (PrivateKT.py: epoch1 = 5 local epochs of

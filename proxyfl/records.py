@@ -275,7 +275,8 @@ def write_machine_json(
             "startup_seconds_per_rank": list(startup) if startup is not None else None,
             "process_seconds_per_rank": (
                 [None if s is None else s + w for s, w in zip(startup, wall, strict=True)]
-                if startup is not None else None
+                if startup is not None
+                else None
             ),
             "total_comm_seconds": sum(t["comm_seconds"] for t in timings),
             "max_comm_seconds": max(t["comm_seconds"] for t in timings),

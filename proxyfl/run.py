@@ -478,8 +478,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 phase="training", error=message))  # fmt: skip
             print(f"proxyfl.run: error: {label(rank)}: {message}", file=sys.stderr, flush=True)
             comm.Abort(EXIT_BAD_INPUT)
-        record_failure(run_dir, RankFailure(rank=rank, client=label(rank), phase="training",
-                                            error=f"{type(failure).__name__}: {failure}"))
+        record_failure(
+            run_dir,
+            RankFailure(
+                rank=rank,
+                client=label(rank),
+                phase="training",
+                error=f"{type(failure).__name__}: {failure}",
+            ),
+        )
         raise
 
     started = time.perf_counter()

@@ -12,8 +12,14 @@ SHARED = REPO.parent / "shared"
 # The fast tier (`make test-fast`, `pytest -m "not slow"`): the tests that run in one
 # process, about 2 minutes on 2 cores. The tests that start MPI jobs, flows, Prefect
 # servers or DVC are `slow`: every test of these files, and those marked so elsewhere.
-SLOW_FILES = ("tests/flows/", "tests/pipeline/test_dvc.py", "tests/pipeline/test_interrupt.py",
-              "tests/pipeline/test_deployment.py", "tests/pipeline/test_resume.py", "_mpi.py")
+SLOW_FILES = (
+    "tests/flows/",
+    "tests/pipeline/test_dvc.py",
+    "tests/pipeline/test_interrupt.py",
+    "tests/pipeline/test_deployment.py",
+    "tests/pipeline/test_resume.py",
+    "_mpi.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

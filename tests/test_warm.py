@@ -23,7 +23,7 @@ from plumbing.warm_shim import HEADER, SOCKET_ENV, STARTED_ENV
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 # What the forked rank runs: it reports what it inherited, then does what it is told.
-PROGRAM = '''
+PROGRAM = """
 import json, os, signal, sys, time
 import warm_probe_preload
 out = os.environ["PROBE_OUT"]
@@ -51,14 +51,14 @@ if action == "sleep":
     with open(out + ".ready", "w"):
         pass
     time.sleep(60)
-'''.replace("STARTED_ENV", STARTED_ENV)
+""".replace("STARTED_ENV", STARTED_ENV)
 
-PRELOAD = '''
+PRELOAD = """
 import os
 with open(os.environ["PRELOAD_LOG"], "a") as handle:
     handle.write(f"{os.getpid()}\\n")
 IMPORTED_BEFORE_MAIN = True
-'''
+"""
 
 
 @pytest.fixture

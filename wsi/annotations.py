@@ -203,8 +203,10 @@ def _clip_half_plane(
     for current in points:
         if inside(current) != inside(previous):
             t = (bound - previous[axis]) / (current[axis] - previous[axis])
-            crossing = [previous[0] + t * (current[0] - previous[0]),
-                        previous[1] + t * (current[1] - previous[1])]
+            crossing = [
+                previous[0] + t * (current[0] - previous[0]),
+                previous[1] + t * (current[1] - previous[1]),
+            ]
             crossing[axis] = bound  # exactly on the line, whatever the rounding
             clipped.append((crossing[0], crossing[1]))
         if inside(current):
@@ -221,8 +223,12 @@ def clip_to_rectangle(vertices: np.ndarray, width: float, height: float) -> np.n
     (K, 2) array, K = 0 when nothing of the polygon lies inside.
     """
     points = [(float(x), float(y)) for x, y in np.asarray(vertices, dtype=np.float64)]
-    for axis, bound, keep_below in ((0, 0.0, False), (0, float(width), True),
-                                    (1, 0.0, False), (1, float(height), True)):
+    for axis, bound, keep_below in (
+        (0, 0.0, False),
+        (0, float(width), True),
+        (1, 0.0, False),
+        (1, float(height), True),
+    ):
         if not points:
             break
         points = _clip_half_plane(points, axis, bound, keep_below)
@@ -242,9 +248,7 @@ def contains_points(vertices: np.ndarray, points: np.ndarray) -> np.ndarray:
     return inside
 
 
-def region_problem(
-    region: Region, width: int, height: int, max_area_fraction: float
-) -> str | None:
+def region_problem(region: Region, width: int, height: int, max_area_fraction: float) -> str | None:
     """Why ``region`` cannot be a lesion or carve-out of a ``width`` x ``height`` slide,
     or ``None`` when it can. See :func:`check_regions_on_slide`."""
     vertices = np.asarray(region.vertices, dtype=np.float64)

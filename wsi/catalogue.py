@@ -135,9 +135,7 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
             elif patient_match and value in PATIENT_STAGES:
                 labels.patients[int(patient_match.group(1))] = value
             else:
-                problems.append(
-                    CatalogueProblem(path, line, f"unparseable row {','.join(row)!r}")
-                )
+                problems.append(CatalogueProblem(path, line, f"unparseable row {','.join(row)!r}"))
                 continue
             if center_column is not None:
                 patient = int((slide_match or patient_match).group(1))  # type: ignore[union-attr]

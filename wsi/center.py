@@ -45,17 +45,13 @@ PatchReader = Callable[[Path, int, np.ndarray, int], np.ndarray]
 """(slide path, level, level-0 coords (N, 2), patch size) -> (N, size, size, 3) uint8."""
 
 
-
-
 class InsufficientPatchesError(PipelineError):
     """A centre's slides cannot supply the requested number of patches of every label."""
 
     def __init__(self, center: int, found: dict[str, int], requested: int) -> None:
         detail = ", ".join(f"{count} {name}" for name, count in found.items())
         scarcest = min(found.values(), default=0)
-        hint = (
-            f" (shortfall: take_available would take {scarcest} of each)" if scarcest else ""
-        )
+        hint = f" (shortfall: take_available would take {scarcest} of each)" if scarcest else ""
         super().__init__(
             f"centre {center}",
             f"can supply only {detail} patches; {requested} of each requested{hint}",
@@ -92,9 +88,7 @@ def params_hash(patch: PatchParams, sampling: SamplingParams) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def patches_to_take(
-    center: int, slides: Sequence[SlidePatches], sampling: SamplingParams
-) -> int:
+def patches_to_take(center: int, slides: Sequence[SlidePatches], sampling: SamplingParams) -> int:
     """Patches of each label the centre's store will hold: ``patches_per_class``, or with
     ``shortfall="take_available"`` as many as its scarcest label offers.
 
@@ -113,7 +107,10 @@ def patches_to_take(
         raise InsufficientPatchesError(center, found, sampling.patches_per_class)
     log.warning(
         "centre %d: %s available, %d of each requested; taking %d of each (take_available)",
-        center, found, sampling.patches_per_class, scarcest,
+        center,
+        found,
+        sampling.patches_per_class,
+        scarcest,
     )
     return scarcest
 

@@ -119,8 +119,10 @@ def sample_balanced(
                     taken += 1
     if not chosen:
         return PatchSelection(
-            np.array([], dtype=str), np.array([], dtype=str),
-            np.zeros((0, 2), dtype=np.int64), np.array([], dtype=np.int64),
+            np.array([], dtype=str),
+            np.array([], dtype=str),
+            np.zeros((0, 2), dtype=np.int64),
+            np.array([], dtype=np.int64),
         )
     return PatchSelection(
         slide_ids=np.array([slides[s].slide_id for s, _ in chosen]),

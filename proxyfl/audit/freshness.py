@@ -93,8 +93,10 @@ class AuditInputs:
             files={str(run): file_digests(run, [run]) for run in directories},
             stores={str(path): store_digest(path) for path in sorted(data.glob(STORE_GLOB))},
             code=audit_code_digest(),
-            libraries={"python": sys.version.split()[0],
-                       **library_versions((*TRAINING_LIBRARIES, *AUDIT_LIBRARIES))},
+            libraries={
+                "python": sys.version.split()[0],
+                **library_versions((*TRAINING_LIBRARIES, *AUDIT_LIBRARIES)),
+            },
         )
 
     def as_json(self) -> dict[str, Any]:

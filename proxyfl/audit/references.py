@@ -108,7 +108,10 @@ def train_reference(
 
 
 def reference_logits(
-    recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, seed: int,
+    recipe: ReferenceRecipe,
+    images: np.ndarray,
+    labels: np.ndarray,
+    seed: int,
     evaluated: np.ndarray,
 ) -> np.ndarray:
     """The logits on ``evaluated`` of the model of ``recipe`` trained on ``images`` and
@@ -129,8 +132,13 @@ def _submitted(pool: Executor, job: tuple[Any, ...]) -> Future[np.ndarray]:
 
 
 def train_references(
-    recipe: ReferenceRecipe, images: np.ndarray, labels: np.ndarray, count: int, seed: int,
-    pool: Executor | None = None, where: str = "",
+    recipe: ReferenceRecipe,
+    images: np.ndarray,
+    labels: np.ndarray,
+    count: int,
+    seed: int,
+    pool: Executor | None = None,
+    where: str = "",
 ) -> References:
     """``count`` reference models of ``recipe``, each on its half of the examples, and
     their logits on all of them: trained one after the other here, or side by side in

@@ -119,7 +119,7 @@ def predict_tumor(
     out = []
     for start in range(0, len(patches), batch_size):
         block = torch.from_numpy(
-            np.ascontiguousarray(patches[start:start + batch_size].transpose(0, 3, 1, 2))
+            np.ascontiguousarray(patches[start : start + batch_size].transpose(0, 3, 1, 2))
         )
         x = prepare_images(block, device, card.input_size)
         out.append(torch.softmax(model(x).double(), dim=-1)[:, tumor].cpu().numpy())

@@ -108,4 +108,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(_format_table(report))
     return 0
-

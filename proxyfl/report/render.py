@@ -311,15 +311,20 @@ def per_centre_csv(rows: Sequence[PerCentreRow]) -> str:
 
 def per_centre_note(missing: Sequence[str]) -> str:
     """What the per-centre table holds, and the methods without predictions."""
-    note = ("\nAccuracy of each method's reported model on each centre's test patches (a patch "
-            "is called tumour when the model's probability of tumour exceeds 0.5), mean ± "
-            "population std (ddof=0) over clients × seeds. Every client is tested on every "
-            "centre's test split: only its own centre's is from the hospital it trained on.\n")
+    note = (
+        "\nAccuracy of each method's reported model on each centre's test patches (a patch "
+        "is called tumour when the model's probability of tumour exceeds 0.5), mean ± "
+        "population std (ddof=0) over clients × seeds. Every client is tested on every "
+        "centre's test split: only its own centre's is from the hospital it trained on.\n"
+    )
     return note + _missing_note(missing)
 
 
 def clinical_note(
-    rows: Sequence[ClinicalRow], missing: Sequence[str], n_resamples: int, seed: int,
+    rows: Sequence[ClinicalRow],
+    missing: Sequence[str],
+    n_resamples: int,
+    seed: int,
     level: float,
 ) -> str:
     """How the clinical table was computed: the measures, the patient bootstrap, how many
@@ -327,9 +332,11 @@ def clinical_note(
     rough), the resamples left out and the methods without predictions."""
     measured = [row for row in rows if row.n_models > 0]
     if not measured:
-        return ("\nNo predictions recorded: sensitivity, specificity and AUC need the runs' "
-                "per-patch predictions (RUN_DIR/predictions/client_C.csv), which runs made "
-                "before they were recorded lack.\n") + _missing_note(missing)
+        return (
+            "\nNo predictions recorded: sensitivity, specificity and AUC need the runs' "
+            "per-patch predictions (RUN_DIR/predictions/client_C.csv), which runs made "
+            "before they were recorded lack.\n"
+        ) + _missing_note(missing)
     patients = _range(row.n_patients for row in measured)
     patches = _range(row.n_patches for row in measured)
     fewest = min(row.n_patients for row in measured)
@@ -409,8 +416,10 @@ def public_pool_note(runs: Iterable[RunResult]) -> str:
 def other_configurations_markdown(tables: Mapping[str, Sequence[AccuracyRow]]) -> str:
     """Accuracy tables of runs made with other parameters than the report's, one per set
     of parameters, each headed by them: never part of the report's own rows."""
-    parts = ["# Runs made with other parameters\n\nNot in accuracy.md: each table holds "
-             "runs made with the parameters in its heading (the report's own differ).\n"]
+    parts = [
+        "# Runs made with other parameters\n\nNot in accuracy.md: each table holds "
+        "runs made with the parameters in its heading (the report's own differ).\n"
+    ]
     for label, rows in tables.items():
         parts.append(f"\n## Made with {label}\n\n{format_table(rows)}{accuracy_note(rows)}")
     return "".join(parts)

@@ -41,8 +41,9 @@ def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
     out = tmp_path / "patches"
     out.mkdir()
     (out / "center_1.h5").write_bytes(b"a store from an earlier run")
-    (out / "center_1.json").write_text(json.dumps({"center": 1, "counts": {}, "patients": {},
-                                                   "store": "center_1.h5"}))
+    (out / "center_1.json").write_text(
+        json.dumps({"center": 1, "counts": {}, "patients": {}, "store": "center_1.h5"})
+    )
 
     assert _run(root, out, "--patches-per-class", "0=6", "1=100000") == 1
 

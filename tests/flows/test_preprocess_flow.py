@@ -232,9 +232,7 @@ def test_redo_slides_recomputes_exactly_those_and_rebuilds_identical_stores(
     out, cache = tmp_path / "patches", tmp_path / "patches-cache"
     shutil.copytree(built, out)
     shutil.copytree(built.parent / f"{built.name}-cache", cache)
-    records = [
-        r for r in scan_camelyon(synthetic_dataset.root).for_centers([0, 1]) if r.node_label
-    ]
+    records = [r for r in scan_camelyon(synthetic_dataset.root).for_centers([0, 1]) if r.node_label]
     redo = records[0].slide_id
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cache.glob("*.npz")}
     assert len(before) == len(records)

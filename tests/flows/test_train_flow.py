@@ -31,6 +31,7 @@ OPTION_FLAGS = ["--rounds", "1", "--batch-size", "4", "--proxy-model", "cnn1",
 
 def _store(directory: Path, center: int, n: int = 12) -> None:
     rng = np.random.default_rng(center)
+
     def split(name: str) -> PatchBatch:
         labels = np.arange(n) % 2
         return PatchBatch(
@@ -38,6 +39,7 @@ def _store(directory: Path, center: int, n: int = 12) -> None:
             patients=[f"patient_{center}{name[0]}{i % 2}" for i in range(n)],
             slides=[f"slide_{i}" for i in range(n)], coords=np.zeros((n, 2)),
         )  # fmt: skip
+
     attrs = StoreAttrs(center=center, patch_size=8, level=0, mpp=0.25, n_classes=2,
                        params_hash="test")  # fmt: skip
     write_patch_store(store_path(directory, center), attrs,
@@ -104,8 +106,11 @@ def test_a_failed_rank_fails_the_flow_run_with_its_message(tmp_path: Path) -> No
     assert "ProxyFL seed 0 failed with exit code 2" in message
     # both ranks fail alike: the message names the one whose failure came first, and its
     # own reason (which comes first is a race)
-    assert re.search(r"rank (\d) \(centre \1\) failed at setup: --batch-size 50 is larger "
-                     r"than the 12 training patches of centre\(s\) \[\1\]", message), message
+    assert re.search(
+        r"rank (\d) \(centre \1\) failed at setup: --batch-size 50 is larger "
+        r"than the 12 training patches of centre\(s\) \[\1\]",
+        message,
+    ), message
     assert str(tmp_path / "runs" / "ProxyFL" / "seed_0" / "job.log") in message
 
 

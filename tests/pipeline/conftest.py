@@ -24,8 +24,13 @@ def tiny_params(**paths: Any) -> dict[str, Any]:
         {"patients_per_center": 2, "num_centers": 2, "width": 3072, "height": 2048, "seed": 7}
     )
     params["preprocess"].update(
-        {"centers": [0, 1], "patch_size": 128, "level": 0, "workers": 2,
-         "patches_per_class": {0: 6, 1: 6}}  # one per centre, as dvc.yaml reads it
+        {
+            "centers": [0, 1],
+            "patch_size": 128,
+            "level": 0,
+            "workers": 2,
+            "patches_per_class": {0: 6, 1: 6},
+        }  # one per centre, as dvc.yaml reads it
     )
     params["train"].update({"algorithms": ["ProxyFL", "Joint"], "seeds": [0], "centers": [0, 1]})
     params["train"]["options"].update(

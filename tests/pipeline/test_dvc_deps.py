@@ -88,9 +88,7 @@ def code_closure(roots: tuple[str, ...]) -> set[str]:
         for imported in _imports(name, path):
             todo += _with_parents(imported)
     return {
-        str(path.relative_to(REPO))
-        for name in seen
-        if (path := _module_file(name)) is not None
+        str(path.relative_to(REPO)) for name in seen if (path := _module_file(name)) is not None
     }
 
 
@@ -131,8 +129,13 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     assert not {path for path in train | report if path.startswith("wsi/synth/")}
     # the audit reads kept models and stores: it launches no job, trains no federation
     audit = code_closure(ENTRY_POINTS["audit"])
-    assert not {path for path in audit if path.startswith(("proxyfl/launch", "proxyfl/comm/exch",
-                                                           "proxyfl/trainer", "tasks/train"))}
+    assert not {
+        path
+        for path in audit
+        if path.startswith(
+            ("proxyfl/launch", "proxyfl/comm/exch", "proxyfl/trainer", "tasks/train")
+        )
+    }
 
 
 # the packages in layers: a module imports its own layer's and those below, never above

@@ -31,8 +31,8 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s:
     deadline = time.monotonic() + timeout_s
     while text not in log.read_text():
         assert process.poll() is None, f"exited {process.returncode}:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s:.0f} s:\n" + (
-            log.read_text()[-4000:]
+        assert time.monotonic() < deadline, (
+            f"no {text!r} in {timeout_s:.0f} s:\n" + (log.read_text()[-4000:])
         )
         time.sleep(0.2)
 

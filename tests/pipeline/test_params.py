@@ -55,8 +55,13 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
         (lambda p: p["preprocess"].update(patch_size=2), "patch_size"),
         (lambda p: p["preprocess"].update(patches_per_class={0: 5}), "no number for centre"),
         (lambda p: p["preprocess"].update(shortfall="shrug"), "shortfall"),
-        (lambda p: (p["train"].update(algorithms=["PrivateKT"]),
-                    p["train"]["options"].update(public_pool="center")), "public pool"),
+        (
+            lambda p: (
+                p["train"].update(algorithms=["PrivateKT"]),
+                p["train"]["options"].update(public_pool="center"),
+            ),
+            "public pool",
+        ),
     ],
 )
 def test_the_pipeline_refuses_bad_parameters_before_any_stage(

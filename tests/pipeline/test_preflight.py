@@ -66,13 +66,12 @@ def test_before_the_cache_sizes_are_bounded_and_said_to_be_unknown(
     findings = preflight(params_with(tmp_path, root, train__options__batch_size=13))
     assert messages(findings, "error") == [
         "train.options.batch_size: 13 is larger than the 12 patches at most "
-        f"(2 × patches_per_class) of centre {c}" for c in (0, 1)
+        f"(2 × patches_per_class) of centre {c}"
+        for c in (0, 1)
     ]
 
 
-def test_with_the_cache_the_plan_is_the_stores_sizes(
-    root: Path, cached: Path
-) -> None:
+def test_with_the_cache_the_plan_is_the_stores_sizes(root: Path, cached: Path) -> None:
     params = params_with(cached, root)
     findings = preflight(params)
     assert not errors(findings), findings
@@ -103,9 +102,7 @@ def test_with_the_cache_the_plan_is_the_stores_sizes(
     assert not any("current store" in note for note in messages(other, "note"))
 
 
-def test_mistakes_are_errors_naming_key_centre_and_numbers(
-    root: Path, cached: Path
-) -> None:
+def test_mistakes_are_errors_naming_key_centre_and_numbers(root: Path, cached: Path) -> None:
     def found(**changes: Any) -> list[str]:
         return messages(preflight(params_with(cached, root, **changes)), "error")
 
@@ -131,8 +128,9 @@ def test_mistakes_are_errors_naming_key_centre_and_numbers(
                  train__options__kt_samples=10**6)  # fmt: skip
     assert len(pool) == 1 and pool[0].startswith("train.options.kt_samples: 1000000 is larger ")
     assert pool[0].endswith("items of the public pool (centre 1)")
-    share = found(train__algorithms=["PrivateKT"], train__centers=[0],
-                  train__options__kt_samples=10**6)  # the paper's pool: 20 % of centre 0's
+    share = found(
+        train__algorithms=["PrivateKT"], train__centers=[0], train__options__kt_samples=10**6
+    )  # the paper's pool: 20 % of centre 0's
     assert len(share) == 1 and share[0].startswith("train.options.kt_samples: 1000000 is ")
     assert share[0].endswith("(a share 0.2 of centres [0]' training splits)")
 

@@ -18,8 +18,15 @@ from proxyfl.comm.control import allgather_json, gather_json
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
-value = {"rank": rank, "text": "é" * rank, "nan": float("nan"), "inf": float("inf"),
-         "numpy": np.float32(0.5) * rank, "pair": (rank, None), "rounds": list(range(rank))}
+value = {
+    "rank": rank,
+    "text": "é" * rank,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "numpy": np.float32(0.5) * rank,
+    "pair": (rank, None),
+    "rounds": list(range(rank)),
+}
 everyone = allgather_json(comm, value)
 at_root = gather_json(comm, value, root=0)
 Path(sys.argv[1], f"rank_{rank}.json").write_text(

@@ -23,8 +23,14 @@ def broken_dirs(helpers: Any, stores: Path, tmp_path_factory: pytest.TempPathFac
 
 CASES = {
     # ... and how to rebuild it
-    "missing store": (2, "missing", {}, "centre 1: ", "no such patch store; `dvc repro "
-                      "preprocess@1` (or `python -m flows.preprocess --centers 1`) rebuilds it"),
+    "missing store": (
+        2,
+        "missing",
+        {},
+        "centre 1: ",
+        "no such patch store; `dvc repro "
+        "preprocess@1` (or `python -m flows.preprocess --centers 1`) rebuilds it",
+    ),
     "malformed store": (2, "malformed", {}, "centre 1: ", "not a readable HDF5 patch store"),
     "centre listed twice": (2, None, {"centers": [0, 0]}, "", "listed more than once"),
     "more ranks than centres": (3, None, {"centers": [0, 1]}, "", "3 ranks but only 2 centre"),
@@ -43,8 +49,10 @@ CASES = {
     # a real allocation failure of torch's CPU allocator (one 100,000² px example: 120 GB),
     # caught before round 1 as a GPU's torch.OutOfMemoryError is (proxyfl.engine.memory)
     "does not fit in memory": (
-        2, None, {"input_size": 100_000, "proxy_model": "resnet18_gn",
-                  "private_model": "resnet18_gn"}, "",
+        2,
+        None,
+        {"input_size": 100_000, "proxy_model": "resnet18_gn", "private_model": "resnet18_gn"},
+        "",
         "out of memory on cpu in one example's forward pass at batch 1: an allocation of "
         "120.00 GB more failed",
     ),

@@ -37,8 +37,12 @@ def test_no_module_uses_a_pickling_mpi_call() -> None:
     found = []
     for path in sorted(PROXYFL.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in PICKLING and "comm" in ast.unparse(node.func.value)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in PICKLING
+                and "comm" in ast.unparse(node.func.value)
+            ):
                 found.append(f"{path.relative_to(PROXYFL.parent)}:{node.lineno}: "
                              f"{ast.unparse(node)}")  # fmt: skip
     assert not found, "pickling MPI calls (use proxyfl.comm.control):\n" + "\n".join(found)

@@ -88,6 +88,7 @@ def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
 ) -> None:
     """warm_ranks starts one warm server before the first job; every job's ranks inside the
     block are its children (no server of their own), and it is gone after the block."""
+
     def servers() -> list[psutil.Process]:
         return [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
 
@@ -422,8 +423,11 @@ def test_the_rank_a_signal_ended_first_is_the_cause_not_those_the_launcher_stopp
     """The fork launcher's own lines: once rank 1 dies of SIGBUS it stops rank 0 (SIGQUIT
     or SIGINT); the cause is rank 1, whatever order the lines come in."""
     signaled = _SignaledRanks()
-    for line in ("[0]0:Return code = 0, signaled with Quit",
-                 "[rank 0] INFO something else", "[0]1:Return code = 0, signaled with Bus error"):
+    for line in (
+        "[0]0:Return code = 0, signaled with Quit",
+        "[rank 0] INFO something else",
+        "[0]1:Return code = 0, signaled with Bus error",
+    ):
         signaled.add(line)  # fmt: skip
     assert signaled.first() == (1, "Bus error")
     only_stopped = _SignaledRanks()

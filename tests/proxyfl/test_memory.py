@@ -126,5 +126,7 @@ def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() ->
         "max_split_size_mb:128 "
     )
     assert rank_environment(Placement())["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert rank_environment(Placement(), {"PYTORCH_CUDA_ALLOC_CONF": "x"})[
-        "PYTORCH_CUDA_ALLOC_CONF"] == "x"
+    assert (
+        rank_environment(Placement(), {"PYTORCH_CUDA_ALLOC_CONF": "x"})["PYTORCH_CUDA_ALLOC_CONF"]
+        == "x"
+    )

@@ -105,8 +105,11 @@ def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -
             package = importlib.util.find_spec(node.module)
             for alias in node.names:  # `from package import module` imports the module
                 submodule = f"{node.module}.{alias.name}"
-                is_module = package is not None and package.submodule_search_locations and (
-                    importlib.util.find_spec(submodule) is not None)
+                is_module = (
+                    package is not None
+                    and package.submodule_search_locations
+                    and (importlib.util.find_spec(submodule) is not None)
+                )
                 deferred.add(submodule if is_module else node.module)
     assert deferred <= set(RANK_IMPORTS), deferred - set(RANK_IMPORTS)
     assert {"torch", "opacus"} <= set(RANK_IMPORTS)

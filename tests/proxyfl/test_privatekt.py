@@ -416,8 +416,8 @@ def test_held_out_rows_are_the_share_of_a_seeded_permutation() -> None:
     assert np.array_equal(rows, held_out_rows(103, 0.2, seed=7, center=1))  # every rank agrees
     assert not np.array_equal(rows, held_out_rows(103, 0.2, seed=7, center=2))
     kept = kept_rows(103, rows)
-    assert len(kept) == 83 and not set(kept) & set(rows) and set(kept) | set(rows) == set(
-        range(103)
+    assert (
+        len(kept) == 83 and not set(kept) & set(rows) and set(kept) | set(rows) == set(range(103))
     )
     with pytest.raises(ValueError):
         held_out_rows(10, 1.0, seed=0, center=0)

@@ -87,8 +87,16 @@ def report(tmp_path: Path) -> tuple[Path, Path]:
     stores' reports: centres 0, 1 and 4 complete (one slide of centre 1 left out), centre
     2 failed, and a damaged centre 3 report."""
     runs_dir = tmp_path / "runs"
-    make_run(runs_dir, "ProxyFL", 0, [row("ProxyFL", 0, c, r, 0.6 + 0.1 * r + 0.05 * c,
-                                          epsilon=r) for c in (0, 1) for r in (1, 2, 3)])
+    make_run(
+        runs_dir,
+        "ProxyFL",
+        0,
+        [
+            row("ProxyFL", 0, c, r, 0.6 + 0.1 * r + 0.05 * c, epsilon=r)
+            for c in (0, 1)
+            for r in (1, 2, 3)
+        ],
+    )
     ldp = [{**row("PrivateKT", 0, c, r, 0.5 + 0.1 * r, epsilon=5.0 * r), "delta": 0.0,
             "evaluated_model": "central", "privacy_notion": "label_ldp",
             "epsilon_per_round": 5.0} for c in (0, 1) for r in (1, 2, 3)]  # fmt: skip
@@ -155,8 +163,10 @@ def test_the_page_holds_figure_tables_table_1_and_failures_and_fetches_nothing(
     assert configuration["sigma"] == ["1.4", "ProxyFL"]  # not PrivateKT: no DP-SGD
     assert configuration["public_share / public_center"] == ["centre 4's store", "PrivateKT"]
     assert configuration["patches"][0].startswith("not read: centre 0: ")
-    assert ("accuracy / macro-accuracy: ProxyFL 0.925 / 0.925, PrivateKT 0.800 / 0.800; "
-            "max ε 3.000 (sample-level DP), 15.000 (label-level LDP)") in text  # the result
+    assert (
+        "accuracy / macro-accuracy: ProxyFL 0.925 / 0.925, PrivateKT 0.800 / 0.800; "
+        "max ε 3.000 (sample-level DP), 15.000 (label-level LDP)"
+    ) in text  # the result
 
     # Table 1: complete centres by split, with the role each played in the runs
     table_1 = page.tables["table-1"]

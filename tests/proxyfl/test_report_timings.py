@@ -59,7 +59,8 @@ def test_rows_show_the_busiest_rank_and_the_wall_it_does_not_work(
     markdown, table = write_timings(runs, tmp_path / "results")
     lines = markdown.read_text().splitlines()
     assert lines[0].startswith("| Method | Seed | Busiest rank | Wall s | Start-up s |")
-    assert "| FedAvg | 0 | 1 | 21.0 | 2.5 | 3.0 | 6.0 | 2.0 | 0.5 | 0.5 | 0.5 | 0.0 | 1.0 | 9.0 | 12.0 |" in lines  # noqa: E501
+    fedavg = "| FedAvg | 0 | 1 | 21.0 | 2.5 | 3.0 | 6.0 | 2.0 | 0.5 | 0.5 | 0.5 | 0.0 | 1.0 |"
+    assert fedavg + " 9.0 | 12.0 |" in lines
     proxyfl = next(line for line in lines if line.startswith("| ProxyFL | 0 |"))
     assert proxyfl.count(MISSING) == 13
     records = list(csv.DictReader(table.open()))

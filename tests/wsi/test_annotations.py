@@ -100,14 +100,20 @@ def test_vertices_follow_the_order_attribute(tmp_path: Path) -> None:
         ("<ASAP_Annotations><Annotations>", "not well-formed XML"),
         ("<Other />", "not <ASAP_Annotations>"),
         ("<ASAP_Annotations />", "no <Annotations>"),
-        (_asap(_annotation("a", "Polygon", "Tumor", [("1", "x"), ("2", "2"), ("3", "3")])),
-         "not a number"),
+        (
+            _asap(_annotation("a", "Polygon", "Tumor", [("1", "x"), ("2", "2"), ("3", "3")])),
+            "not a number",
+        ),
         (_asap(_annotation("a", "Polygon", "Tumor", [("1", "1"), ("2", "2")])), "needs 3"),
         (_asap(_annotation("a", "Ellipse", "Tumor", SQUARE)), "unknown Type 'Ellipse'"),
-        (_asap('<Annotation Name="a" Type="Polygon"><Coordinates /></Annotation>'),
-         "PartOfGroup"),
-        (_asap('<Annotation Name="a" Type="Polygon" PartOfGroup="Tumor"><Coordinates>'
-               '<Coordinate Order="0" Y="1" /></Coordinates></Annotation>'), "X is missing"),
+        (_asap('<Annotation Name="a" Type="Polygon"><Coordinates /></Annotation>'), "PartOfGroup"),
+        (
+            _asap(
+                '<Annotation Name="a" Type="Polygon" PartOfGroup="Tumor"><Coordinates>'
+                '<Coordinate Order="0" Y="1" /></Coordinates></Annotation>'
+            ),
+            "X is missing",
+        ),
     ],
 )
 def test_malformed_files_raise_naming_the_file(tmp_path: Path, content: str, message: str) -> None:
@@ -152,20 +158,23 @@ def test_sound_regions_pass(tmp_path: Path) -> None:
     lesion = _box(100, 100, 900, 700)
     partly_outside = _box(-500, 2500, 600, 3400)  # clipped by the masks: fine
     carve_out = _box(300, 300, 400, 400)
-    annotations = _written(
-        tmp_path, {"Tumor": [lesion, partly_outside], "Exclusion": [carve_out]}
-    )
+    annotations = _written(tmp_path, {"Tumor": [lesion, partly_outside], "Exclusion": [carve_out]})
     check_regions_on_slide(annotations, SLIDE)
 
 
 @pytest.mark.parametrize(
     ("polygon", "message"),
     [
-        (_box(-10, -10, 4010, 3010), r"encloses the whole slide: all four corners of the "
-                                     r"4000 x 3000 level-0 extent"),
-        (_box(50_000, 60_000, 50_400, 60_300),
-         r"lies entirely outside the slide: its bounding box \(x 50000\.\.50400, "
-         r"y 60000\.\.60300\) does not meet the slide's level-0 extent 0\.\.4000 x 0\.\.3000"),
+        (
+            _box(-10, -10, 4010, 3010),
+            r"encloses the whole slide: all four corners of the "
+            r"4000 x 3000 level-0 extent",
+        ),
+        (
+            _box(50_000, 60_000, 50_400, 60_300),
+            r"lies entirely outside the slide: its bounding box \(x 50000\.\.50400, "
+            r"y 60000\.\.60300\) does not meet the slide's level-0 extent 0\.\.4000 x 0\.\.3000",
+        ),
         (_box(-900, 100, -100, 500), "lies entirely outside the slide"),
         (_box(0, 0, 3000, 2500), r"implausibly large: it covers 62% of the 4000 x 3000 slide"),
         (np.array([[0, 0], [100, 100], [200, 200], [300, 300]]), "encloses no area"),
@@ -174,9 +183,7 @@ def test_sound_regions_pass(tmp_path: Path) -> None:
         (np.array([[0, 0], [100, 100], [100, 0], [0, 100]]), "encloses no area"),
     ],
 )
-def test_bad_tumour_polygon_is_named(
-    tmp_path: Path, polygon: np.ndarray, message: str
-) -> None:
+def test_bad_tumour_polygon_is_named(tmp_path: Path, polygon: np.ndarray, message: str) -> None:
     good = _box(100, 100, 200, 200)
     annotations = _written(tmp_path, {"Tumor": [good, polygon]})
     with pytest.raises(AnnotationError, match=message) as caught:
@@ -228,7 +235,9 @@ def test_non_finite_vertices_and_pickling() -> None:
         check_regions_on_slide(annotations, SLIDE)
     clone = pickle.loads(pickle.dumps(caught.value))
     assert (clone.path, clone.reason, str(clone)) == (
-        caught.value.path, caught.value.reason, str(caught.value)
+        caught.value.path,
+        caught.value.reason,
+        str(caught.value),
     )
 
 

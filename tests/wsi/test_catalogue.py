@@ -30,7 +30,9 @@ def test_nested_layout(tmp_path: Path) -> None:
         for node in range(2):
             center = patient // 20
             _touch(
-                tmp_path / f"center_{center}" / f"patient_{patient:03d}"
+                tmp_path
+                / f"center_{center}"
+                / f"patient_{patient:03d}"
                 / f"patient_{patient:03d}_node_{node}.tif"
             )
     _touch(tmp_path / "lesion_annotations" / "patient_021_node_1.xml")
@@ -42,7 +44,10 @@ def test_nested_layout(tmp_path: Path) -> None:
     catalogue = scan_camelyon(tmp_path)
     assert catalogue.problems == []
     assert [s.slide_id for s in catalogue.slides] == [
-        "patient_000_node_0", "patient_000_node_1", "patient_021_node_0", "patient_021_node_1",
+        "patient_000_node_0",
+        "patient_000_node_1",
+        "patient_021_node_0",
+        "patient_021_node_1",
     ]
     slide = catalogue.get("patient_021_node_1")
     assert (slide.patient, slide.node, slide.center) == (21, 1, 1)
@@ -52,7 +57,8 @@ def test_nested_layout(tmp_path: Path) -> None:
     assert catalogue.get("patient_000_node_0").annotation is None
     assert catalogue.centers == [0, 1]
     assert [s.slide_id for s in catalogue.for_centers([0])] == [
-        "patient_000_node_0", "patient_000_node_1",
+        "patient_000_node_0",
+        "patient_000_node_1",
     ]
 
 

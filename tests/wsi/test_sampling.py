@@ -19,8 +19,11 @@ def _slides(n_patients: int = 6, nodes: int = 3, per_slide: int = 30) -> list[Sl
             labels[:3] = -1
             slides.append(
                 SlidePatches(
-                    f"patient_{patient:03d}_node_{node}", f"patient_{patient:03d}", Path("x"),
-                    rng.integers(0, 50, (per_slide, 2)) * 512, labels,
+                    f"patient_{patient:03d}_node_{node}",
+                    f"patient_{patient:03d}",
+                    Path("x"),
+                    rng.integers(0, 50, (per_slide, 2)) * 512,
+                    labels,
                 )
             )
     return slides
@@ -103,9 +106,7 @@ def test_the_plan_splits_by_the_given_patients_and_stays_balanced() -> None:
 
 def test_take_available_keeps_the_store_balanced() -> None:
     slides = _slides(n_patients=1)  # 54 healthy, 27 tumour candidates
-    plan = plan_center(
-        3, slides, SamplingParams(patches_per_class=100, shortfall="take_available")
-    )
+    plan = plan_center(3, slides, SamplingParams(patches_per_class=100, shortfall="take_available"))
     assert plan.selection.label_counts(2) == [27, 27]
 
 

@@ -217,7 +217,9 @@ def test_composite_on_white_keeps_opaque_pixels_and_does_not_widen() -> None:
 
 @pytest.mark.parametrize("keep", [0.3, 0.7, 0.95])
 def test_a_truncated_slide_says_truncated_not_fewer_levels(
-    synthetic_dataset, tmp_path: Path, keep: float  # type: ignore[no-untyped-def]
+    synthetic_dataset,
+    tmp_path: Path,
+    keep: float,  # type: ignore[no-untyped-def]
 ) -> None:
     """A slide cut short (a copy or download interrupted) is an error naming the file and
     the truncation, with every backend; tiffslide alone would open the levels before the

@@ -101,9 +101,10 @@ def test_crash_keeps_the_previous_store(tmp_path: Path) -> None:
     path = tmp_path / "center_2.h5"
     write_patch_store(path, ATTRS, {"train": _batch(3, 0), "test": _batch(1, 1)})
     before = path.read_bytes()
-    with pytest.raises(RuntimeError, match="boom"), PatchStoreWriter(
-        path, ATTRS, {"train": 5, "test": 1}
-    ) as writer:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        PatchStoreWriter(path, ATTRS, {"train": 5, "test": 1}) as writer,
+    ):
         writer.write("train", 0, _batch(2, 5))
         raise RuntimeError("boom")
     assert path.read_bytes() == before
@@ -112,9 +113,10 @@ def test_crash_keeps_the_previous_store(tmp_path: Path) -> None:
 
 def test_incomplete_store_is_never_published(tmp_path: Path) -> None:
     path = tmp_path / "center_2.h5"
-    with pytest.raises(RuntimeError, match="unwritten slots"), PatchStoreWriter(
-        path, ATTRS, {"train": 5, "test": 1}
-    ) as writer:
+    with (
+        pytest.raises(RuntimeError, match="unwritten slots"),
+        PatchStoreWriter(path, ATTRS, {"train": 5, "test": 1}) as writer,
+    ):
         writer.write("train", 0, _batch(5, 0))
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
@@ -316,8 +318,11 @@ def test_schema_1_stores_are_still_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [(None, r"missing attribute\(s\) \['provenance'\]"), ("{]", "provenance is not valid"),
-     ('{"project": {}}', "provenance is not valid")],
+    [
+        (None, r"missing attribute\(s\) \['provenance'\]"),
+        ("{]", "provenance is not valid"),
+        ('{"project": {}}', "provenance is not valid"),
+    ],
 )
 def test_bad_provenance_is_named(tmp_path: Path, value: str | None, message: str) -> None:
     path = tmp_path / "center_2.h5"
@@ -342,8 +347,11 @@ BIG_SIZES = {"train": 300, "test": 20}  # 1.4 MB by store_bytes_needed: fits an 
 
 def _patches(n: int, size: int = 32) -> PatchBatch:
     return PatchBatch(
-        np.full((n, size, size, 3), 200, np.uint8), np.zeros(n), ["patient_004"] * n,
-        ["patient_004_node_4"] * n, np.zeros((n, 2)),
+        np.full((n, size, size, 3), 200, np.uint8),
+        np.zeros(n),
+        ["patient_004"] * n,
+        ["patient_004_node_4"] * n,
+        np.zeros((n, 2)),
     )
 
 
@@ -379,7 +387,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         mounted = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     except FileNotFoundError:
         pytest.skip("no mount command here to make a small filesystem to fill up")
@@ -409,8 +419,9 @@ def test_preflight_refuses_a_store_that_cannot_fit(small_disk: Path) -> None:
     sizes = {"train": 900, "test": 100}
     needed = store_bytes_needed(sizes, 32)
     assert needed == 1000 * (32 * 32 * 3 + 512) + 256 * 1024
-    with pytest.raises(StoreError) as caught, PatchStoreWriter(
-        small_disk / "center_2.h5", BIG, sizes
+    with (
+        pytest.raises(StoreError) as caught,
+        PatchStoreWriter(small_disk / "center_2.h5", BIG, sizes),
     ):
         pytest.fail("the writer must not start")
     message = str(caught.value)
@@ -426,9 +437,10 @@ def test_disk_filling_up_during_the_write(small_disk: Path) -> None:
     before = (small_disk / "center_2.h5").read_bytes()
     free_before = free_bytes(small_disk)
     unclosable = len(store_writer._UNCLOSABLE)
-    with pytest.raises(StoreError) as caught, PatchStoreWriter(
-        small_disk / "center_2.h5", BIG, BIG_SIZES
-    ) as writer:
+    with (
+        pytest.raises(StoreError) as caught,
+        PatchStoreWriter(small_disk / "center_2.h5", BIG, BIG_SIZES) as writer,
+    ):
         _fill(small_disk, leave=600_000)  # someone else takes space after the check
         _write_big(writer)
     message = str(caught.value)
@@ -447,9 +459,10 @@ def test_disk_full_when_the_store_is_flushed(small_disk: Path) -> None:
     before = (small_disk / "center_2.h5").read_bytes()
     free_before = free_bytes(small_disk)
     unclosable = len(store_writer._UNCLOSABLE)
-    with pytest.raises(StoreError, match="no space left on device") as caught, PatchStoreWriter(
-        small_disk / "center_2.h5", BIG, BIG_SIZES
-    ) as writer:
+    with (
+        pytest.raises(StoreError, match="no space left on device") as caught,
+        PatchStoreWriter(small_disk / "center_2.h5", BIG, BIG_SIZES) as writer,
+    ):
         _write_big(writer)
         _fill(small_disk)  # the patches are on disk; HDF5's metadata is not yet
     # h5py gives a RuntimeError here, its errno only in HDF5's message
@@ -489,7 +502,10 @@ except StoreError as error:
 def _child(mode: str, target: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _CHILD, mode, str(target)],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
         cwd=Path(__file__).resolve().parents[2],
     )
 

@@ -111,7 +111,8 @@ class Provenance:
             libraries=dict(content["libraries"]),
             sources=tuple(
                 SourceFile(
-                    str(s["name"]), int(s["size"]),
+                    str(s["name"]),
+                    int(s["size"]),
                     str(s["sha256"]) if "sha256" in s else None,
                     int(s["mtime_ns"]) if "mtime_ns" in s else None,
                 )

@@ -58,9 +58,7 @@ def _decode(values: np.ndarray) -> tuple[str, ...]:
     return tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values)
 
 
-def read_store_info(
-    path: str | os.PathLike[str], splits: Sequence[str] = SPLITS
-) -> StoreInfo:
+def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS) -> StoreInfo:
     """Open ``path``, check it against the schema and return the metadata of ``splits``.
 
     Every split's structure is checked (shapes only); labels, patients, slides and

@@ -164,8 +164,12 @@ class PatchStoreWriter:
                 file.close()
             except Exception as close_error:  # never retried: a second close crashes
                 _UNCLOSABLE.append(file)
-                log.error("%s: could not close %s (%s); its descriptor stays open",
-                          self.path, self._tmp, " ".join(str(close_error).split()))
+                log.error(
+                    "%s: could not close %s (%s); its descriptor stays open",
+                    self.path,
+                    self._tmp,
+                    " ".join(str(close_error).split()),
+                )
         self._tmp.unlink(missing_ok=True)
 
     def _raise_if_disk_full(self, error: BaseException) -> None:

@@ -54,8 +54,6 @@ def level_dimensions(width: int, height: int, levels: int) -> list[tuple[int, in
     return dims
 
 
-
-
 # --------------------------------------------------------------------------------------
 # Configuration and results
 # --------------------------------------------------------------------------------------
@@ -170,6 +168,3 @@ class SynthSettings(BaseModel):
     def config(self) -> SynthConfig:
         values = self.model_dump(exclude={"num_centers", "workers"})
         return SynthConfig(**values, centers=tuple(range(self.num_centers)))
-
-
-
