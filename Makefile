@@ -29,12 +29,14 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
 # The tests that run in one process (~2 minutes on 2 cores): the loop while editing.
 # `make test` (CI's) runs them all.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -m "not slow"
 
 # The whole DAG of dvc.yaml with params.yaml (synthetic slides -> stores -> 7 methods ->
@@ -72,6 +74,7 @@ PLATFORM ?= manylinux_2_28_x86_64
 wheelhouse: $(STAMP)
 	$(BIN)/python -m bench.wheelhouse --python $(PY) --platform $(PLATFORM)
 
+# what make test checks first
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
