@@ -78,9 +78,11 @@ from proxyfl.privacy.dp import PrivateTraining, check_dp_compatible, make_privat
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import DPSGDLedger, PrivacyLedger
 from proxyfl.privacy.per_sample import (
+    PAD_MULTIPLE,
     FuncPrivateTraining,
     activation_bytes_per_example,
     chunk_size_for,
+    compiled_chunk_size,
     cross_entropy,
     estimated_bytes_per_example,
     largest_plausible_batch,
@@ -233,10 +235,11 @@ class ClientTrainer:
                     max(activation_bytes_per_example(m, example) for m in models))  # fmt: skip
 
         per_example, per_image = self._guarded("one example's forward pass", 1, probe)
-        if isinstance(self.training, FuncPrivateTraining) and cfg.dp_chunk_size is None:
-            self.training.chunk_size = chunk_size_for(
-                0.5 * self.budget_bytes, per_example, self.largest_batch
-            )
+        training = self.training
+        if isinstance(training, FuncPrivateTraining) and cfg.dp_chunk_size is None:
+            fits = chunk_size_for(0.5 * self.budget_bytes, per_example, self.largest_batch)
+            training.chunk_size = (compiled_chunk_size(self.expected_batch, fits)
+                                   if training.compiled else fits)  # fmt: skip
         return batch_within(self.budget_bytes, per_image, cfg.eval_batch_size)
 
     @property
@@ -356,18 +359,21 @@ class ClientTrainer:
         reset_peaks(device)
         rounds = 2 if self.config.compiled_on(device.type) else 1
         seconds = []
+        # a compiled engine's two chunk sizes (per_sample.chunk_plan) both compile here
+        batches = [self.largest_batch] + ([PAD_MULTIPLE] if rounds == 2 else [])
         for _ in range(rounds):
             started = time.perf_counter()
-            self._guarded("a training step", self.largest_batch, self._dry_step)
+            for batch in batches:
+                self._guarded("a training step", batch, lambda b=batch: self._dry_step(b))
             self._guarded("an evaluation batch", self.eval_batch_size, self._dry_evaluation)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - started)
         return max(0.0, seconds[0] - seconds[-1]) if rounds == 2 else 0.0
 
-    def _dry_step(self) -> None:
-        """A training step's memory at the largest batch, its gradients then dropped."""
-        batch, device, size = self.largest_batch, self.runtime.device, self.input_size
+    def _dry_step(self, batch: int) -> None:
+        """A training step's memory at ``batch``, its gradients then dropped."""
+        device, size = self.runtime.device, self.input_size
         x = torch.zeros(batch, 3, size, size, device=device)
         y = torch.zeros(batch, dtype=torch.long, device=device)
         partner = None

@@ -446,3 +446,30 @@ def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -
     counters = torch._dynamo.utils.counters
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+@pytest.mark.parametrize("n", range(0, 70))
+def test_chunk_plans_cover_the_batch_with_two_sizes_and_little_padding(n: int) -> None:
+    from proxyfl.privacy.per_sample import PAD_MULTIPLE, chunk_plan
+
+    for chunk, padded in ((32, True), (32, False), (48, True), (8, True), (4, True)):
+        plan = chunk_plan(n, chunk, padded)
+        covered = [row for start, real, _ in plan for row in range(start, start + real)]
+        assert covered == list(range(n)), (n, chunk, plan)
+        sizes = {size for _, _, size in plan}
+        assert all(size >= real > 0 for _, real, size in plan)
+        if padded:
+            assert sizes <= {chunk, PAD_MULTIPLE}  # two graphs at most
+            assert sum(size for _, _, size in plan) - n < max(chunk, PAD_MULTIPLE)
+            assert sum(size for _, _, size in plan) - n < PAD_MULTIPLE or chunk <= PAD_MULTIPLE
+        else:
+            assert all(size == real for _, real, size in plan)
+
+
+def test_a_compiled_chunk_is_the_expected_batch_rounded_within_the_budget() -> None:
+    from proxyfl.privacy.per_sample import compiled_chunk_size
+
+    assert compiled_chunk_size(32, 49) == 32
+    assert compiled_chunk_size(30, 49) == 32
+    assert compiled_chunk_size(32, 20) == 16  # the budget's, rounded down to 8
+    assert compiled_chunk_size(3, 3) == 8  # never below the small chunk
