@@ -6,7 +6,10 @@
     busiest     the rank with the most work, whose phases the row shows:
     work        = train + eval + comm + checkpoint + server (PrivateKT's server work)
     wall − work what the job spent not working: start-up (interpreter, imports, MPI's
-                initialisation), set-up, records, waiting, the launcher and teardown
+                initialisation), set-up, compilation, records, waiting, the launcher and
+                teardown
+    peak GB     the most memory a rank held: its GPU's (torch's reserved) where it had
+                one, else its resident set
 
 These figures change with every launch and machine, so they are written beside the
 report (``OUT/timings.{md,csv}``), never inside its DVC-tracked outputs, and a run without
@@ -37,7 +40,7 @@ WORK_PHASES = ("train_seconds", "eval_seconds", "comm_seconds", "checkpoint_seco
                *SERVER_PHASES)  # fmt: skip
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("wall", "Wall s"), ("startup", "Start-up s"), ("setup", "Set-up s"),
-    ("train", "Train s"), ("eval", "Eval s"), ("comm", "Comm s"),
+    ("compile", "Compile s"), ("train", "Train s"), ("eval", "Eval s"), ("comm", "Comm s"),
     ("checkpoint", "Checkpoint s"), ("records", "Records s"), ("server", "Server s"),
     ("wait", "Wait s"), ("work", "Work s"), ("not_work", "Wall − work s"),
 )  # fmt: skip
@@ -53,6 +56,7 @@ class TimingRow:
     wall: float | None = None
     startup: float | None = None
     setup: float | None = None
+    compile: float | None = None
     train: float | None = None
     eval: float | None = None
     comm: float | None = None
@@ -62,6 +66,7 @@ class TimingRow:
     wait: float | None = None
     work: float | None = None
     not_work: float | None = None
+    peak_gb: float | None = None
 
 
 def work_seconds(phases: Mapping[str, float]) -> float:
@@ -69,22 +74,47 @@ def work_seconds(phases: Mapping[str, float]) -> float:
     return sum(float(phases.get(name, 0.0)) for name in WORK_PHASES)
 
 
-def read_machine_timings(run_dir: Path) -> dict[str, Any] | None:
-    """``run_dir/machine.json``'s ``timings`` (None: absent, unreadable or unfinished)."""
+def read_machine(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/machine.json`` (None: absent or unreadable)."""
     try:
         machine = json.loads((Path(run_dir) / MACHINE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         logger.info("%s: no time accounting (%s)", run_dir, error)
         return None
-    timings = machine.get("timings") if isinstance(machine, dict) else None
+    return machine if isinstance(machine, dict) else None
+
+
+def read_machine_timings(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/machine.json``'s ``timings`` (None: absent, unreadable or unfinished)."""
+    machine = read_machine(run_dir)
+    timings = machine.get("timings") if machine else None
     return timings if isinstance(timings, dict) else None
 
 
-def timing_row(method: str, seed: int, timings: Mapping[str, Any] | None) -> TimingRow:
-    """The row of one run from its machine.json ``timings`` (a row of "—" without)."""
+def peak_memory_gb(ranks: Sequence[Any] | None) -> float | None:
+    """The most memory one rank held, from machine.json's ``ranks``: a GPU's reserved
+    memory where the rank recorded one, else its resident set (None: not recorded)."""
+    peaks = []
+    for rank in ranks or []:
+        memory = rank.get("memory") if isinstance(rank, dict) else None
+        if isinstance(memory, dict):
+            value = memory.get("peak_gpu_reserved_gb", memory.get("peak_rss_gb"))
+            if value is not None:
+                peaks.append(float(value))
+    return max(peaks) if peaks else None
+
+
+def timing_row(
+    method: str,
+    seed: int,
+    timings: Mapping[str, Any] | None,
+    ranks: Sequence[Any] | None = None,
+) -> TimingRow:
+    """The row of one run from its machine.json ``timings`` and ``ranks`` (a row of "—"
+    without)."""
     per_rank = timings.get("per_rank") if timings else None
     if not isinstance(per_rank, list) or not per_rank:
-        return TimingRow(method, seed)
+        return TimingRow(method, seed, peak_gb=peak_memory_gb(ranks))
     busiest = max(range(len(per_rank)), key=lambda r: work_seconds(per_rank[r]))
     phases = per_rank[busiest]
     assert timings is not None
@@ -94,12 +124,13 @@ def timing_row(method: str, seed: int, timings: Mapping[str, Any] | None) -> Tim
     return TimingRow(
         method=method, seed=seed, busiest_rank=busiest, wall=wall,
         startup=phases["startup_seconds"] if has_startup else None,
-        setup=phases.get("setup_seconds"), train=phases.get("train_seconds"),
+        setup=phases.get("setup_seconds"), compile=phases.get("compile_seconds"),
+        train=phases.get("train_seconds"),
         eval=phases.get("eval_seconds"), comm=phases.get("comm_seconds"),
         checkpoint=phases.get("checkpoint_seconds"), records=phases.get("records_seconds"),
         server=sum(float(phases.get(name, 0.0)) for name in SERVER_PHASES),
         wait=phases.get("wait_seconds"), work=work,
-        not_work=None if wall is None else wall - work,
+        not_work=None if wall is None else wall - work, peak_gb=peak_memory_gb(ranks),
     )  # fmt: skip
 
 
@@ -116,7 +147,14 @@ def _job_wall(timings: Mapping[str, Any]) -> float | None:
 
 def timing_rows(runs: Sequence[RunResult]) -> list[TimingRow]:
     """One row per run, in the runs' order."""
-    return [timing_row(run.algorithm, run.seed, read_machine_timings(run.path)) for run in runs]
+    rows = []
+    for run in runs:
+        machine = read_machine(run.path) or {}
+        timings = machine.get("timings")
+        rows.append(timing_row(run.algorithm, run.seed,
+                               timings if isinstance(timings, dict) else None,
+                               machine.get("ranks")))  # fmt: skip
+    return rows
 
 
 def _cell(value: float | None) -> str:
@@ -125,30 +163,34 @@ def _cell(value: float | None) -> str:
 
 def timings_markdown(rows: Sequence[TimingRow]) -> str:
     """The markdown table, with a line saying what the columns are."""
-    header = ["Method", "Seed", "Busiest rank", *(title for _, title in COLUMNS)]
+    header = ["Method", "Seed", "Busiest rank", *(title for _, title in COLUMNS), "Peak GB"]
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]  # fmt: skip
     for row in rows:
         cells = [row.method, str(row.seed),
                  MISSING if row.busiest_rank is None else str(row.busiest_rank),
-                 *(_cell(getattr(row, key)) for key, _ in COLUMNS)]  # fmt: skip
+                 *(_cell(getattr(row, key)) for key, _ in COLUMNS),
+                 MISSING if row.peak_gb is None else f"{row.peak_gb:.2f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     note = ("\nSeconds of the busiest rank (the most train + eval + comm + checkpoint + "
-            "server work); wall: the launcher's, from mpiexec's start to its exit. "
-            f"{MISSING}: the run's machine.json does not record it.\n")  # fmt: skip
+            "server work); wall: the launcher's, from mpiexec's start to its exit; peak GB: "
+            "the most memory any rank held (its GPU's reserved memory, else its resident "
+            f"set). {MISSING}: the run's machine.json does not record it.\n")  # fmt: skip
     return "\n".join(lines) + "\n" + note
 
 
 def timings_csv(rows: Sequence[TimingRow]) -> str:
     """The same rows as CSV (an empty cell where the table says "—")."""
     buffer = io.StringIO()
-    fields = ["method", "seed", "busiest_rank", *(f"{key}_seconds" for key, _ in COLUMNS)]
+    fields = ["method", "seed", "busiest_rank", *(f"{key}_seconds" for key, _ in COLUMNS),
+              "peak_gb"]  # fmt: skip
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(fields)
     for row in rows:
         values = [getattr(row, key) for key, _ in COLUMNS]
         writer.writerow([row.method, row.seed, "" if row.busiest_rank is None else row.busiest_rank,
-                         *("" if v is None else f"{v:.3f}" for v in values)])  # fmt: skip
+                         *("" if v is None else f"{v:.3f}" for v in values),
+                         "" if row.peak_gb is None else f"{row.peak_gb:.3f}"])  # fmt: skip
     return buffer.getvalue()
 
 

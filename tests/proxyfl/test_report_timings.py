@@ -20,12 +20,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _phases(**seconds: float) -> dict[str, float]:
     names = ("setup", "train", "eval", "comm", "checkpoint", "records", "wait",
-             "server_finetune", "server_self_train", "server_sampling", "startup")  # fmt: skip
+             "server_finetune", "server_self_train", "server_sampling", "startup",
+             "compile")  # fmt: skip
     return {f"{name}_seconds": float(seconds.get(name, 0.0)) for name in names}
 
 
-def _write_machine(run: Path, timings: dict) -> None:
-    (run / MACHINE_FILE).write_text(json.dumps({"ranks": [], "timings": timings}))
+def _write_machine(run: Path, timings: dict, ranks: list | None = None) -> None:
+    (run / MACHINE_FILE).write_text(json.dumps({"ranks": ranks or [], "timings": timings}))
 
 
 def test_rows_show_the_busiest_rank_and_the_wall_it_does_not_work(
@@ -33,13 +34,17 @@ def test_rows_show_the_busiest_rank_and_the_wall_it_does_not_work(
     tmp_path: Path,
 ) -> None:
     quiet = _phases(startup=2, setup=3, train=1, eval=1, records=1, wait=9)
-    busy = _phases(startup=2.5, setup=3, train=6, eval=2, comm=0.5, checkpoint=0.5,
-                   records=0.5, wait=1)  # fmt: skip
+    busy = _phases(startup=2.5, setup=3, compile=1.5, train=6, eval=2, comm=0.5,
+                   checkpoint=0.5, records=0.5, wait=1)  # fmt: skip
+    # the ranks' memory: a GPU's reserved memory where there is one, else the resident set
+    ranks = [{"memory": {"peak_rss_gb": 3.2, "peak_gpu_allocated_gb": 4.1,
+                         "peak_gpu_reserved_gb": 5.25}},
+             {"memory": {"peak_rss_gb": 2.0}}]  # fmt: skip
     _write_machine(runs_dir / "FedAvg" / "seed_0", {
         "per_rank": [quiet, busy],
         "process_seconds_per_rank": [18.0, 19.0],
         "launcher": {"wall_seconds": 21.0},
-    })  # fmt: skip
+    }, ranks)  # fmt: skip
     # a run made before start-up and the launcher were recorded: its ranks' clocks
     _write_machine(runs_dir / "FedAvg" / "seed_1", {
         "per_rank": [{k: v for k, v in busy.items() if k != "startup_seconds"}],
@@ -51,6 +56,7 @@ def test_rows_show_the_busiest_rank_and_the_wall_it_does_not_work(
     full = rows[("FedAvg", 0)]
     assert full.busiest_rank == 1 and full.wall == 21.0 and full.startup == 2.5
     assert full.work == 9.0 and full.not_work == 12.0  # train + eval + comm + checkpoint
+    assert full.compile == 1.5 and full.peak_gb == 5.25
     older = rows[("FedAvg", 1)]
     assert older.wall == 17.0 and older.startup is None and older.not_work == 8.0
     for key in (("ProxyFL", 0), ("Joint", 0)):  # unreadable, absent: nothing known
@@ -59,14 +65,15 @@ def test_rows_show_the_busiest_rank_and_the_wall_it_does_not_work(
     markdown, table = write_timings(runs, tmp_path / "results")
     lines = markdown.read_text().splitlines()
     assert lines[0].startswith("| Method | Seed | Busiest rank | Wall s | Start-up s |")
-    fedavg = "| FedAvg | 0 | 1 | 21.0 | 2.5 | 3.0 | 6.0 | 2.0 | 0.5 | 0.5 | 0.5 | 0.0 | 1.0 |"
-    assert fedavg + " 9.0 | 12.0 |" in lines
+    fedavg = "| FedAvg | 0 | 1 | 21.0 | 2.5 | 3.0 | 1.5 | 6.0 | 2.0 | 0.5 | 0.5 | 0.5 | 0.0 |"
+    assert fedavg + " 1.0 | 9.0 | 12.0 | 5.25 |" in lines
     proxyfl = next(line for line in lines if line.startswith("| ProxyFL | 0 |"))
-    assert proxyfl.count(MISSING) == 13
+    assert proxyfl.count(MISSING) == 15
     records = list(csv.DictReader(table.open()))
     assert len(records) == len(runs)
     fedavg = next(r for r in records if (r["method"], r["seed"]) == ("FedAvg", "0"))
     assert fedavg["wall_seconds"] == "21.000" and fedavg["not_work_seconds"] == "12.000"
+    assert fedavg["compile_seconds"] == "1.500" and fedavg["peak_gb"] == "5.250"
     assert next(r for r in records if r["method"] == "Joint")["wall_seconds"] == ""
 
 
