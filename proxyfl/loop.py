@@ -29,21 +29,23 @@ class StopAfterRound(SystemExit):
 
 
 def latest_common_round(comm: Any, run_dir: Path, rank: int) -> int:
-    """The newest round every rank has a complete checkpoint for (0: none). Rank 0 says
-    what each rank has when they differ, so a fresh start is never a surprise."""
-    mine = ckpt.available_rounds(run_dir, rank)
+    """The newest round every rank has an intact checkpoint for (0: none). A checkpoint
+    that does not verify (cut short, damaged on disk) is skipped, each rank saying which
+    and why; rank 0 says what each rank has when they differ, so a fresh start is never a
+    surprise."""
+    mine, skipped = ckpt.verified_rounds(run_dir, rank)
+    for round_number, reason in skipped:
+        logger.warning("checkpoint of round %d skipped: %s", round_number, reason)
     everyone = allgather_json(comm, mine)
-    common = min((rounds[-1] if rounds else 0) for rounds in everyone)
-    if common and common not in mine:
-        raise RuntimeError(f"rank {rank} lacks the checkpoint of round {common}")
+    common = max(set.intersection(*(set(rounds) for rounds in everyone)), default=0)
     if rank == 0 and any(rounds != everyone[0] for rounds in everyone):
         held = "; ".join(
             f"rank {r}: " + (f"rounds {', '.join(map(str, rounds))}" if rounds
-                             else "no complete checkpoint")
+                             else "no intact checkpoint")
             for r, rounds in enumerate(everyone)
         )  # fmt: skip
         outcome = f"resuming after round {common}" if common else "starting from round 1"
-        logger.info("checkpoints differ between ranks (%s): %s, the latest all completed",
+        logger.info("checkpoints differ between ranks (%s): %s, the latest all hold intact",
                     held, outcome)  # fmt: skip
     return common
 

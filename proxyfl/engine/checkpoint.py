@@ -10,6 +10,11 @@ still holds the round that all ranks agree on (the minimum of their latest round
 :class:`CheckpointWriter` takes the writing off a round's critical path: round r's
 checkpoint is written while round r + 1 trains, and is on disk before that round's
 barrier, which keeps the bound above.
+
+Each checkpoint's SHA-256 is recorded beside it once it is written
+(``round_{r:04d}.pt.sha256``, :mod:`plumbing.verified`), and :func:`verified_rounds` checks
+them before a resume: a checkpoint cut short or damaged on disk is skipped, with the reason,
+and the run resumes from the newest round every rank holds intact.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import pickle
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +31,13 @@ from typing import Any
 import torch
 
 from plumbing.atomic import atomic_path
+from plumbing.verified import (
+    DamagedFileError,
+    record_digest,
+    recorded_digest,
+    remove_with_digest,
+    verify,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +72,39 @@ def save_checkpoint(
     path = checkpoint_path(run_dir, rank, round_number)
     with atomic_path(path) as temporary:  # removed if saving fails or is interrupted
         torch.save(state, temporary)
+    record_digest(path)
     for old in available_rounds(run_dir, rank)[:-keep]:
-        checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
+        remove_with_digest(checkpoint_path(run_dir, rank, old))
     return path
+
+
+def repair_hint(run_dir: Path) -> str:
+    """What to do about a checkpoint that does not verify."""
+    return (f"the run resumes from an older intact checkpoint, or from round 1 without one "
+            f"(delete {Path(run_dir) / 'checkpoints'} to start over)")  # fmt: skip
+
+
+def verified_rounds(run_dir: Path, rank: int) -> tuple[list[int], list[tuple[int, str]]]:
+    """``(rounds whose checkpoint verifies, in increasing order, [(round, why skipped)])``.
+
+    A checkpoint verifies when its bytes match the digest recorded beside it; one written
+    before digests were recorded (no record) verifies when it loads."""
+    good, skipped = [], []
+    for round_number in available_rounds(run_dir, rank):
+        path = checkpoint_path(run_dir, rank, round_number)
+        try:
+            if recorded_digest(path) is None:
+                load_checkpoint(run_dir, rank, round_number, verified=False)
+            else:
+                verify(path, repair_hint(run_dir))
+        except DamagedFileError as error:
+            skipped.append((round_number, f"{path}: {error.problem}"))
+            continue
+        except pickle.UnpicklingError as error:  # an old checkpoint cut short, or tampered
+            skipped.append((round_number, f"{path}: not a checkpoint it can load ({error})"))
+            continue
+        good.append(round_number)
+    return good, skipped
 
 
 def host_copy(state: Any) -> Any:
@@ -130,15 +173,24 @@ class CheckpointWriter:
             logger.error("checkpoint of rank %d not written: %s", self.rank, error)
 
 
-def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, Any]:
-    """A checkpoint as :func:`save_checkpoint` wrote it, read with ``weights_only=True``:
-    tensors, plain containers and numbers, NumPy arrays and the evaluation scores, nothing
-    else. A checkpoint holding any other object (a tampered run directory) is refused
-    instead of running its code."""
-    with torch.serialization.safe_globals(_checkpoint_globals()):
-        return torch.load(
-            checkpoint_path(run_dir, rank, round_number), map_location="cpu", weights_only=True
-        )
+def load_checkpoint(
+    run_dir: Path, rank: int, round_number: int, verified: bool = True
+) -> dict[str, Any]:
+    """A checkpoint as :func:`save_checkpoint` wrote it, its digest checked first (unless
+    ``verified`` is false: one written before digests were recorded), read with
+    ``weights_only=True``: tensors, plain containers and numbers, NumPy arrays and the
+    evaluation scores, nothing else. A checkpoint holding any other object (a tampered run
+    directory) is refused instead of running its code. A damaged one raises
+    :class:`~plumbing.verified.DamagedFileError`."""
+    path = checkpoint_path(run_dir, rank, round_number)
+    if verified:
+        verify(path, repair_hint(run_dir))
+    try:
+        with torch.serialization.safe_globals(_checkpoint_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError) as error:
+        problem = f"not a checkpoint torch can read ({' '.join(str(error).split())[:200]})"
+        raise DamagedFileError(path, problem, repair_hint(run_dir)) from None
 
 
 # Where Scores lived before proxyfl/ was split into rooms: a run interrupted then still
@@ -165,7 +217,7 @@ def _checkpoint_globals() -> list[Any]:
 def clear_checkpoints(run_dir: Path, rank: int) -> None:
     """Delete this rank's checkpoints, and the checkpoint folders once they are empty."""
     for old in available_rounds(run_dir, rank):
-        checkpoint_path(run_dir, rank, old).unlink(missing_ok=True)
+        remove_with_digest(checkpoint_path(run_dir, rank, old))
     for directory in (checkpoint_dir(run_dir, rank), Path(run_dir) / "checkpoints"):
         # not empty (another rank's, a stray file) or already gone: leave it
         with contextlib.suppress(OSError):

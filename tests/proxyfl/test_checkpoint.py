@@ -42,7 +42,7 @@ def test_a_failed_save_leaves_no_temporary_and_the_last_checkpoint_intact(
     with pytest.raises(type(error)):
         save_checkpoint(tmp_path, 0, 2, {"weights": torch.ones(3), "bad": _Unpicklable(error)})
     directory = checkpoint_path(tmp_path, 0, 1).parent
-    assert sorted(p.name for p in directory.iterdir()) == ["round_0001.pt"]
+    assert sorted(p.name for p in directory.iterdir()) == ["round_0001.pt", "round_0001.pt.sha256"]
     assert available_rounds(tmp_path, 0) == [1]
     assert torch.equal(load_checkpoint(tmp_path, 0, 1)["weights"], torch.ones(3))
 
@@ -190,3 +190,32 @@ def test_a_round_in_flight_is_written_when_the_loop_fails(tmp_path: Path) -> Non
         raise KeyboardInterrupt
     assert available_rounds(tmp_path, 0) == [1]
     assert not any(t.name.startswith("checkpoint-rank0") for t in threading.enumerate())
+
+
+def test_every_checkpoint_is_verified_and_a_damaged_one_is_skipped_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """A digest is recorded beside each checkpoint; truncated bytes, flipped bytes, a lost
+    record and an old checkpoint without one are told apart, and only intact ones count."""
+    from plumbing.verified import DamagedFileError, digest_path
+    from proxyfl.engine.checkpoint import verified_rounds
+
+    for round_number in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, 0, round_number, {"w": torch.arange(1000.0)}, keep=4)
+    assert verified_rounds(tmp_path, 0) == ([1, 2, 3, 4], [])
+    truncated, flipped, unrecorded = (checkpoint_path(tmp_path, 0, r) for r in (4, 3, 2))
+    os.truncate(truncated, 500)
+    data = bytearray(flipped.read_bytes())
+    data[-300:-100] = bytes(200)
+    flipped.write_bytes(bytes(data))
+    digest_path(unrecorded).unlink()  # as an old run's, or a crash between the two writes
+    good, skipped = verified_rounds(tmp_path, 0)
+    assert good == [1, 2]  # round 2 without a record still loads: accepted
+    reasons = dict(skipped)
+    assert set(reasons) == {3, 4}
+    assert str(truncated) in reasons[4] and "500 bytes" in reasons[4]
+    assert "SHA-256 differs" in reasons[3]
+    with pytest.raises(DamagedFileError, match=r"round_0004\.pt: its bytes are not those"):
+        load_checkpoint(tmp_path, 0, 4)
+    os.truncate(unrecorded, 500)  # no record, and it does not load either
+    assert verified_rounds(tmp_path, 0)[0] == [1]

@@ -4,6 +4,7 @@ the GroupNorm ResNet-18 end to end."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,36 @@ def test_killed_and_resumed_run_matches_uninterrupted(
         assert torch.equal(a["noise_generator"], b["noise_generator"])
     run = json.loads((broken / "run.json").read_text())
     assert run["status"] == "finished"
+
+
+def test_a_damaged_checkpoint_is_skipped_and_the_run_resumes_from_an_intact_one(
+    helpers: Any, stores: Path, tmp_path: Path
+) -> None:
+    """The issue's case: killed after round 2, rank 0's checkpoint of round 2 truncated.
+    The resume says which checkpoint it skipped and why, goes back to round 1 (every rank
+    holds it intact) and ends as the uninterrupted run does."""
+    options = {"rounds": 3, "batch_size": 4, "centers": [0, 1]}
+    whole = tmp_path / "whole"
+    result = helpers.run_mpi(2, helpers.train_args(stores, whole, "ProxyFL", **options))
+    assert result.returncode == 0, helpers.explain(result)
+
+    broken = tmp_path / "broken"
+    args = helpers.train_args(stores, broken, "ProxyFL", **options)
+    killed = helpers.run_mpi(2, [*args, "--stop-after-round", "2"])
+    assert killed.returncode != 0, helpers.explain(killed)
+    assert all(available_rounds(broken, rank) == [1, 2] for rank in range(2))
+    damaged = broken / "checkpoints" / "rank_0" / "round_0002.pt"
+    os.truncate(damaged, 5000)
+
+    resumed = helpers.run_mpi(2, [*args, "--resume"])
+    assert resumed.returncode == 0, helpers.explain(resumed)
+    assert (
+        f"checkpoint of round 2 skipped: {damaged}: its bytes are not those written "
+        "(5000 bytes" in resumed.stderr
+    ), helpers.explain(resumed)
+    assert "resuming after round 1" in resumed.stderr
+    assert _metrics(broken) == _metrics(whole)
+    assert json.loads((broken / "run.json").read_text())["status"] == "finished"
 
 
 def test_client_over_budget_stops_and_protocol_goes_on(helpers: Any, tmp_path: Path) -> None:
