@@ -242,6 +242,17 @@ def _check_rows(path: Path, run: RunResult) -> None:
         seen.add(key)
     if not run.primary_rows(run.final_round):
         raise ReportError(f"{path}: no primary rows in the final round {run.final_round}")
+    listed = {c.get("client") for c in run.run.get("clients") or [] if isinstance(c, dict)}
+    reported = {row.client for row in run.primary_rows(run.final_round)}
+    missing = sorted(c for c in listed - reported if isinstance(c, int))
+    if missing:  # a mean over fewer clients than trained would be reported silently
+        raise ReportError(
+            f"{path}: no row of client(s) {', '.join(map(str, missing))} in the final round "
+            f"{run.final_round}, though {RUN_FILE} lists them: the file was cut short or "
+            f"edited; train the run again (`python -m flows.train --algorithms "
+            f"{run.algorithm} --seeds {run.seed} --replace`, or `dvc repro -f "
+            f"train@{run.algorithm}-{run.seed}`)"
+        )
     rounds = run.config.get("rounds")
     if isinstance(rounds, int) and rounds != run.final_round:
         logger.warning(

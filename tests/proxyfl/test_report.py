@@ -284,6 +284,11 @@ def test_format_table_markdown() -> None:
             lambda d: (d / "metrics.jsonl").write_text("[1, 2]\n"),
             r"metrics\.jsonl: line 1: expected a JSON object",
         ),
+        (  # the issue's: the last line gone, a mean over one client fewer than trained
+            lambda d: _drop_final_rows_of(d, client=1),
+            r"metrics\.jsonl: no row of client\(s\) 1 in the final round 2, though run\.json "
+            r"lists them.*--algorithms FedAvg --seeds 0 --replace",
+        ),
     ],
 )
 def test_malformed_runs_name_the_file(runs_dir: Path, damage: Any, message: str) -> None:
@@ -291,6 +296,16 @@ def test_malformed_runs_name_the_file(runs_dir: Path, damage: Any, message: str)
     with pytest.raises(ReportError, match=message) as info:
         load_runs(runs_dir)
     assert str(runs_dir / "FedAvg" / "seed_0") in str(info.value)
+
+
+def _drop_final_rows_of(run_dir: Path, client: int) -> None:
+    """Remove ``client``'s rows of the final round from a run's metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    final = max(row["round"] for row in rows)
+    kept = [r for r in rows if not (r["round"] == final and r["client"] == client)]
+    assert len(kept) < len(rows)
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
 
 def _edit_row(run_dir: Path, number: int, **changes: Any) -> None:
