@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from plumbing.errors import PipelineError
+from plumbing.verified import DamagedFileError
 from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR, CanaryPlan, CanaryPlanError
 from proxyfl.audit.membership import MembershipResult, auc, membership_result
 from proxyfl.audit.one_run import audit_canaries
@@ -165,6 +166,8 @@ def _models(run_dir: Path, client: int) -> Iterator[tuple[Any, ModelCard]]:
     for path in kept_models(run_dir, client):
         try:
             yield load_trained(path)
+        except DamagedFileError as error:  # named, with the command that retrains it
+            raise AuditInputError(path, error.reason) from None
         except (OSError, ValueError, RuntimeError) as error:
             raise AuditInputError(path, f"cannot be loaded ({error})") from None
 

@@ -15,7 +15,12 @@ file gives the predictions of ``predictions/client_{c}.csv`` (the test that says
     model, card = load_trained("runs/ProxyFL/seed_0/models/client_0/private.safetensors")
     p_tumor = predict_tumor(model, card, patches)  # uint8 (N, S, S, 3) RGB, S = patch_size
 
-Safetensors holds tensors and strings only: loading runs no code, unlike a pickle.
+Safetensors holds tensors and strings only: loading runs no code, unlike a pickle. Each
+file's SHA-256 is recorded beside it (``{evaluated_model}.safetensors.sha256``,
+:mod:`plumbing.verified`) and :func:`load_trained` checks it: a model cut short or with
+flipped bytes is refused with a :class:`~plumbing.verified.DamagedFileError` that names it
+and the command that trains its run again, and a launch does not keep such a run
+(:func:`proxyfl.kept.damaged_models`).
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from plumbing.atomic import atomic_path, write_text
+from plumbing.verified import DamagedFileError, record_digest, recorded_digest, verify
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
+from proxyfl.kept import MODELS_DIR, retrain_hint
 
-MODELS_DIR = "models"
 CARD_KEY = "model_card"  # the safetensors metadata key holding the card's JSON
 NORMALISATION = (
     "RGB uint8 x -> (x / 255 - 0.5) / 0.5 in [-1, 1], channels first, resized to input_size "
@@ -83,13 +89,22 @@ def save_trained(model: nn.Module, path: Path, card: ModelCard) -> None:
                for name, tensor in model.state_dict().items()}  # fmt: skip
     with atomic_path(path) as temporary:
         save_file(tensors, str(temporary), metadata={CARD_KEY: card.to_json()})
+    record_digest(path)
     write_text(path.with_suffix(".json"), card.to_json())
+    record_digest(path.with_suffix(".json"))
 
 
 def read_card(path: str | os.PathLike[str]) -> ModelCard:
-    """The card in a kept model's metadata (``ValueError`` for a file without one)."""
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
+    """The card in a kept model's metadata (``ValueError`` for a file without one; a
+    :class:`~plumbing.verified.DamagedFileError` for one safetensors cannot read)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except OSError:
+        raise
+    except Exception as error:  # safetensors' own SafetensorError: a damaged header
+        problem = f"not a model file safetensors can read ({' '.join(str(error).split())})"
+        raise DamagedFileError(path, problem, retrain_hint(path)) from None
     if CARD_KEY not in metadata:
         raise ValueError(f"{path}: no {CARD_KEY} in its metadata: not a model a run kept")
     return ModelCard.from_json(metadata[CARD_KEY])
@@ -98,8 +113,10 @@ def read_card(path: str | os.PathLike[str]) -> ModelCard:
 def load_trained(
     path: str | os.PathLike[str], device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, ModelCard]:
-    """The model at ``path``, built as its card says, its weights loaded, in eval mode on
-    ``device``, and its card."""
+    """The model at ``path``, its digest checked (where one was recorded), built as its
+    card says, its weights loaded, in eval mode on ``device``, and its card."""
+    if recorded_digest(path) is not None:
+        verify(path, retrain_hint(path))
     card = read_card(path)
     model = build_model(card.architecture, n_classes=card.n_classes, input_size=card.input_size)
     model.load_state_dict(load_file(str(path), device="cpu"))

@@ -12,8 +12,9 @@ it, :func:`plan_launch` compares that record with the job:
   start over, its checkpoints were trained on the old ones);
 - a finished run of the same configuration and stores: **keep** it, no job (with
   ``replace``: train it again beside it, then swap);
-- a finished run of the same configuration whose stores changed: train it again beside
-  it, then swap (it is stale);
+- a finished run of the same configuration whose stores changed, or whose kept models
+  no longer match the digests recorded when they were written (:mod:`proxyfl.kept`):
+  train it again beside it, then swap (it is stale, or damaged);
 - a run of another configuration, or one that recorded none: **refuse**
   (:class:`RunConflict`); with ``replace``, a finished one is trained again beside it and
   swapped, an unfinished one starts over.
@@ -39,6 +40,7 @@ from typing import Any
 from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
+from proxyfl.kept import damaged_models
 from proxyfl.results import RUN_FILE, json_safe
 from wsi.store.digest import store_digest
 from wsi.store.schema import StoreError, rebuild_hint, store_path
@@ -249,6 +251,8 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
         reason = f"the stores it was trained on have changed since ({stale}): training it again"
     elif replace:
         reason = "finished with this configuration; training it again (--replace)"
+    elif damaged := damaged_models(run_dir):
+        reason = f"finished, but its kept models do not verify ({damaged[0]}): training it again"
     else:
         return LaunchPlan(run_dir, Action.KEEP, run_dir, "finished with this configuration "
                           "and these stores: kept (--replace trains it again)", inputs)  # fmt: skip

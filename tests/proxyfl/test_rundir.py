@@ -119,6 +119,50 @@ def test_a_finished_run_of_the_same_configuration_and_stores_is_kept(
     assert (replaced.action, replaced.work) == (Action.REPLACE, staging_dir(run_dir))
 
 
+def test_a_finished_run_whose_kept_models_are_damaged_is_trained_again(
+    data: Path, tmp_path: Path
+) -> None:
+    """The issue's cases: a kept model truncated, or 400 bytes flipped inside its tensors.
+    The loader names the file and the command that retrains it; a launch does not keep the
+    run but trains it again beside it."""
+    import torch
+
+    from plumbing.verified import DamagedFileError
+    from proxyfl.engine.models import build_model
+    from proxyfl.engine.trained import ModelCard, load_trained, save_trained, trained_path
+
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_3"
+    config = _config(data, run_dir)
+    _record(config, "finished")
+    torch.manual_seed(0)
+    card = ModelCard(architecture="cnn1", n_classes=2, input_size=16, patch_size=16,
+                     normalisation="", classes=("healthy", "tumor"), evaluated_model="central",
+                     algorithm="FedAvg", seed=3, client=0, center=0, rounds=1,
+                     config_digest="x")  # fmt: skip
+    path = trained_path(run_dir, 0, "central")
+    path.parent.mkdir(parents=True)
+    save_trained(build_model("cnn1", 2, 16), path, card)
+    assert load_trained(path)[1] == card
+    assert plan_launch(config).action is Action.KEEP
+    intact = path.read_bytes()
+
+    flipped = bytearray(intact)
+    flipped[-1000:-600] = bytes(b ^ 0xFF for b in flipped[-1000:-600])  # inside the tensors
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(DamagedFileError, match=r"central\.safetensors: its bytes are not those "
+                       r"written.*--algorithms FedAvg --seeds 3 --replace"):  # fmt: skip
+        load_trained(path)
+    plan = plan_launch(config)
+    assert plan.action is Action.REPLACE and "kept models do not verify" in plan.reason
+    assert str(path) in plan.reason
+
+    path.write_bytes(intact[:5000])  # cut short
+    with pytest.raises(DamagedFileError, match="5000 bytes"):
+        load_trained(path)
+    path.write_bytes(intact)
+    assert plan_launch(config).action is Action.KEEP
+
+
 def test_a_run_of_another_configuration_is_refused_naming_directory_keys_and_ways_on(
     data: Path, tmp_path: Path
 ) -> None:
