@@ -420,8 +420,11 @@ def _launch(
         process_env.update(passing_output(write_end, write_end))
     with (
         open(read_end, encoding="utf-8", errors="replace") as output,
-        open(job.run_dir / JOB_LOG, "w", encoding="utf-8") as log_file,
+        # appended, a header per attempt, each line on disk as it comes: an attempt killed
+        # outright (kill -9) keeps its lines, and its resume does not erase them
+        open(job.run_dir / JOB_LOG, "a", encoding="utf-8", buffering=1) as log_file,
     ):
+        log_file.write(attempt_header(job))
         started = time.perf_counter()  # the job's wall, as the launcher sees it
         try:
             process = subprocess.Popen(
@@ -447,6 +450,12 @@ def _launch(
             _terminate(process)
             raise
     _raise_unless_finished(job, exit_code, signaled, tails)
+
+
+def attempt_header(job: TrainingJob) -> str:
+    """The line ``job.log`` gets before each attempt's output: when, and what ran."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    return f"=== {when}: {' '.join(job.command())} ===\n"
 
 
 def _raise_unless_finished(

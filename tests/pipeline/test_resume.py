@@ -79,6 +79,10 @@ def test_a_killed_dvc_repro_resumes_to_the_metrics_of_an_uninterrupted_run(
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     resumed = (run / "job.log").read_text()
     assert "resuming after round" in resumed, resumed[-3000:]
+    # both attempts, each after its header: the killed one's lines kept (flushed line by line)
+    attempts = resumed.split("=== ")[1:]
+    assert len(attempts) == 2 and all("proxyfl.run --config" in a for a in attempts), resumed
+    assert "round 2/" in attempts[0] and "resuming after round" in attempts[1]
     after = int(resumed.split("resuming after round ")[1].split()[0])
     assert after >= killed_at - 1  # at most one round lost (ranks keep in step)
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
