@@ -75,7 +75,9 @@ def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Pat
     run_job(job, on_line=lines.append)
     assert any("[rank 0]" in line and "round 1/1" in line for line in lines)
     assert any("[rank 1]" in line and "round 1/1" in line for line in lines)
-    assert (job.run_dir / JOB_LOG).read_text().splitlines() == lines
+    header, *logged = (job.run_dir / JOB_LOG).read_text().splitlines()
+    assert header.startswith("=== ") and "proxyfl.run --config" in header
+    assert logged == lines
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     # ranks end without the interpreter's teardown (proxyfl.run.leave), where nanobind
     # would list Triton's objects as "leaked", a hundred lines a rank
