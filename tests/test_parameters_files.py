@@ -195,10 +195,13 @@ def _with_train_keys(tmp_path: Path, **keys: str) -> Path:
 
 
 def test_a_hostfile_that_is_not_there_stops_a_launch_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``train.hostfile`` missing, or naming no host: the training launch and the canary run
     exit 2 before any server or job starts, naming the key, the file and why."""
+    # the demo's relative paths (data/patches, runs) under an empty folder: after a `make
+    # demo` in this checkout its finished runs would be kept, and the launch exit 0
+    monkeypatch.chdir(tmp_path)
     hostfile = tmp_path / "hosts.txt"
     params = _with_train_keys(tmp_path, hostfile=str(hostfile))
     assert train_main(["--config", str(params)]) == 2
