@@ -99,6 +99,17 @@ def staging_dir(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.next"
 
 
+def pending_replacement(run_dir: Path) -> str:
+    """A note on a replacement of ``run_dir`` that was interrupted and waits beside it
+    (``.seed_s.next``, checkpoints and all: ~2 GB at the paper's scale), or ``""``."""
+    staged = staging_dir(run_dir)
+    if not staged.is_dir():
+        return ""
+    size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file()) / 1e6
+    return (f"; an interrupted replacement of it waits in {staged} ({size:.1f} MB): "
+            f"--replace resumes it, or delete that folder")  # fmt: skip
+
+
 def _retired_dir(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.old"
 
@@ -227,7 +238,8 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
     _complete_interrupted_swap(run_dir)
     recorded = check_launch(config, replace)
     if recorded.state is RunState.ABSENT:
-        return LaunchPlan(run_dir, Action.START, run_dir, "no run there yet",
+        return LaunchPlan(run_dir, Action.START, run_dir,
+                          "no run there yet" + pending_replacement(run_dir),
                           run_inputs(config))  # fmt: skip
     changes = configuration_changes(recorded, config)
     same = changes == {}
@@ -254,8 +266,9 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
     elif damaged := damaged_models(run_dir):
         reason = f"finished, but its kept models do not verify ({damaged[0]}): training it again"
     else:
-        return LaunchPlan(run_dir, Action.KEEP, run_dir, "finished with this configuration "
-                          "and these stores: kept (--replace trains it again)", inputs)  # fmt: skip
+        reason = ("finished with this configuration and these stores: kept (--replace trains "
+                  "it again)" + pending_replacement(run_dir))  # fmt: skip
+        return LaunchPlan(run_dir, Action.KEEP, run_dir, reason, inputs)
     reason += "; the finished run stays until the new one has finished"
     return LaunchPlan(run_dir, Action.REPLACE, staging_dir(run_dir), reason, inputs)
 

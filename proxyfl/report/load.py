@@ -133,7 +133,15 @@ def _select(
         elif not have:
             missing.append(f"{algorithm} (any seed)")
     if missing and (algorithms is not None or seeds is not None):
-        raise ReportError(f"{runs_dir}: requested runs not found: {', '.join(missing)}")
+        pending = [
+            name
+            for name in missing
+            if (runs_dir / name.replace("/seed_", "/.seed_")).with_suffix(".next").is_dir()
+        ]
+        note = (f" ({', '.join(pending)}: a replacement is pending beside it, in "
+                f".seed_S.next; `python -m flows.train --algorithms A --seeds S --replace` "
+                f"finishes it)" if pending else "")  # fmt: skip
+        raise ReportError(f"{runs_dir}: requested runs not found: {', '.join(missing)}{note}")
     chosen = [
         (key, path)
         for key, path in found.items()

@@ -194,6 +194,14 @@ def test_filters_select_runs_and_report_missing_pairs(runs_dir: Path) -> None:
         load_runs(runs_dir, algorithms=["CWT"])
     with pytest.raises(ReportError, match=r"Regular/seed_1"):
         load_runs(runs_dir, seeds=[1])
+    # a replacement that was cut short before its swap: said, with what finishes it
+    (runs_dir / "Joint" / ".seed_1.next").mkdir()
+    with pytest.raises(
+        ReportError,
+        match=r"Joint/seed_1 \(Joint/seed_1: a replacement is "
+        r"pending beside it, in \.seed_S\.next; .*--replace` finishes it\)",
+    ):
+        load_runs(runs_dir, algorithms=["Joint"], seeds=[1])
 
 
 def test_filtered_out_broken_run_is_not_read(runs_dir: Path) -> None:

@@ -163,6 +163,27 @@ def test_a_finished_run_whose_kept_models_are_damaged_is_trained_again(
     assert plan_launch(config).action is Action.KEEP
 
 
+def test_an_interrupted_replacement_left_beside_a_run_is_reported(
+    data: Path, tmp_path: Path
+) -> None:
+    """A killed ``--replace`` leaves ``.seed_s.next`` (its checkpoints: ~2 GB at the
+    paper's scale); a plain launch says so, with its size and what to do, instead of
+    nothing."""
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    _record(config, "finished")
+    assert "interrupted replacement" not in plan_launch(config).reason
+    staged = staging_dir(run_dir)
+    (staged / "checkpoints").mkdir(parents=True)
+    (staged / "checkpoints" / "round_0001.pt").write_bytes(bytes(2_000_000))
+    plan = plan_launch(config)
+    assert plan.action is Action.KEEP
+    assert (
+        f"an interrupted replacement of it waits in {staged} (2.0 MB): --replace "
+        "resumes it, or delete that folder" in plan.reason
+    )
+
+
 def test_a_run_of_another_configuration_is_refused_naming_directory_keys_and_ways_on(
     data: Path, tmp_path: Path
 ) -> None:
