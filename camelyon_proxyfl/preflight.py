@@ -32,7 +32,11 @@ from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.data import DATA_ROOT_FIX
 from camelyon_proxyfl.params.whole import Params
 from camelyon_proxyfl.placement import placement_findings
-from camelyon_proxyfl.training_checks import run_directory_findings, training_findings
+from camelyon_proxyfl.training_checks import (
+    run_directory_findings,
+    training_findings,
+    writable_findings,
+)
 from wsi.cache import CandidateCache
 from wsi.catalogue import Catalogue, DatasetRootError, check_dataset_root, scan_camelyon
 from wsi.center import (
@@ -50,7 +54,7 @@ def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:
     """Every check this module describes, on ``params`` (already validated);
     ``replace_runs``: runs of another configuration in ``train.runs`` may be replaced."""
     findings: list[Finding] = placement_findings(params.train)
-    findings += run_directory_findings(params.train, replace_runs)
+    findings += writable_findings(params.train) + run_directory_findings(params.train, replace_runs)
     data = params.data
     try:
         check_dataset_root(data.root)

@@ -1,7 +1,7 @@
 """What a training launch can check before it starts a server or an MPI job: the stores it
 reads, the batch size against every client's training size, PrivateKT's public pool (the
-ranks' own rules, :mod:`proxyfl.rules`), the run directories it would write
-(:mod:`proxyfl.launch.rundir`: never a finished run of another configuration without
+ranks' own rules, :mod:`proxyfl.rules`), the run directories it would write (writable;
+:mod:`proxyfl.launch.rundir`: never a finished run of another configuration without
 ``--replace``), and where the jobs would run (a hostfile there, ``srun`` to call:
 :mod:`camelyon_proxyfl.placement`). The pipeline's preflight uses the same rules with the
 sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
@@ -9,7 +9,9 @@ sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
@@ -94,8 +96,24 @@ def run_directory_findings(train: TrainSection, replace: bool) -> list[Finding]:
     return findings
 
 
+def writable_findings(train: TrainSection) -> list[Finding]:
+    """An error when ``train.runs`` cannot be written (a read-only file system, another
+    user's folder): every launch writes there, a kept run's lock file included, and would
+    otherwise learn it only once its server and ranks had started."""
+    folder = Path(train.runs)
+    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if existing is None or os.access(existing, os.W_OK):
+        return []
+    return [Finding("error", "train.runs",
+                    f"{folder}: cannot be written ({existing} is read-only, or not yours): "
+                    "every launch writes its runs there, even one that keeps a finished run "
+                    "(its lock file); make it writable, or set train.runs to a folder that "
+                    "is")]  # fmt: skip
+
+
 def check_training(train: TrainSection, replace: bool) -> list[Finding]:
     """Every check of this module for the jobs of ``train``, on the stores as they are."""
-    findings = placement_findings(train) + run_directory_findings(train, replace)
+    findings = placement_findings(train) + writable_findings(train)
+    findings += run_directory_findings(train, replace)
     sizes, unreadable = stored_sizes(train)
     return findings + unreadable + training_findings(train, sizes)

@@ -3,6 +3,7 @@ the key and the reason, before anything runs; flags override keys; help shows ea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -218,6 +219,30 @@ def test_a_hostfile_that_is_not_there_stops_a_launch_naming_it(
     assert train_main(["--config", str(params)]) == 2  # the demo's stores are not built here
     assert "train.hostfile" not in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mount namespaces")
+def test_a_read_only_runs_folder_stops_a_launch_before_anything_starts(tmp_path: Path) -> None:
+    """``train.runs`` on a read-only file system (a real one: a read-only tmpfs in a mount
+    namespace of this user's): the launch exits 2 at its checks, naming the key, the folder
+    and what to do, instead of failing on its lock file after the server and ranks start."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    params = _with_train_keys(tmp_path, runs=str(read_only / "runs"))
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        f"import sys\nfrom flows.train import main\nsys.exit(main(['--config', {str(params)!r}]))\n"
+    )
+    script = f"mount -t tmpfs -o ro tmpfs {read_only} && exec {sys.executable} {probe}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=300, env={**os.environ,
+                          "PYTHONPATH": str(REPO)})  # fmt: skip
+    if "mount" in done.stderr and done.returncode != 2:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (f"error: train.runs: {read_only / 'runs'}: cannot be written ({read_only} is "
+            "read-only, or not yours)") in done.stderr, done.stderr[-2000:]  # fmt: skip
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
