@@ -46,15 +46,16 @@ CASES = {
         "launch it with mpiexec -n 1",
     ),
     "joint without centres": (1, None, {"algorithm": "Joint"}, "", "list them"),
-    # a real allocation failure of torch's CPU allocator (one 100,000² px example: 120 GB),
+    # a real allocation failure of torch's CPU allocator (one 1,000,000² px example: 12 TB, which
+    # no machine has, so the allocator refuses it at once),
     # caught before round 1 as a GPU's torch.OutOfMemoryError is (proxyfl.engine.memory)
     "does not fit in memory": (
         2,
         None,
-        {"input_size": 100_000, "proxy_model": "resnet18_gn", "private_model": "resnet18_gn"},
+        {"input_size": 1_000_000, "proxy_model": "resnet18_gn", "private_model": "resnet18_gn"},
         "",
         "out of memory on cpu in one example's forward pass at batch 1: an allocation of "
-        "120.00 GB more failed",
+        "12000.00 GB more failed",
     ),
 }
 

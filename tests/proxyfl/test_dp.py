@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -417,6 +418,10 @@ def test_largest_plausible_batch_is_the_binomial_quantile(n: int, q: float) -> N
 
 
 @pytest.mark.slow  # torch.compile on a CPU: ~1 minute of C++ compilation
+@pytest.mark.skipif(
+    not any(shutil.which(compiler) for compiler in ("g++", "c++", "clang++")),
+    reason="torch.compile on a CPU needs a C++ compiler",
+)
 def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -> None:
     """``compile: on`` (CUDA's default) on a CPU: the private model's forward and the func
     engine's padded chunk function compiled; a round from the same seeds gives the same
