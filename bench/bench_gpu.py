@@ -440,7 +440,7 @@ def project(job: JobOutcome, steps: list[dict[str, Any]], counts: dict[str, Any]
         "proxyfl_run_minutes": round(proxyfl_run / 60, 1),
         "dp_only_run_minutes": round(dp_only_run / 60, 1),
         "joint_run_minutes": round(joint_run / 60, 1),
-        "table2_gpu_hours": round(table2 / 3600, 1),
+        "table2_device_hours": round(table2 / 3600, 1),
         "method": "per-patch seconds of the busiest rank of (b), scaled to Table 1; "
                   f"DP-only methods at {dp_name} / DML step = {dp_share:.2f} of its training",
     }  # fmt: skip

@@ -40,7 +40,7 @@ def test_bench_gpu_smoke_measures_every_figure(tmp_path: Path) -> None:
     assert determinism["two_runs"]["identical"] and determinism["two_runs"]["rows"] > 0
     assert determinism["stop_and_resume"]["identical"]
     # (d) a projection at Table 1's size
-    assert figures["projection"]["table2_gpu_hours"] > 0
+    assert figures["projection"]["table2_device_hours"] > 0
     # (e) what does not fit is named, in one line per rank group, not a traceback
     oom = figures["out_of_memory"]
     assert not oom["ok"]
