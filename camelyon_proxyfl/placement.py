@@ -1,6 +1,7 @@
 """Where the jobs of ``train:`` run: the one :class:`~proxyfl.launch.job.Placement` built from
 ``train.launcher``, ``train.hosts`` and ``train.hostfile``, and what can be checked of it
-before any launch (a hostfile that is not there, no ``srun`` to call).
+before any launch (a hostfile that is not there, a host that does not answer ssh, no
+``srun`` to call).
 
 Kept apart from :mod:`camelyon_proxyfl.params.train`, which the report and the audit read
 too: they launch nothing, so the launcher's code is not among what they depend on.
@@ -12,6 +13,7 @@ import shutil
 
 from camelyon_proxyfl.findings import Finding
 from camelyon_proxyfl.params.train import TrainSection
+from proxyfl.launch.hosts import named_hosts, unreachable_hosts
 from proxyfl.launch.job import Placement
 
 
@@ -39,12 +41,25 @@ def _hostfile_problem(train: TrainSection) -> str | None:
 
 
 def placement_findings(train: TrainSection) -> list[Finding]:
-    """An error for a hostfile hydra could not read, and for ``srun`` where none is on
-    ``PATH`` (the keys' own combinations are validated with the section)."""
+    """An error for a hostfile hydra could not read, for each host of ``train.hosts`` or
+    the hostfile that does not answer ssh within ``train.ssh_timeout_s`` (checked all at
+    once, this machine's names excepted: :mod:`proxyfl.launch.hosts`), and for ``srun``
+    where none is on ``PATH`` (the keys' own combinations are validated with the
+    section)."""
     findings = []
     problem = _hostfile_problem(train)
     if problem is not None:
         findings.append(Finding("error", "train.hostfile", problem))
+    elif train.launcher == "mpiexec" and (train.hosts or train.hostfile is not None):
+        hosts = named_hosts(train.hosts, train.hostfile)
+        for host, why in unreachable_hosts(hosts, train.ssh_timeout_s).items():
+            findings.append(Finding(
+                "error", f"host {host}",
+                f"{why}; hydra's mpiexec starts this host's ranks over ssh, and would wait "
+                "for it without end: make it reachable (ssh with a key, no prompt, its host "
+                "key known), or leave it out of "
+                f"{'train.hostfile' if train.hostfile is not None else 'train.hosts'}",
+            ))  # fmt: skip
     if train.launcher == "srun" and shutil.which("srun") is None:
         findings.append(Finding(
             "error", "train.launcher",

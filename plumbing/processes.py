@@ -6,7 +6,9 @@ asks the kernel for a signal when its parent dies (``PR_SET_PDEATHSIG``):
 
 - a process calls :func:`die_with_parent` for itself (a pool worker as its initializer, a
   command at its start);
-- programs started with ``subprocess`` are wrapped by :func:`parent_bound_command`.
+- programs started with ``subprocess`` are wrapped by :func:`parent_bound_command`, or,
+  when they start children that must not outlive them either (``mpiexec``'s ssh clients),
+  by :func:`tree_bound_command`.
 
 The kernel sends the signal when the *thread* that forked the child exits, so children
 must be forked from threads that live as long as they do. Elsewhere than on Linux this
@@ -66,6 +68,76 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
     if not binds_children():
         return list(argv)
     return [sys.executable, "-c", _EXEC_BOUND, str(os.getpid()), str(int(signal_number)),
+            *argv]  # fmt: skip
+
+
+# What tree_bound_command runs: bound to its parent as above, and a subreaper
+# (PR_SET_CHILD_SUBREAPER), so that what the program's children leave behind when they die
+# becomes its own child rather than init's. It starts the program and ends every process
+# under it (SIGTERM, then SIGKILL after a grace) when asked to stop (SIGTERM, SIGINT,
+# SIGHUP: the parent's death sends SIGTERM), and, once the program has exited, kills and
+# reaps whatever it left. It exits as the program did: its status, or 128 + the signal.
+_SUPERVISE_TREE = (
+    "import ctypes, os, signal, subprocess, sys, threading\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) or libc.prctl(36, 1, 0, 0, 0):\n"
+    "    raise OSError(ctypes.get_errno(), 'prctl failed')\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "def under():\n"
+    "    children = {}\n"
+    "    for name in filter(str.isdigit, os.listdir('/proc')):\n"
+    "        try:\n"
+    "            with open(f'/proc/{name}/stat', 'rb') as stat:\n"
+    "                parent = int(stat.read().rsplit(b')', 1)[1].split()[1])\n"
+    "        except (OSError, ValueError, IndexError):\n"
+    "            continue\n"
+    "        children.setdefault(parent, []).append(int(name))\n"
+    "    found, todo = [], [os.getpid()]\n"
+    "    while todo:\n"
+    "        below = children.get(todo.pop(), [])\n"
+    "        found, todo = found + below, todo + below\n"
+    "    return found\n"
+    "def signal_all(number):\n"
+    "    for pid in under():\n"
+    "        try:\n"
+    "            os.kill(pid, number)\n"
+    "        except ProcessLookupError:\n"
+    "            pass\n"
+    "grace, child, asked = float(sys.argv[2]), None, []\n"
+    "def stop(number, frame):\n"
+    "    asked.append(number)\n"
+    "    if child is not None and len(asked) == 1:\n"
+    "        signal_all(signal.SIGTERM)\n"
+    "        threading.Timer(grace, signal_all, (signal.SIGKILL,)).start()\n"
+    "for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(number, stop)\n"
+    "child = subprocess.Popen(sys.argv[3:])\n"
+    "if asked:\n"
+    "    signal_all(signal.SIGKILL)\n"
+    "code = child.wait()\n"
+    "while under():\n"
+    "    signal_all(signal.SIGKILL)\n"
+    "    while True:\n"
+    "        try:\n"
+    "            os.waitpid(-1, 0)\n"
+    "        except ChildProcessError:\n"
+    "            break\n"
+    "os._exit(128 - code if code < 0 else code)\n"
+)
+
+
+def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
+    """``argv`` run by a supervisor that ends every process under it, in whatever session
+    or group: when the calling process dies (even by SIGKILL), when the supervisor gets
+    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later), and once
+    ``argv`` has exited. For a launcher whose children would otherwise outlive it: hydra's
+    ``mpiexec`` starts each ``ssh`` in a session of its own, and leaves one to a host that
+    does not answer running when it is stopped. The supervisor exits as ``argv`` did
+    (128 + N for signal N). ``argv`` itself off Linux."""
+    if not binds_children():
+        return list(argv)
+    return [sys.executable, "-c", _SUPERVISE_TREE, str(os.getpid()), str(float(grace_s)),
             *argv]  # fmt: skip
 
 

@@ -6,14 +6,19 @@ when closed after ``nohup cmd &``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
+
+from plumbing.processes import parent_bound_command, tree_bound_command
 
 REPO = Path(__file__).resolve().parents[1]
 # a command's __main__ in miniature: start_command, then live 4 s and say so
@@ -76,3 +81,97 @@ def test_ctrl_c_stops_a_command_started_with_sigint_ignored(tmp_path: Path) -> N
     _, err = process.communicate(timeout=10)
     assert process.returncode != 0 and "KeyboardInterrupt" in err
     assert not (tmp_path / "marker").exists()
+
+
+# a launcher in miniature: starts a child in a session of its own (as hydra starts each ssh),
+# writes the child's pid to argv[1], then exits with status argv[2] (or lives, given "live")
+LAUNCHER = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    "open(sys.argv[1], 'w').write(str(child.pid))\n"
+    "if sys.argv[2] == 'live':\n"
+    "    time.sleep(600)\n"
+    "sys.exit(int(sys.argv[2]))\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for_pid(path: Path) -> int:
+    deadline = time.monotonic() + 20
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, "the launcher never started its child"
+        time.sleep(0.1)
+    return int(path.read_text())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+@pytest.mark.parametrize(("bind", "outlives"), [(tree_bound_command, False),
+                                                (parent_bound_command, True)])  # fmt: skip
+def test_a_launcher_killed_with_its_caller_leaves_no_child_of_another_session(
+    tmp_path: Path, bind: Callable[[list[str]], list[str]], outlives: bool
+) -> None:
+    """The caller (a flow) is killed outright while its launcher runs: with
+    tree_bound_command nothing the launcher started is left, even in a session of its own;
+    bound by parent_bound_command alone (the launcher only), that child lives on."""
+    pid_file = tmp_path / "child.pid"
+    caller = (  # starts the bound launcher, then waits to be killed
+        "import subprocess, sys, time\n"
+        f"from plumbing.processes import {bind.__name__} as bind\n"
+        f"launcher = [sys.executable, '-c', {LAUNCHER!r}, {str(pid_file)!r}, 'live']\n"
+        "subprocess.Popen(bind(launcher), start_new_session=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", caller], cwd=REPO)
+    child = _wait_for_pid(pid_file)
+    try:
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _alive(child) is outlives
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_tree_bound_launcher_exits_as_it_did_and_leaves_nothing(
+    tmp_path: Path, status: int
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    command = tree_bound_command([sys.executable, "-c", LAUNCHER, str(pid_file), str(status)])
+    finished = subprocess.run(command, cwd=REPO, timeout=30)
+    child = int(pid_file.read_text())
+    try:
+        assert finished.returncode == status
+        assert not _alive(child), "the child in its own session outlived the launcher"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_tree_bound_launcher_stopped_stops_all_under_it_with_the_shell_status(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the supervisor (what a flow's Ctrl-C sends the job): the launcher and its
+    child in another session end, and the status says SIGTERM ended the launcher."""
+    pid_file = tmp_path / "child.pid"
+    command = tree_bound_command([sys.executable, "-c", LAUNCHER, str(pid_file), "live"])
+    process = subprocess.Popen(command, cwd=REPO)
+    child = _wait_for_pid(pid_file)
+    try:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 128 + signal.SIGTERM
+        assert not _alive(child)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

@@ -45,6 +45,12 @@ class TrainSection(Section):
         description="a file naming the machines the ranks run on, one NAME[:N] a line "
         "(hydra's mpiexec -f); instead of train.hosts",
     )
+    ssh_timeout_s: int = Field(
+        10, ge=1,
+        description="seconds each host of train.hosts / train.hostfile other than this "
+        "machine has to answer ssh (ConnectTimeout, BatchMode) before any job starts; one "
+        "that does not is an error, and nothing is launched",
+    )  # fmt: skip
     retries: int = Field(
         1, ge=0,
         description="times a failed job is launched again, resuming from its last round "

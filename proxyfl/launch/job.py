@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.output import passing_output
-from plumbing.processes import parent_bound_command
+from plumbing.processes import tree_bound_command
 from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
@@ -56,6 +56,9 @@ from proxyfl.results import METRICS_FILE, RUN_FILE
 logger = logging.getLogger(__name__)
 
 JOB_LOG = "job.log"
+# seconds a stopped job's processes have between SIGTERM and SIGKILL: a rank loses at most
+# the round under way (checkpoints are written whole or not at all)
+STOP_GRACE_S = 3.0
 # every log line of a rank starts so (proxyfl.run's logging format): tails are kept per rank
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
 # how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
@@ -404,8 +407,9 @@ def _launch(
     tail_lines: int,
     on_round: Callable[[RoundProgress], None] | None,
 ) -> None:
-    # mpiexec gets SIGTERM if this process dies (even by SIGKILL), and stops its ranks
-    command = parent_bound_command(job.command(warm), signal.SIGTERM)
+    # the launcher and every process it starts (its ranks' shims, hydra's ssh clients, in
+    # sessions of their own) end with this process, even killed by SIGKILL
+    command = tree_bound_command(job.command(warm), STOP_GRACE_S)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
     # only MPICH's fork launcher says in lines of its own which rank a signal ended, and
@@ -499,8 +503,9 @@ def launch_planned(
         publish_staged(plan.run_dir)
 
 
-def _terminate(process: subprocess.Popen[str], grace_seconds: float = 10.0) -> None:
-    """Stop every process of the job (mpiexec and its ranks share one session)."""
+def _terminate(process: subprocess.Popen[str], grace_seconds: float = STOP_GRACE_S + 5) -> None:
+    """Stop every process of the job: its supervisor (:func:`tree_bound_command`) ends
+    every process under it, the ranks with them."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=grace_seconds)

@@ -63,15 +63,20 @@ OVER_THE_LINK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IF
 # hydra's ssh launcher calls `ssh [options] HOST COMMAND...` (COMMAND: its proxy, with the
 # control port to call back); sshd on HOST would run COMMAND with a shell. `ip netns exec`
 # runs it in a mount namespace of its own too, so B's bind mount is B's alone
+# Like ssh, it first connects to the host's port 22 over the network, within -o
+# ConnectTimeout (where the sshd stand-in of `two_hosts` listens), and fails as ssh does.
 SSH = """#!/bin/sh
+wait=30
 while [ $# -gt 0 ]; do
   case "$1" in
+    -o) case "$2" in ConnectTimeout=*) wait="${{2#ConnectTimeout=}}" ;; esac; shift 2 ;;
     -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;;
     -*) shift ;;
     *) break ;;
   esac
 done
 host=$1; shift
+{python} {connect} "$host" "$wait" || exit 255
 case "$host" in
   {host_a}) namespace={a}; disk="" ;;
   {host_b}) namespace={b}; disk="mount --bind {b_stores} {stores} && " ;;
@@ -79,6 +84,20 @@ case "$host" in
 esac
 exec ip netns exec "$namespace" sh -c "$disk$*"
 """
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection((sys.argv[1], 22), timeout=float(sys.argv[2])).close()\n"
+    "except OSError as error:\n"
+    "    sys.exit(f'ssh: connect to host {sys.argv[1]} port 22: {error.strerror or error}')\n"
+)
+# what stands for sshd on host B: accepts connections on port 22
+SSHD = (
+    "import socket\n"
+    "server = socket.create_server(('0.0.0.0', 22))\n"
+    "while True:\n"
+    "    server.accept()[0].close()\n"
+)
 
 
 @dataclass(frozen=True)
@@ -121,7 +140,12 @@ def two_hosts() -> Iterator[TwoHosts]:
             _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", LINK)
             _ip("-n", namespace, "link", "set", "lo", "up")
             _ip("-n", namespace, "link", "set", LINK, "up")
-        yield hosts
+        sshd = subprocess.Popen(["ip", "netns", "exec", hosts.b, sys.executable, "-c", SSHD])
+        try:
+            yield hosts
+        finally:
+            sshd.kill()
+            sshd.wait()
     finally:
         for namespace in (hosts.a, hosts.b):
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
@@ -213,32 +237,47 @@ def _watch_until_done(process: subprocess.Popen[str], watch: RankWatch) -> None:
         time.sleep(0.2)
 
 
-def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
-    two_hosts: TwoHosts, helpers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    helpers.write_stores(one / "stores", centers=(0, 1, 2, 3))
-    shutil.copytree(one / "stores", two / "stores")  # host A's disk: every store whole
+@dataclass(frozen=True)
+class Project:
+    """A project folder whose params.yaml trains on both hosts, and how to run its command
+    in A as the user would."""
+
+    root: Path
+    hostfile: Path
+    env: dict[str, str]
+    python_path: str
+
+    def command(self, hosts: TwoHosts) -> list[str]:
+        return ["ip", "netns", "exec", hosts.a, sys.executable, "-m", "flows.train",
+                "--config", "params.yaml", "--hostfile", str(self.hostfile)]  # fmt: skip
+
+
+def _project(hosts: TwoHosts, tmp_path: Path, stores: Path) -> Project:
+    """``tmp_path/two``: the stores of ``stores`` on host A's disk (all whole), host B's
+    disk with centres 2 and 3 whole and the others' test splits, the hostfile naming both
+    hosts with two ranks each, and ``ssh`` standing in as the module says."""
+    two = tmp_path / "two"
+    shutil.copytree(stores, two / "stores")  # host A's disk: every store whole
     b_stores = tmp_path / "b-disk"  # host B's: centres 2 and 3, and the others' test splits
     b_stores.mkdir()
     for center in (0, 1, 2, 3):
         name = f"center_{center}.h5"
         if center in (2, 3):
-            shutil.copyfile(one / "stores" / name, b_stores / name)
+            shutil.copyfile(stores / name, b_stores / name)
         else:
-            _without_training_patches(one / "stores" / name, b_stores / name)
+            _without_training_patches(stores / name, b_stores / name)
     # the checkout under test, not another one the environment's editable install names
     python_path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-
-    # two hosts: the user's command in A, the hostfile naming both hosts, two ranks each
     hostfile = two / "hosts.txt"
     hostfile.write_text(f"{HOST_A}:2\n{HOST_B}:2\n")
     (two / "params.yaml").write_text(yaml.safe_dump({"train": TRAIN}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(SSH.format(host_a=HOST_A, host_b=HOST_B, a=two_hosts.a,
-                                            b=two_hosts.b, b_stores=b_stores,
-                                            stores=two / "stores"))  # fmt: skip
+    (bin_dir / "connect.py").write_text(CONNECT)
+    (bin_dir / "ssh").write_text(SSH.format(host_a=HOST_A, host_b=HOST_B, a=hosts.a, b=hosts.b,
+                                            b_stores=b_stores, stores=two / "stores",
+                                            python=sys.executable,
+                                            connect=bin_dir / "connect.py"))  # fmt: skip
     (bin_dir / "ssh").chmod(0o755)
     env = {**os.environ, **OVER_THE_LINK, "PYTHONPATH": python_path,
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -246,13 +285,20 @@ def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
            "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONWARNINGS": "ignore"}  # fmt: skip
     env.pop("PREFECT_API_URL", None)  # a server outside A is out of A's reach: its own
+    return Project(two, hostfile, env, python_path)
+
+
+def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
+    two_hosts: TwoHosts, helpers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = tmp_path / "one"
+    helpers.write_stores(one / "stores", centers=(0, 1, 2, 3))
+    project = _project(two_hosts, tmp_path, one / "stores")
+    two, hostfile, python_path = project.root, project.hostfile, project.python_path
     watch = RankWatch(two)
     with open(tmp_path / "flow.log", "w") as log:
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", two_hosts.a, sys.executable, "-m", "flows.train",
-             "--config", "params.yaml", "--hostfile", str(hostfile)],
-            cwd=two, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        process = subprocess.Popen(project.command(two_hosts), cwd=two, env=project.env,
+                                   stdout=log, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         watching = threading.Thread(target=_watch_until_done, args=(process, watch), daemon=True)
         watching.start()
         try:
@@ -292,3 +338,76 @@ def test_a_job_across_two_hosts_writes_the_bytes_of_one_host(
     assert placed.keys() == reference.keys()
     differing = [name for name in reference if placed[name] != reference[name]]
     assert not differing, differing
+
+
+def _left_behind(project: Project) -> list[str]:
+    """Every process of the project's job still alive: in its folder, or its ssh stand-in,
+    or a hydra proxy (this session's namespaces' alone: B's address is in its command)."""
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline", "cwd", "status"]):
+        info = process.info
+        if info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmdline = " ".join(info["cmdline"] or [])
+        mine = (info["cwd"] or "").startswith(str(project.root))
+        if mine or str(project.root) in cmdline or str(project.hostfile.parent) in cmdline:
+            left.append(f"{info['pid']} {cmdline[:160]}")
+    return left
+
+
+def test_a_host_that_does_not_answer_stops_the_launch_before_any_rank_starts(
+    two_hosts: TwoHosts, helpers: Any, tmp_path: Path
+) -> None:
+    """Host B's link down: the launch asks both hosts over ssh first, and exits 2 at once,
+    naming B and why, with no retry, no Prefect server, no rank and no run directory."""
+    helpers.write_stores(tmp_path / "stores", centers=(0, 1, 2, 3))
+    project = _project(two_hosts, tmp_path, tmp_path / "stores")
+    _ip("-n", two_hosts.b, "link", "set", LINK, "down")
+    started = time.monotonic()
+    done = subprocess.run(project.command(two_hosts), cwd=project.root, env=project.env,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        f"error: host {HOST_B}: ssh {HOST_B} true failed within 10 s: ssh: connect to "
+        f"host {HOST_B} port 22: " in done.stderr
+    ), done.stderr
+    assert f"host {HOST_A}" not in done.stderr  # A is where the command runs: no ssh
+    assert "nothing was launched" in done.stderr
+    assert not (project.root / "runs").exists() and "mpiexec" not in done.stdout
+    assert took < 60, f"{took:.0f} s"
+
+
+def test_a_launch_killed_while_a_host_is_cut_off_leaves_no_ssh_proxy_or_rank(
+    two_hosts: TwoHosts, helpers: Any, tmp_path: Path
+) -> None:
+    """The job runs on both hosts; B's link drops, and the user's command is killed
+    outright (SIGKILL: no cleanup of its own). Its launcher, ssh, hydra's proxies and every
+    rank on both hosts are gone within seconds, none left waiting on the dead link."""
+    helpers.write_stores(tmp_path / "stores", centers=(0, 1, 2, 3))
+    project = _project(two_hosts, tmp_path, tmp_path / "stores")
+    train = {**TRAIN, "options": {**TRAIN["options"], "rounds": 500}}  # still running
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"train": train}))
+    watch = RankWatch(project.root)
+    with open(tmp_path / "flow.log", "w") as log:
+        process = subprocess.Popen(
+            project.command(two_hosts), cwd=project.root, env=project.env, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 240
+            while set(watch.namespaces) != {0, 1, 2, 3}:
+                assert process.poll() is None, (tmp_path / "flow.log").read_text()[-4000:]
+                assert time.monotonic() < deadline, (tmp_path / "flow.log").read_text()[-4000:]
+                watch.sample()
+                time.sleep(0.2)
+            _ip("-n", two_hosts.b, "link", "set", LINK, "down")
+            process.kill()
+            process.wait(timeout=30)
+            deadline = time.monotonic() + 20
+            while (left := _left_behind(project)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert not left, "outlived the command:\n" + "\n".join(left)
