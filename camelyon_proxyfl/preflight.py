@@ -15,6 +15,8 @@ minutes of preprocessing or in an MPI job (``python -m flows.pipeline --check``)
   size), as ``proxyfl.run`` would find it, and non-empty test splits;
 - PrivateKT: a public pool of at least K (``kt_samples``) and M (``self_train_samples``)
   items;
+- the folders it writes (``preprocess.out``, ``preprocess.cache_dir``, ``train.runs``)
+  can be written;
 - the run directories: no run of another configuration in ``train.runs`` is replaced
   unless asked (the rules of :mod:`camelyon_proxyfl.training_checks`, which
   ``flows.train`` applies to the stores on disk);
@@ -54,7 +56,8 @@ def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:
     """Every check this module describes, on ``params`` (already validated);
     ``replace_runs``: runs of another configuration in ``train.runs`` may be replaced."""
     findings: list[Finding] = placement_findings(params.train)
-    findings += writable_findings(params.train) + run_directory_findings(params.train, replace_runs)
+    findings += writable_folder_findings(params)
+    findings += run_directory_findings(params.train, replace_runs)
     data = params.data
     try:
         check_dataset_root(data.root)
@@ -82,6 +85,15 @@ def preflight(params: Params, replace_runs: bool = False) -> list[Finding]:
             sizes[center] = size
     findings += training_findings(params.train, sizes)
     return findings
+
+
+def writable_folder_findings(params: Params) -> list[Finding]:
+    """An error for each folder the pipeline writes that cannot be written: the stores',
+    the candidate cache's and the runs' (checked by ``python -m flows.pipeline`` before its
+    server starts, and again by the flow)."""
+    findings = [Finding("error", key, reason)
+                for key, reason in params.preprocess.unwritable_folders().items()]  # fmt: skip
+    return findings + writable_findings(params.train)
 
 
 def _named_centres(params: Params, catalogue: Catalogue) -> list[Finding]:

@@ -9,13 +9,12 @@ sizes its planning gives; ``flows.train`` with the sizes of the stores on disk.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from camelyon_proxyfl.findings import CentreSize, Finding
 from camelyon_proxyfl.params.train import TrainSection
 from camelyon_proxyfl.placement import placement_findings
+from plumbing.atomic import unwritable_reason
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
 from proxyfl.rules import (
     batch_size_problem,
@@ -100,15 +99,10 @@ def writable_findings(train: TrainSection) -> list[Finding]:
     """An error when ``train.runs`` cannot be written (a read-only file system, another
     user's folder): every launch writes there, a kept run's lock file included, and would
     otherwise learn it only once its server and ranks had started."""
-    folder = Path(train.runs)
-    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
-    if existing is None or os.access(existing, os.W_OK):
-        return []
-    return [Finding("error", "train.runs",
-                    f"{folder}: cannot be written ({existing} is read-only, or not yours): "
-                    "every launch writes its runs there, even one that keeps a finished run "
-                    "(its lock file); make it writable, or set train.runs to a folder that "
-                    "is")]  # fmt: skip
+    reason = unwritable_reason(train.runs, "every launch writes its runs there, even one "
+                               "that keeps a finished run (its lock file); make it "
+                               "writable, or set train.runs to a folder that is")  # fmt: skip
+    return [Finding("error", "train.runs", reason)] if reason else []
 
 
 def check_training(train: TrainSection, replace: bool) -> list[Finding]:

@@ -35,7 +35,7 @@ from camelyon_proxyfl.findings import PreflightFailed, errors
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, ParamsCommand
 from camelyon_proxyfl.params.whole import Params, load_params
 from camelyon_proxyfl.placement import placement
-from camelyon_proxyfl.preflight import preflight
+from camelyon_proxyfl.preflight import preflight, writable_folder_findings
 from flows.audit import privacy_audit
 from flows.canary import canary_run
 from flows.preprocess import PreprocessFailed, run_preprocess, stale_stores
@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     params = load_pipeline_params(command.params_file)
     if args.check:
         return print_findings(params, args.replace_runs)
+    unwritable = writable_folder_findings(params)  # before a server, or a slide, is started
+    for finding in unwritable:
+        print(finding, file=sys.stderr)
+    if unwritable:
+        return 2
     scheduler = params.preprocess.scheduler_address
     return run_flow_command(  # one server for the pipeline, its stages and their workers
         lambda: pipeline(command.params_file, args.replace_runs, args.rebuild_stores),

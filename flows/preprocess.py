@@ -13,8 +13,8 @@ Defaults come from ``params.yaml`` (section ``preprocess:``); every flag overrid
 so they are recomputed, and the stores of ``--centers`` are rebuilt.
 Every centre is checked against its ``patches_per_class`` before any store is written;
 exits 1 when a centre cannot be built (or, with ``--strict``, on any slide or catalogue
-failure), 2 on a bad parameter or a ``--redo-slides`` id that is not a labelled
-slide of ``--centers``.
+failure), 2 on a bad parameter, a folder it writes that cannot be written, or a
+``--redo-slides`` id that is not a labelled slide of ``--centers``.
 """
 
 from __future__ import annotations
@@ -272,6 +272,11 @@ def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, .
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config, redo_slides = parse_config(argv)
+    unwritable = config.unwritable_folders()
+    for key, reason in unwritable.items():
+        print(f"error: {key}: {reason}", file=sys.stderr)
+    if unwritable:
+        return 2
     try:  # checked before any flow starts; the flow checks again for other callers
         require_dataset(config.data_root)
         if redo_slides:

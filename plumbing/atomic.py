@@ -176,3 +176,25 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_json(path: str | os.PathLike[str], payload: Any, *, sort_keys: bool = False) -> None:
     """Write ``payload`` as indented JSON (and a final newline) to ``path`` atomically."""
     write_text(path, json.dumps(payload, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def blocking_write(folder: str | os.PathLike[str]) -> Path | None:
+    """The existing directory that keeps files from being written in ``folder`` (itself,
+    or its nearest existing parent where it is still to be made): read-only, another
+    user's, or not a directory; ``None`` when ``folder`` can be written."""
+    folder = Path(folder)
+    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if existing is None:
+        return None
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return existing
+    return None
+
+
+def unwritable_reason(folder: str | os.PathLike[str], writes: str) -> str | None:
+    """``"FOLDER: cannot be written (...)"`` with what ``writes`` there, or ``None``."""
+    blocking = blocking_write(folder)
+    if blocking is None:
+        return None
+    why = "not a directory" if not blocking.is_dir() else "read-only, or not yours"
+    return f"{folder}: cannot be written ({blocking} is {why}): {writes}"

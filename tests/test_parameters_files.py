@@ -222,18 +222,37 @@ def test_a_hostfile_that_is_not_there_stops_a_launch_naming_it(
     assert not (tmp_path / "runs").exists()
 
 
+# command -> (the key of the folder it writes, set to read-only/FOLDER; the words after it)
+READ_ONLY = {
+    "flows.train": ("train.runs", "every launch writes its runs there, even one that keeps "
+                    "a finished run (its lock file)"),
+    "flows.preprocess": ("preprocess.out", "the centre stores are written there"),
+    "flows.pipeline": ("preprocess.cache_dir", "each slide's candidates are cached there"),
+}  # fmt: skip
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mount namespaces")
-def test_a_read_only_runs_folder_stops_a_launch_before_anything_starts(tmp_path: Path) -> None:
-    """``train.runs`` on a read-only file system (a real one: a read-only tmpfs in a mount
-    namespace of this user's): the launch exits 2 at its checks, naming the key, the folder
-    and what to do, instead of failing on its lock file after the server and ranks start."""
+@pytest.mark.parametrize("command", sorted(READ_ONLY))
+def test_a_read_only_output_folder_stops_a_command_before_anything_starts(
+    tmp_path: Path, command: str
+) -> None:
+    """A folder the command writes on a read-only file system (a real one: a read-only tmpfs
+    in a mount namespace of this user's): it exits 2 at its checks, naming the key, the
+    folder and what to do, instead of failing on its lock file, its first store or cache
+    entry once its server (and ranks) have started."""
+    import yaml
+
+    key, writes = READ_ONLY[command]
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    params = _with_train_keys(tmp_path, runs=str(read_only / "runs"))
+    folder = read_only / "folder"
+    params = yaml.safe_load(DEMO)
+    section, name = key.split(".")
+    params[section][name] = str(folder)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     probe = tmp_path / "probe.py"
-    probe.write_text(
-        f"import sys\nfrom flows.train import main\nsys.exit(main(['--config', {str(params)!r}]))\n"
-    )
+    probe.write_text(f"import sys\nfrom {command} import main\nsys.exit(main(['--config', "
+                     f"{str(tmp_path / 'params.yaml')!r}]))\n")  # fmt: skip
     mount = f"mount -t tmpfs -o ro tmpfs {read_only}"
     try:  # user and mount namespaces, which some machines do not allow
         subprocess.run(["unshare", "-rm", "sh", "-c", mount], check=True, capture_output=True,
@@ -245,9 +264,10 @@ def test_a_read_only_runs_folder_stops_a_launch_before_anything_starts(tmp_path:
                           capture_output=True, timeout=300, env={**os.environ,
                           "PYTHONPATH": str(REPO)})  # fmt: skip
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert (f"error: train.runs: {read_only / 'runs'}: cannot be written ({read_only} is "
-            "read-only, or not yours)") in done.stderr, done.stderr[-2000:]  # fmt: skip
-    assert "Traceback" not in done.stderr
+    output = done.stdout + done.stderr
+    assert (f"{key}: {folder}: cannot be written ({read_only} is read-only, or not yours): "
+            f"{writes}") in output, output[-2000:]  # fmt: skip
+    assert "Traceback" not in output and "Prefect server" not in output
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from camelyon_proxyfl.params.base import StageParams
 from camelyon_proxyfl.params.data import DataSection
+from plumbing.atomic import unwritable_reason
 from wsi.params import PatchParams, SamplingParams, SamplingRules
 
 
@@ -56,6 +57,16 @@ class PreprocessSection(SamplingRules, PatchParams):
         description="runner dask: the scheduler (tcp://host:8786); null starts a local "
         "cluster of `workers` processes",
     )
+
+    def unwritable_folders(self) -> dict[str, str]:
+        """Key -> why, for each folder preprocessing writes (``out``, ``cache_dir``) that
+        cannot be written: checked before any slide is read or server started."""
+        writes = {"out": "the centre stores are written there",
+                  "cache_dir": "each slide's candidates are cached there"}  # fmt: skip
+        reasons = {f"preprocess.{key}": unwritable_reason(getattr(self, key), f"{what}; make "
+                   f"it writable, or set preprocess.{key} to a folder that is")
+                   for key, what in writes.items()}  # fmt: skip
+        return {key: reason for key, reason in reasons.items() if reason is not None}
 
     @model_validator(mode="after")
     def _counts_cover_the_centres(self) -> PreprocessSection:
