@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from plumbing.processes import parent_bound_command, stop_tree
+from plumbing.verified import DamagedFileError
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +201,16 @@ def run_flow_command(
     host: str = "127.0.0.1",
 ) -> int:
     """A flow command's exit status: ``run()`` with one Prefect server for it and all its
-    workers (:func:`shared_prefect_api`); 0, or 1 after printing ``error: ...`` when it
-    fails with one of ``failures`` (or no server can start)."""
+    workers (:func:`shared_prefect_api`); 0, or after printing ``error: ...``: 2 when a
+    file it read does not verify (:class:`~plumbing.verified.DamagedFileError`: bad
+    input, which the message says how to repair), 1 when it fails with one of
+    ``failures`` (or no server can start)."""
     try:
         with shared_prefect_api(host):
             run()
+    except DamagedFileError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (*failures, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

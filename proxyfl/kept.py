@@ -1,7 +1,13 @@
 """The files a finished run keeps, and whether they are still the bytes it wrote: without
 torch, for the launcher that decides whether a finished run is kept
 (:mod:`proxyfl.launch.rundir`) as well as for the loader of its models
-(:mod:`proxyfl.engine.trained`)."""
+(:mod:`proxyfl.engine.trained`), the report and the audit.
+
+What is verified (:mod:`plumbing.verified`: a ``NAME.sha256`` beside each, written once
+the file is whole): the kept models and their cards, each client's predictions, and, once
+the run has finished, its ``metrics.jsonl`` and its ``run.json`` (recorded last, after
+"finished"). Files of runs made before digests were recorded have none and are not
+checked."""
 
 from __future__ import annotations
 
@@ -9,14 +15,14 @@ import os
 from pathlib import Path
 
 from plumbing.verified import DamagedFileError, recorded_digest, verify
+from proxyfl.results import METRICS_FILE, PREDICTIONS_DIR, RUN_FILE
 
 MODELS_DIR = "models"  # RUN_DIR/models/client_{c}/{evaluated_model}.safetensors and .json
 
 
-def retrain_hint(path: str | os.PathLike[str]) -> str:
-    """The command that trains again the run a kept model at ``path`` belongs to
-    (``RUNS/ALGORITHM/seed_S/models/client_C/NAME.safetensors``)."""
-    run_dir = Path(path).parents[2]
+def rerun_hint(run_dir: str | os.PathLike[str]) -> str:
+    """The command that trains again the run at ``run_dir`` (``RUNS/ALGORITHM/seed_S``)."""
+    run_dir = Path(run_dir)
     algorithm, seed = run_dir.parent.name, run_dir.name.removeprefix("seed_")
     if not seed.isdigit():
         return f"train the run at {run_dir} again (its flow's --replace)"
@@ -24,16 +30,35 @@ def retrain_hint(path: str | os.PathLike[str]) -> str:
             f"{seed} --replace` (or `dvc repro -f train@{algorithm}-{seed}`)")  # fmt: skip
 
 
-def damaged_models(run_dir: str | os.PathLike[str]) -> list[DamagedFileError]:
-    """What is wrong with the kept models of the run at ``run_dir``: every model file and
-    card whose recorded digest does not match (files of runs made before digests were
-    recorded have none and are not checked)."""
+def retrain_hint(path: str | os.PathLike[str]) -> str:
+    """:func:`rerun_hint` of the run a kept model at ``path`` belongs to
+    (``RUNS/ALGORITHM/seed_S/models/client_C/NAME.safetensors``)."""
+    return rerun_hint(Path(path).parents[2])
+
+
+def verify_kept(path: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> None:
+    """:class:`DamagedFileError` naming ``path`` (a file of the run at ``run_dir``) and the
+    command that trains the run again, where a digest was recorded and does not match."""
+    if recorded_digest(path) is not None:
+        verify(path, rerun_hint(run_dir))
+
+
+def _kept_files(run_dir: Path) -> list[Path]:
+    records = [run_dir / RUN_FILE, run_dir / METRICS_FILE]
+    predictions = sorted((run_dir / PREDICTIONS_DIR).glob("client_*.csv"))
+    models = sorted(p for p in (run_dir / MODELS_DIR).glob("client_*/*")
+                    if p.suffix in (".safetensors", ".json"))  # fmt: skip
+    return records + predictions + models
+
+
+def damaged_files(run_dir: str | os.PathLike[str]) -> list[DamagedFileError]:
+    """What is wrong with the files the finished run at ``run_dir`` keeps: its records,
+    predictions, models and cards whose recorded digest does not match."""
+    run_dir = Path(run_dir)
     problems = []
-    folder = Path(run_dir) / MODELS_DIR
-    for path in sorted(folder.glob("client_*/*")) if folder.is_dir() else []:
-        if path.suffix in (".safetensors", ".json") and recorded_digest(path) is not None:
-            try:
-                verify(path, retrain_hint(path))
-            except DamagedFileError as error:
-                problems.append(error)
+    for path in _kept_files(run_dir):
+        try:
+            verify_kept(path, run_dir)
+        except DamagedFileError as error:
+            problems.append(error)
     return problems

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plumbing.verified import record_digest
 from proxyfl.config import TrainConfig
 from proxyfl.engine.access import ACCESS_LOG
 from proxyfl.privacy.ldp import LDPLedger
@@ -126,9 +127,10 @@ def client_predictions(
 def write_client_predictions(
     trainer: ClientTrainer, probabilities: Mapping[str, np.ndarray]
 ) -> None:
-    """``predictions/client_{c}.csv`` (:func:`client_predictions`)."""
-    write_predictions(predictions_path(trainer.run_dir, trainer.data.client),
-                      client_predictions(trainer, probabilities))  # fmt: skip
+    """``predictions/client_{c}.csv`` (:func:`client_predictions`), and its digest."""
+    path = predictions_path(trainer.run_dir, trainer.data.client)
+    write_predictions(path, client_predictions(trainer, probabilities))
+    record_digest(path)
 
 
 def write_trained_models(trainer: ClientTrainer) -> list[Path]:

@@ -35,6 +35,7 @@ from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
 from plumbing.output import adopt_passed_output
 from plumbing.processes import stoppable_by_launcher
+from plumbing.verified import record_digest
 from proxyfl.comm.control import gather_json
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.engine.access import AccessLog
@@ -500,7 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     startups = gather_json(comm, startup, root=0)
     if rank == 0:  # run.json "finished" last: it says the run is whole
         write_machine_json(config, machines, wall, startups)
+        record_digest(run_dir / METRICS_FILE)  # verified when read (proxyfl.kept)
         write_run_json(config, size, records, status="finished")
+        record_digest(run_dir / RUN_FILE)
     trainer.communicator.free()
     fatal_signals.close()
     return 0

@@ -41,6 +41,7 @@ from plumbing.atomic import write_json
 from plumbing.fingerprints import file_digest, file_digests, source_digest
 from plumbing.versions import library_versions
 from proxyfl.audit.options import AuditOptions
+from proxyfl.audit.record import inputs_path
 from proxyfl.results import TRAINING_LIBRARIES
 from wsi.store.digest import store_digest
 
@@ -48,12 +49,6 @@ STORE_GLOB = "*.h5"
 # beside the training libraries (whose versions decide the kept models' outputs), those
 # of the audit's own statistics; not MPI's (its import would initialise MPI here)
 AUDIT_LIBRARIES = ("scipy",)
-
-
-def inputs_path(out: str | os.PathLike[str]) -> Path:
-    """Where the record of ``out``'s inputs lives, beside it: ``audit.inputs.json``."""
-    out = Path(out)
-    return out.with_name(f"{out.stem}.inputs.json")
 
 
 @functools.cache

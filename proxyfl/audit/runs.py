@@ -43,6 +43,7 @@ from proxyfl.audit.scores import lira_offline, log_likelihood, logit_confidence
 from proxyfl.config import TrainConfig
 from proxyfl.engine.runtime import derived_seed
 from proxyfl.engine.trained import MODELS_DIR, ModelCard, load_trained
+from proxyfl.kept import verify_kept
 from proxyfl.results import RUN_FILE
 from wsi.store.schema import store_path
 
@@ -70,6 +71,7 @@ def read_finished_run(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_FILE
     if not path.is_file():
         raise AuditInputError(path, f"missing: {run_dir} holds no run to audit")
+    verify_kept(path, run_dir)
     run = json.loads(path.read_text())
     if run.get("status") != "finished":
         raise AuditInputError(path, f"the run is {run.get('status')}, not finished")
@@ -166,8 +168,8 @@ def _models(run_dir: Path, client: int) -> Iterator[tuple[Any, ModelCard]]:
     for path in kept_models(run_dir, client):
         try:
             yield load_trained(path)
-        except DamagedFileError as error:  # named, with the command that retrains it
-            raise AuditInputError(path, error.reason) from None
+        except DamagedFileError:  # named, with the command that retrains it: exit 2
+            raise
         except (OSError, ValueError, RuntimeError) as error:
             raise AuditInputError(path, f"cannot be loaded ({error})") from None
 

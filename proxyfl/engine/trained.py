@@ -20,7 +20,7 @@ file's SHA-256 is recorded beside it (``{evaluated_model}.safetensors.sha256``,
 :mod:`plumbing.verified`) and :func:`load_trained` checks it: a model cut short or with
 flipped bytes is refused with a :class:`~plumbing.verified.DamagedFileError` that names it
 and the command that trains its run again, and a launch does not keep such a run
-(:func:`proxyfl.kept.damaged_models`).
+(:func:`proxyfl.kept.damaged_files`).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import Any
 from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from proxyfl.config import TrainConfig, fingerprint_changes
-from proxyfl.kept import damaged_models
+from proxyfl.kept import damaged_files
 from proxyfl.results import RUN_FILE, json_safe
 from wsi.store.digest import store_digest
 from wsi.store.schema import StoreError, rebuild_hint, store_path
@@ -263,8 +263,8 @@ def plan_launch(config: TrainConfig, replace: bool = False) -> LaunchPlan:
         reason = f"the stores it was trained on have changed since ({stale}): training it again"
     elif replace:
         reason = "finished with this configuration; training it again (--replace)"
-    elif damaged := damaged_models(run_dir):
-        reason = f"finished, but its kept models do not verify ({damaged[0]}): training it again"
+    elif damaged := damaged_files(run_dir):
+        reason = f"finished, but its files do not verify ({damaged[0]}): training it again"
     else:
         reason = ("finished with this configuration and these stores: kept (--replace trains "
                   "it again)" + pending_replacement(run_dir))  # fmt: skip

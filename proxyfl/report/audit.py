@@ -128,6 +128,8 @@ class Audit:
 
     path: Path
     document: AuditDocument
+    # why it no longer describes the runs it read (proxyfl.audit.freshness), if it does not
+    stale: str | None = None
 
     @property
     def rows(self) -> tuple[AuditRow, ...]:
@@ -400,9 +402,15 @@ _NOTE_LABELS = {
 }
 
 
+# what a stale audit's reader is told to do
+RERUN_AUDIT = "its rows are of the runs as they were; run the audit again (`python -m flows.audit`)"
+
+
 def audit_notes(audit: Audit) -> list[tuple[str, str]]:
-    """The file's notes, each with a label: (label, text)."""
-    return [(_NOTE_LABELS.get(key, key), text) for key, text in audit.notes.items()]
+    """The file's notes, each with a label: (label, text); first, when the audit is
+    stale, why and what to do."""
+    stale = [("Stale", f"{audit.stale}: {RERUN_AUDIT}")] if audit.stale else []
+    return stale + [(_NOTE_LABELS.get(key, key), text) for key, text in audit.notes.items()]
 
 
 # --- files -----------------------------------------------------------------------------
@@ -415,6 +423,8 @@ def audit_markdown(audit: Audit) -> str:
     canaries = canary_rows(audit.rows)
     settings = settings_line(audit.settings)
     parts = ["# Empirical privacy audit\n"]
+    if audit.stale:
+        parts.append(f"\n**Stale**: {audit.stale}: {RERUN_AUDIT}.\n")
     if settings:
         parts.append(f"\n{settings}\n")
     parts.append(f"\n## Membership inference (training runs)\n\n{membership_note()}\n\n")
@@ -426,8 +436,8 @@ def audit_markdown(audit: Audit) -> str:
                            [canary_cells(row) for row in canaries])
                  if canaries else "No canary run audited.\n")  # fmt: skip
     parts.append(f"\n{check_line(audit)}\n")
-    if audit.notes:
-        parts.append("\n" + "".join(f"- {label}: {text}\n" for label, text in audit_notes(audit)))
+    if notes := audit_notes(audit):
+        parts.append("\n" + "".join(f"- {label}: {text}\n" for label, text in notes))
     return "".join(parts)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxyfl.kept import verify_kept
 from proxyfl.names import ALGORITHMS
 from proxyfl.results import METRICS_FILE, RUN_FILE, MetricRow
 
@@ -151,6 +152,8 @@ def _select(
 
 
 def _load_run(path: Path, algorithm: str, seed: int) -> RunResult:
+    for name in (RUN_FILE, METRICS_FILE):  # DamagedFileError: named, with its repair
+        verify_kept(path / name, path)
     run = _read_run_json(path / RUN_FILE)
     _check_run_json(path / RUN_FILE, run, algorithm, seed)
     rows = _read_metric_rows(path / METRICS_FILE, algorithm, seed)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from proxyfl.kept import verify_kept
 from proxyfl.report.clinical import (
     BOOTSTRAP_SEED,
     LEVEL,
@@ -98,6 +99,7 @@ def load_predictions(runs: Sequence[RunResult]) -> dict[str, MethodPredictions]:
                     logger.warning("%s: missing: %s's predictions are left out", path, name)
                     missing.append(name)
                     continue
+                verify_kept(path, run.path)
                 own = _read(path).of_model(row.evaluated_model)
                 if len(own) == 0:
                     logger.warning("%s: no rows of model %r: left out", path, row.evaluated_model)

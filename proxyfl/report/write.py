@@ -13,7 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from plumbing import atomic
-from proxyfl.report.audit import Audit, audit_csv, audit_markdown, read_audit, roc_curves
+from proxyfl.audit.record import changed_since_audit
+from proxyfl.report.audit import (
+    RERUN_AUDIT,
+    Audit,
+    audit_csv,
+    audit_markdown,
+    read_audit,
+    roc_curves,
+)
 from proxyfl.report.clinical import BOOTSTRAP_SEED, LEVEL, N_RESAMPLES, MajorityClass
 from proxyfl.report.context import (
     client_centres,
@@ -251,7 +259,12 @@ def _read_audit(path: Path | None) -> Audit | None:
         return None
     if not path.is_file():
         raise ReportError(f"{path}: not a file (the privacy audit's rows, audit.out)")
-    return read_audit(path)
+    audit = read_audit(path)
+    stale = changed_since_audit(path)
+    if stale is not None:
+        logger.warning("report: the privacy audit %s is stale: %s: %s", path, stale, RERUN_AUDIT)
+        audit = replace(audit, stale=stale)
+    return audit
 
 
 def _absent(path: Path | None) -> str:

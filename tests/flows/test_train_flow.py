@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -266,3 +269,77 @@ def test_a_second_launch_into_a_run_directory_in_use_is_refused_before_any_job(
         holder.wait()
     assert str(run_dir) in message and "another run is training into it" in message
     assert not run_dir.exists()  # nothing planned, written or launched
+
+
+def _rewrite_json(path: Path, change: Callable[[Any], None], line: int | None = None) -> None:
+    """``path`` (JSON, or line ``line`` of JSON lines) changed by ``change``: still valid,
+    its values no longer those written."""
+    if line is None:
+        value = json.loads(path.read_text())
+        change(value)
+        path.write_text(json.dumps(value))
+        return
+    lines = path.read_text().splitlines()
+    value = json.loads(lines[line])
+    change(value)
+    lines[line] = json.dumps(value)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_finished_run_whose_records_do_not_verify_is_refused_by_report_and_audit_and_retrained(
+    runs: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """metrics.jsonl, run.json or a client's predictions edited after the run finished,
+    each still well-formed: the report and the audit exit 2 naming the file and the
+    command that trains the run again; a launch trains it again instead of keeping it."""
+    from flows.audit import main as audit_main
+    from proxyfl.launch.rundir import Action, plan_launch
+
+    copied = tmp_path / "runs"
+    shutil.copytree(runs, copied)
+    run_dir = copied / "FedAvg" / "seed_0"
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": {"centers": [0, 1], "options": OPTIONS}}))
+    monkeypatch.chdir(tmp_path)
+    flags = ["--config", str(params), "--runs", str(copied), "--algorithms", "FedAvg",
+             "--seeds", "0"]  # fmt: skip
+    assert report_main([*flags, "--out", str(tmp_path / "results")]) == 0
+    capsys.readouterr()
+    config = _config(runs.parent / "stores", copied).job_config("FedAvg", 0)
+    assert plan_launch(config).action is Action.KEEP
+
+    def bump_accuracy(row: dict[str, Any]) -> None:
+        row["accuracy"] = 0.25 if row["accuracy"] != 0.25 else 0.75
+
+    def bump_world(run: dict[str, Any]) -> None:
+        run["world_size"] += 1
+
+    edits = {
+        "metrics.jsonl": lambda path: _rewrite_json(path, bump_accuracy, line=-1),
+        "run.json": lambda path: _rewrite_json(path, bump_world),
+        "predictions/client_1.csv": lambda path: path.write_text(
+            path.read_text().replace(",0.", ",1.", 1)
+        ),
+    }
+    repair = "train the run again: `python -m flows.train --algorithms FedAvg --seeds 0 --replace`"
+    for name, edit in edits.items():
+        path = run_dir / name
+        intact = path.read_bytes()
+        edit(path)
+        assert path.read_bytes() != intact
+        assert report_main([*flags, "--out", str(tmp_path / "results")]) == 2, name
+        error = capsys.readouterr().err
+        assert f"error: {path}: its bytes are not those written" in error, error
+        assert repair in error and "Traceback" not in error
+        plan = plan_launch(config)
+        assert plan.action is Action.REPLACE, plan.reason
+        assert f"finished, but its files do not verify ({path}: " in plan.reason
+        if name == "run.json":
+            assert audit_main([*flags, "--data", str(runs.parent / "stores")]) == 2
+            error = capsys.readouterr().err
+            assert f"error: {path}: its bytes are not those written" in error, error
+        path.write_bytes(intact)
+    assert report_main([*flags, "--out", str(tmp_path / "results")]) == 0

@@ -136,3 +136,43 @@ def test_an_audit_that_found_a_violation_is_never_kept(audited: dict[str, Any]) 
     assert stale_reason(audited["out"], _now(audited)) is not None
     audit_file.fn([{**row, "epsilon_lower_bound": 1.0}], section, _now(audited))
     assert stale_reason(audited["out"], _now(audited)) is None
+
+
+def test_the_report_says_an_audit_is_stale_when_a_run_it_read_changed(
+    audited: dict[str, Any],
+) -> None:
+    """The issue's case: a kept model changed (or a run record, or gone) after the audit
+    was written; the report's audit section says it is stale, naming the file, instead of
+    showing the old verdict as current. A run's log growing is not a change of what the
+    audit read."""
+    from proxyfl.audit.record import changed_since_audit
+    from proxyfl.report.audit import audit_markdown
+    from proxyfl.report.write import _read_audit
+
+    out, run = audited["out"], audited["runs"][0]
+    (run / "job.log").write_text("=== another launch, which kept the run ===\n")
+    assert changed_since_audit(out) is None
+    current = _read_audit(out)
+    assert current is not None and current.stale is None
+    assert "Stale" not in audit_markdown(current)
+
+    model = run / "models" / "client_0" / "private.safetensors"
+    model.write_bytes(b"retrained")
+    assert changed_since_audit(out) == f"{model} changed since the audit"
+    stale = _read_audit(out)
+    assert stale is not None and stale.stale == f"{model} changed since the audit"
+    said = (f"**Stale**: {model} changed since the audit: its rows are of the runs as they "
+            "were; run the audit again (`python -m flows.audit`)")  # fmt: skip
+    assert said in audit_markdown(stale)
+    model.unlink()
+    assert changed_since_audit(out) == f"{model} is gone since the audit"
+    model.write_bytes(b"weights")
+    (run / "run.json").write_text('{"status": "finished", "world_size": 5}')
+    assert changed_since_audit(out) == f"{run / 'run.json'} changed since the audit"
+    (run / "run.json").write_text('{"status": "finished"}')
+    assert changed_since_audit(out) is None
+    out.write_text('{"rows": [], "notes": {}}')
+    assert (
+        changed_since_audit(out)
+        == f"{out} is not the file its record ({inputs_path(out)}) describes"
+    )

@@ -153,7 +153,7 @@ def test_a_finished_run_whose_kept_models_are_damaged_is_trained_again(
                        r"written.*--algorithms FedAvg --seeds 3 --replace"):  # fmt: skip
         load_trained(path)
     plan = plan_launch(config)
-    assert plan.action is Action.REPLACE and "kept models do not verify" in plan.reason
+    assert plan.action is Action.REPLACE and "its files do not verify" in plan.reason
     assert str(path) in plan.reason
 
     path.write_bytes(intact[:5000])  # cut short
