@@ -29,6 +29,7 @@ message names the rank and its last lines).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow
@@ -44,7 +45,7 @@ from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
 from proxyfl.launch.job import TrainingJob, TrainingJobFailed, warm_ranks
-from proxyfl.launch.rundir import RunConflict
+from proxyfl.launch.rundir import RunConflict, discard_staged, staging_dir
 from tasks.train import training_run
 
 
@@ -58,9 +59,17 @@ def train(config: TrainSection, replace: bool = False) -> list[Path]:
         return [run(TrainingJob(job, where), replace) for job in config.job_configs()]
 
 
-def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:
+@dataclass(frozen=True)
+class LaunchChoices:
+    """What a launch was asked to do besides its parameters (flags, not params.yaml)."""
+
+    replace: bool = False  # train finished runs, or runs of another configuration, again
+    discard_staged: bool = False  # delete interrupted replacements waiting beside runs
+
+
+def parse_config(argv: list[str] | None) -> tuple[TrainSection, LaunchChoices]:
     """The ``train:`` section of the parameters file with the flags given laid over it,
-    and whether ``--replace`` was given."""
+    and the launch's :class:`LaunchChoices`."""
     command = ParamsCommand(TrainParams, "python -m flows.train", __doc__.split("\n")[0], argv)
     command.parser.add_argument(
         "--replace", action="store_true",
@@ -68,11 +77,28 @@ def parse_config(argv: list[str] | None) -> tuple[TrainSection, bool]:
         "configuration (a finished run stays until the new one has finished); without it "
         "such a run is kept, or the launch refused",
     )  # fmt: skip
+    command.parser.add_argument(
+        "--discard-staged", action="store_true",
+        help="delete the interrupted replacements (RUNS/ALGORITHM/.seed_S.next, a killed "
+        "--replace's checkpoints and all) of the runs this launch names, then launch as "
+        "usual; without it they wait, and --replace resumes them",
+    )  # fmt: skip
     command.add_section(TrainSection, ("train",), exclude=("options",))
     command.add_section(TrainOptions, ("train", "options"),
                         group="training options (train.options in params.yaml)")  # fmt: skip
     args, params = command.parse()
-    return params.train, args.replace
+    return params.train, LaunchChoices(args.replace, args.discard_staged)
+
+
+def discard_staged_runs(config: TrainSection) -> None:
+    """:func:`~proxyfl.launch.rundir.discard_staged` for every run of ``config``, each
+    said on standard output."""
+    for job in config.job_configs():
+        assert job.run_dir is not None
+        freed = discard_staged(job.run_dir)
+        if freed is not None:
+            print(f"{job.run_dir}: its interrupted replacement {staging_dir(job.run_dir)} "
+                  f"deleted ({freed:.1f} MB)")  # fmt: skip
 
 
 def report_findings(findings: list[Finding]) -> int:
@@ -87,7 +113,14 @@ def report_findings(findings: list[Finding]) -> int:
 
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
-    config, replace = parse_config(argv)
+    config, choices = parse_config(argv)
+    replace = choices.replace
+    if choices.discard_staged:
+        try:
+            discard_staged_runs(config)
+        except Busy as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     if report_findings(check_training(config, replace)):
         return 2
     # the ranks' server imports torch on the other core while Prefect starts the flow run

@@ -39,6 +39,7 @@ from typing import Any
 
 from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
+from plumbing.locks import exclusive
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.kept import damaged_files
 from proxyfl.results import RUN_FILE, json_safe
@@ -107,7 +108,20 @@ def pending_replacement(run_dir: Path) -> str:
         return ""
     size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file()) / 1e6
     return (f"; an interrupted replacement of it waits in {staged} ({size:.1f} MB): "
-            f"--replace resumes it, or delete that folder")  # fmt: skip
+            f"--replace resumes it, --discard-staged deletes it")  # fmt: skip
+
+
+def discard_staged(run_dir: Path) -> float | None:
+    """Delete the interrupted replacement of ``run_dir`` waiting beside it, holding the run
+    directory's lock (:class:`~plumbing.locks.Busy` while a launch trains into it); the
+    megabytes freed, or ``None`` when none waits."""
+    staged = staging_dir(run_dir)
+    if not staged.is_dir():
+        return None
+    with exclusive([run_dir], "discarding the interrupted replacement of"):
+        size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file()) / 1e6
+        shutil.rmtree(staged)
+    return size
 
 
 def _retired_dir(run_dir: Path) -> Path:

@@ -343,3 +343,35 @@ def test_a_finished_run_whose_records_do_not_verify_is_refused_by_report_and_aud
             assert f"error: {path}: its bytes are not those written" in error, error
         path.write_bytes(intact)
     assert report_main([*flags, "--out", str(tmp_path / "results")]) == 0
+
+
+def test_discard_staged_deletes_an_interrupted_replacement_and_keeps_the_finished_run(
+    runs: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A killed ``--replace`` left ``.seed_0.next`` beside a finished run: a plain launch
+    keeps both and says so; ``--discard-staged`` deletes it, says how much, and keeps the
+    finished run."""
+    copied = tmp_path / "runs"
+    shutil.copytree(runs, copied)
+    staged = copied / "FedAvg" / ".seed_0.next"
+    (staged / "checkpoints").mkdir(parents=True)
+    (staged / "checkpoints" / "round_0001.pt").write_bytes(bytes(3_000_000))
+    finished = (copied / "FedAvg" / "seed_0" / "run.json").read_bytes()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": {"centers": [0, 1], "options": OPTIONS}}))
+    monkeypatch.chdir(tmp_path)
+    flags = ["--config", str(params), "--runs", str(copied), "--data", str(runs.parent / "stores"),
+             "--algorithms", "FedAvg", "--seeds", "0"]  # fmt: skip
+    assert main(flags) == 0
+    assert staged.is_dir()
+    assert main([*flags, "--discard-staged"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        f"{copied / 'FedAvg' / 'seed_0'}: its interrupted replacement {staged} deleted "
+        "(3.0 MB)" in said
+    ), said
+    assert not staged.exists()
+    assert (copied / "FedAvg" / "seed_0" / "run.json").read_bytes() == finished

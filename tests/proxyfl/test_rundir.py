@@ -180,7 +180,7 @@ def test_an_interrupted_replacement_left_beside_a_run_is_reported(
     assert plan.action is Action.KEEP
     assert (
         f"an interrupted replacement of it waits in {staged} (2.0 MB): --replace "
-        "resumes it, or delete that folder" in plan.reason
+        "resumes it, --discard-staged deletes it" in plan.reason
     )
 
 
