@@ -74,11 +74,14 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # What tree_bound_command runs: bound to its parent as above, and a subreaper
 # (PR_SET_CHILD_SUBREAPER), so that what the program's children leave behind when they die
 # becomes its own child rather than init's. It starts the program and ends every process
-# under it (SIGTERM, then SIGKILL after a grace) when asked to stop (SIGTERM, SIGINT,
-# SIGHUP: the parent's death sends SIGTERM), and, once the program has exited, kills and
-# reaps whatever it left. It exits as the program did: its status, or 128 + the signal.
+# under it when asked to stop (SIGTERM, SIGINT, SIGHUP: the parent's death sends SIGTERM):
+# SIGTERM, then SIGKILL once the grace is over or the program alone is left (a launcher
+# has nothing to stop once its children are gone; MPICH's fork launcher ignores SIGTERM
+# and notices its ranks' end only at its next poll, seconds later), and, once the program
+# has exited, kills and reaps whatever it left. It exits as the program did: its status,
+# or 128 + the signal.
 _SUPERVISE_TREE = (
-    "import ctypes, os, signal, subprocess, sys, threading\n"
+    "import ctypes, os, signal, subprocess, sys, threading, time\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
     "if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) or libc.prctl(36, 1, 0, 0, 0):\n"
     "    raise OSError(ctypes.get_errno(), 'prctl failed')\n"
@@ -105,11 +108,16 @@ _SUPERVISE_TREE = (
     "        except ProcessLookupError:\n"
     "            pass\n"
     "grace, child, asked = float(sys.argv[2]), None, []\n"
+    "def finish():\n"
+    "    deadline = time.monotonic() + grace\n"
+    "    while time.monotonic() < deadline and under() != [child.pid]:\n"
+    "        time.sleep(0.05)\n"
+    "    signal_all(signal.SIGKILL)\n"
     "def stop(number, frame):\n"
     "    asked.append(number)\n"
     "    if child is not None and len(asked) == 1:\n"
     "        signal_all(signal.SIGTERM)\n"
-    "        threading.Timer(grace, signal_all, (signal.SIGKILL,)).start()\n"
+    "        threading.Thread(target=finish, daemon=True).start()\n"
     "for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
     "    signal.signal(number, stop)\n"
     "child = subprocess.Popen(sys.argv[3:])\n"
@@ -130,11 +138,12 @@ _SUPERVISE_TREE = (
 def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
     """``argv`` run by a supervisor that ends every process under it, in whatever session
     or group: when the calling process dies (even by SIGKILL), when the supervisor gets
-    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later), and once
-    ``argv`` has exited. For a launcher whose children would otherwise outlive it: hydra's
-    ``mpiexec`` starts each ``ssh`` in a session of its own, and leaves one to a host that
-    does not answer running when it is stopped. The supervisor exits as ``argv`` did
-    (128 + N for signal N). ``argv`` itself off Linux."""
+    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or as soon as
+    ``argv`` alone is left), and once ``argv`` has exited. For a launcher whose children
+    would otherwise outlive it: hydra's ``mpiexec`` starts each ``ssh`` in a session of
+    its own, and leaves one to a host that does not answer running when it is stopped.
+    The supervisor exits as ``argv`` did (128 + N for signal N). ``argv`` itself off
+    Linux."""
     if not binds_children():
         return list(argv)
     return [sys.executable, "-c", _SUPERVISE_TREE, str(os.getpid()), str(float(grace_s)),

@@ -186,6 +186,9 @@ class _Server:
                 logger.warning("warm server: %s", error)
                 self._close(rank)
                 return None
+            if _hung_up(connection):  # the shim was stopped while the server was busy
+                self._close(rank)
+                return None
             return self._fork(rank, request)
         # a shim says nothing after its request: this is its end (mpiexec killed it)
         if not connection.recv(1):
@@ -267,6 +270,16 @@ class _Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank.pid, signal.SIGKILL)
             self._close(rank)
+
+
+def _hung_up(connection: socket.socket) -> bool:
+    """Whether the peer of ``connection`` has closed it (nothing left to read, at once)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _place_descriptors(fds: Mapping[int, int]) -> None:

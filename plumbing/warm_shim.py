@@ -87,22 +87,24 @@ def main(argv: list[str]) -> None:
         _exec_cold(argv)
 
     child: list[int] = []
-    pending: list[int] = []
 
     def forward(number: int, _frame: object) -> None:
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child[0], number)
-        else:
-            pending.append(number)
+            return
+        # no rank yet (the server may still be importing torch, seconds under load): end
+        # now, as a cold rank would; the server, finding this connection closed, kills a
+        # rank it forks for it. Waiting for the fork to forward the signal held a stopped
+        # job for the whole of the server's imports
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
 
     for number in FORWARDED:
         signal.signal(number, forward)
     for word, value in _messages(connection):
         if word == "pid":
             child.append(int(value))
-            for number in pending:
-                forward(number, None)
         elif word == "status":
             _end_as(int(value))
     if child:
@@ -110,11 +112,9 @@ def main(argv: list[str]) -> None:
               flush=True)  # fmt: skip
         os._exit(1)
     # the server ended before forking the rank (its imports failed, or it was stopped):
-    # nothing has run yet, so the rank starts cold, unless it was told to stop meanwhile
+    # nothing has run yet, so the rank starts cold
     for number in FORWARDED:
         signal.signal(number, signal.SIG_DFL)
-    if pending:
-        os.kill(os.getpid(), pending[0])
     print(f"warm_shim: the warm server at {path} ended before starting the rank; "
           "starting cold", file=sys.stderr, flush=True)  # fmt: skip
     connection.close()

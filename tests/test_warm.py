@@ -349,3 +349,26 @@ def test_ctrl_c_leaves_the_server_to_its_launcher_and_reaches_the_rank(
         process.send_signal(signal.SIGINT)  # the shim passes it on
         # an uncaught KeyboardInterrupt ends CPython by SIGINT; the shim mirrors it
         assert process.wait(timeout=30) == -signal.SIGINT
+
+
+def test_a_shim_stopped_while_its_server_imports_ends_at_once_and_no_rank_runs(
+    modules: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to a shim whose server is still importing (seconds under load): the shim
+    ends by it at once, as a cold rank would, instead of holding the signal until the
+    server forks its rank (which made a Ctrl-C'd flow wait out its launcher's grace);
+    once the server is ready, it forks no rank for the shim that hung up."""
+    (modules / "warm_probe_slow.py").write_text("import time\ntime.sleep(6)\n")
+    env = _environment(modules, tmp_path)
+    with warm_server(env, ["warm_probe_slow"]) as warm:
+        assert warm is not None
+        process, out = _start(warm, env, tmp_path, "stopped", "sleep")
+        time.sleep(1)  # the shim has sent its request; the server is importing
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert process.wait(timeout=30) == -signal.SIGTERM
+        assert time.monotonic() - stopped < 2
+        served, served_out = _start(warm, env, tmp_path, "served", "exit", "0")
+        assert served.wait(timeout=60) == 0 and served_out.exists()  # the server is ready
+    assert not out.exists(), "a rank ran for a shim that had hung up"
