@@ -25,6 +25,7 @@ import numpy as np
 from plumbing.verified import record_digest
 from proxyfl.config import TrainConfig
 from proxyfl.engine.access import ACCESS_LOG
+from proxyfl.engine.runtime import kernel_set
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import PrivacyLedger
 from proxyfl.results import (
@@ -164,6 +165,7 @@ def rank_record(trainer: ClientTrainer) -> dict[str, Any]:
         "client": trainer.data.client,
         "center": trainer.data.center,
         "device": str(trainer.runtime.device),
+        "kernels": kernel_set(trainer.runtime.device),  # what the bits are promised for
         "n_train": len(trainer.data.train),
         "proxy_parameters": trainer.proxy_parameters,
         "private_parameters": trainer.private_parameters,

@@ -142,6 +142,19 @@ def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
     return generator
 
 
+def kernel_set(device: torch.device) -> str:
+    """The kernels whose arithmetic a run's bits depend on, recorded with each client in
+    run.json: the same code, parameters and library versions give the same bytes with the
+    same kernels (README, "Reproducible"). On a CPU, torch's instruction set
+    (``ATEN_CPU_CAPABILITY`` chooses another) and oneDNN's cap (``ONEDNN_MAX_CPU_ISA``;
+    "native": the CPU's own); on a GPU, its name and compute capability."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda {torch.cuda.get_device_name(device)} sm_{major}{minor}"
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return f"cpu {torch.backends.cpu.get_cpu_capability()}, onednn {onednn or 'native'}"
+
+
 def environment_summary() -> dict[str, Any]:
     """Launcher-visible facts about this process (for run.json)."""
     return {

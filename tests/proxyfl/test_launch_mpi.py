@@ -364,21 +364,36 @@ def test_too_little_shared_memory_for_the_ranks_is_warned_of(
     assert "SIGBUS" in caplog.text and "--shm-size" in caplog.text
 
 
+# what an older CPU runs: torch's kernels without vector extensions, oneDNN's at SSE4.1
+OLDER_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+
+
 def test_the_same_job_writes_the_same_run_anywhere(
     stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: Any
 ) -> None:
-    """One job launched from two directories (other paths, other times, other processes):
-    every file DVC hashes is the same bytes, so a run's dvc.lock entry is the same on any
-    machine; where and how long it ran is in the files .dvcignore leaves out."""
+    """The reproducibility promise (README, "Reproducible"). One job launched from two
+    directories (other paths, other times, other processes) with the same kernels: every
+    file DVC hashes is the same bytes, so a run's dvc.lock entry is the same on any
+    machine with these kernels; where and how long it ran is in the files .dvcignore
+    leaves out. The kernels are recorded with each client: the same job with an older
+    CPU's kernels says so, and its numbers are another draw, not promised equal."""
     hashed = []
-    for place in ("here", "there"):
+    for place, env in (("here", {}), ("there", {}), ("older", OLDER_KERNELS)):
         (tmp_path / place).mkdir()
         shutil.copytree(stores, tmp_path / place / "stores")
         monkeypatch.chdir(tmp_path / place)  # relative paths, as params.yaml gives them
         run_job(_job(Path("stores"), Path("runs/ProxyFL/seed_0"), rounds=2),
-                on_line=lambda _: None)  # fmt: skip
+                on_line=lambda _: None, env=env)  # fmt: skip
         hashed.append(helpers.dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
-    assert {"run.json", "metrics.jsonl", "ranks/rank_0.json"} <= set(hashed[0])
+    kernels = [{client["kernels"] for client in json.loads(files["run.json"])["clients"]}
+               for files in hashed]  # fmt: skip
+    assert kernels[0] == kernels[1] and len(kernels[0]) == 1
+    assert next(iter(kernels[0])).endswith(", onednn native")
+    assert kernels[2] == {"cpu DEFAULT, onednn SSE41"}
+    hashed = hashed[:2]
+    records = {"run.json", "metrics.jsonl", "ranks/rank_0.json", "run.json.sha256",
+               "metrics.jsonl.sha256", "predictions/client_0.csv.sha256"}  # fmt: skip
+    assert records <= set(hashed[0])
     assert not {"job.log", "machine.json", "ranks/rank_0.machine.json"} & set(hashed[0])
     assert hashed[0].keys() == hashed[1].keys()
     differing = [name for name in hashed[0] if hashed[0][name] != hashed[1][name]]
