@@ -40,6 +40,7 @@ from typing import Any
 from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from plumbing.locks import exclusive
+from plumbing.verified import record_digest, recorded_digest
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.kept import damaged_files
 from proxyfl.results import RUN_FILE, json_safe
@@ -357,8 +358,14 @@ def _relocate(run_dir: Path) -> None:
             write_config(TrainConfig.model_validate({**config, "run_dir": str(run_dir)}))
         except ValueError:
             logger.warning("%s: not a job configuration, left as it is", run_dir / CONFIG_FILE)
-    run = _json_object(run_dir / RUN_FILE)
+    path = run_dir / RUN_FILE
+    run = _json_object(path)
     if run is not None and isinstance(run.get("config"), dict):
+        # its digest follows the rewrite only if the file verified before it: a damaged
+        # record stays one
+        intact = recorded_digest(path) is not None and not damaged_files(run_dir, [path])
         run["config"].pop("out", None)  # run_dir's former name
         run["config"]["run_dir"] = str(run_dir)
-        write_json(run_dir / RUN_FILE, json_safe(run))
+        write_json(path, json_safe(run))
+        if intact:
+            record_digest(path)

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from plumbing.verified import record_digest
 from proxyfl.config import TrainConfig, fingerprint_changes
+from proxyfl.kept import damaged_files
 from proxyfl.launch.rundir import (
     Action,
     RunConflict,
@@ -49,6 +51,9 @@ def _record(config: TrainConfig, status: str) -> None:
            "config_digest": config.digest()}  # fmt: skip
     (out / "run.json").write_text(json.dumps(run))
     (out / "metrics.jsonl").write_text(f'{{"status": "{status}"}}\n')
+    if status == "finished":  # as proxyfl.run records them
+        record_digest(out / "metrics.jsonl")
+        record_digest(out / "run.json")
 
 
 @pytest.fixture()
@@ -317,6 +322,8 @@ def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
     assert run["fingerprint"]["rounds"] == 5 and run["config"]["run_dir"] == str(run_dir)
     assert json.loads((run_dir / "config.json").read_text())["run_dir"] == str(run_dir)
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed_0"]
+    # run.json rewritten to name its directory, its digest with it (`make demo` found it)
+    assert damaged_files(run_dir) == []
     assert plan_launch(variation).action is Action.KEEP
 
     # a swap cut between its two renames: the next launch completes it
@@ -328,6 +335,15 @@ def test_a_replacement_swaps_in_only_when_finished_and_a_cut_swap_is_completed(
     assert plan_launch(newer).action is Action.KEEP
     assert json.loads((run_dir / "run.json").read_text())["fingerprint"]["rounds"] == 7
     assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed_0"]
+
+    # a staged run.json damaged before the swap stays damaged after it: no new digest
+    plan = plan_launch(variation, replace=True)
+    prepare(plan, variation)
+    _record(variation.model_copy(update={"run_dir": plan.work}), "finished")
+    staged_run = plan.work / "run.json"
+    staged_run.write_text(staged_run.read_text().replace('"finished"', '"finished" '))
+    publish_staged(run_dir)
+    assert [error.path for error in damaged_files(run_dir)] == [run_dir / "run.json"]
 
 
 def test_fingerprints_ignore_where_and_how_even_when_an_old_record_holds_them() -> None:
