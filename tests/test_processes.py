@@ -175,3 +175,22 @@ def test_a_tree_bound_launcher_stopped_stops_all_under_it_with_the_shell_status(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_tree_bound_launcher_keeps_every_descriptor_it_was_given() -> None:
+    """A launcher's ranks write to a descriptor their environment names (plumbing.output),
+    not only to standard output: the supervisor must pass it on. Closing it sent every
+    rank line through MPICH's fork launcher's relay, bytes of two ranks interleaved and
+    the job's progress seen only at its end."""
+    read_end, write_end = os.pipe()
+    program = [sys.executable, "-c", f"import os; os.write({write_end}, b'whole line\\n')"]
+    try:
+        done = subprocess.run(tree_bound_command(program), pass_fds=(write_end,), timeout=30)
+        os.close(write_end)
+        assert done.returncode == 0
+        with os.fdopen(read_end, "rb") as reader:
+            assert reader.read() == b"whole line\n"
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(write_end)
