@@ -13,7 +13,7 @@ import shutil
 
 from camelyon_proxyfl.findings import Finding
 from camelyon_proxyfl.params.train import TrainSection
-from proxyfl.launch.hosts import named_hosts, unreachable_hosts
+from proxyfl.launch.hosts import hostfile_hosts, named_hosts, unreachable_hosts
 from proxyfl.launch.job import Placement
 
 
@@ -32,10 +32,10 @@ def _hostfile_problem(train: TrainSection) -> str | None:
     if not path.is_file():
         return f"{path}: not a file (hydra's mpiexec -f reads the hosts from it)"
     try:
-        text = path.read_text(encoding="utf-8")
+        hosts = hostfile_hosts(path)
     except (OSError, UnicodeDecodeError) as error:
         return f"{path}: unreadable ({error})"
-    if not [line for line in text.splitlines() if line.split("#")[0].strip()]:
+    if not hosts:
         return f"{path}: names no host (one NAME or NAME:N a line; # starts a comment)"
     return None
 

@@ -12,7 +12,6 @@ checked."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from plumbing.verified import DamagedFileError, recorded_digest, verify
@@ -52,15 +51,12 @@ def _kept_files(run_dir: Path) -> list[Path]:
     return records + predictions + models
 
 
-def damaged_files(
-    run_dir: str | os.PathLike[str], files: Sequence[Path] | None = None
-) -> list[DamagedFileError]:
-    """What is wrong with the files the finished run at ``run_dir`` keeps (or ``files`` of
-    them): its records, predictions, models and cards whose recorded digest does not
-    match."""
+def damaged_files(run_dir: str | os.PathLike[str]) -> list[DamagedFileError]:
+    """What is wrong with the files the finished run at ``run_dir`` keeps: its records,
+    predictions, models and cards whose recorded digest does not match."""
     run_dir = Path(run_dir)
     problems = []
-    for path in _kept_files(run_dir) if files is None else files:
+    for path in _kept_files(run_dir):
         try:
             verify_kept(path, run_dir)
         except DamagedFileError as error:

@@ -40,7 +40,7 @@ from typing import Any
 from plumbing.atomic import remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from plumbing.locks import exclusive
-from plumbing.verified import record_digest, recorded_digest
+from plumbing.verified import DamagedFileError, record_digest, verify
 from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.kept import damaged_files
 from proxyfl.results import RUN_FILE, json_safe
@@ -107,9 +107,13 @@ def pending_replacement(run_dir: Path) -> str:
     staged = staging_dir(run_dir)
     if not staged.is_dir():
         return ""
-    size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file()) / 1e6
+    size = _megabytes(staged)
     return (f"; an interrupted replacement of it waits in {staged} ({size:.1f} MB): "
             f"--replace resumes it, --discard-staged deletes it")  # fmt: skip
+
+
+def _megabytes(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
 
 
 def discard_staged(run_dir: Path) -> float | None:
@@ -120,7 +124,7 @@ def discard_staged(run_dir: Path) -> float | None:
     if not staged.is_dir():
         return None
     with exclusive([run_dir], "discarding the interrupted replacement of"):
-        size = sum(p.stat().st_size for p in staged.rglob("*") if p.is_file()) / 1e6
+        size = _megabytes(staged)
         shutil.rmtree(staged)
     return size
 
@@ -363,7 +367,11 @@ def _relocate(run_dir: Path) -> None:
     if run is not None and isinstance(run.get("config"), dict):
         # its digest follows the rewrite only if the file verified before it: a damaged
         # record stays one
-        intact = recorded_digest(path) is not None and not damaged_files(run_dir, [path])
+        try:
+            verify(path, "")
+            intact = True
+        except DamagedFileError:  # no record, or not the bytes recorded
+            intact = False
         run["config"].pop("out", None)  # run_dir's former name
         run["config"]["run_dir"] = str(run_dir)
         write_json(path, json_safe(run))
