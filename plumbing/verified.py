@@ -2,7 +2,8 @@
 before it is read, and one error that names a file that fails.
 
 :func:`record_digest` writes ``NAME.sha256`` (``sha256:HEX``, atomically) after ``NAME`` is
-in place; :func:`verify` reads ``NAME`` back against it. A file whose record is missing
+in place, or, for a file written once under its name, the digest of its temporary just
+before the rename; :func:`verify` reads ``NAME`` back against it. A file whose record is missing
 (written before records existed, or a crash between the two writes), whose bytes no longer
 match, or that cannot be read raises :class:`DamagedFileError`, whose message names the
 file, what is wrong with it and the command that repairs it. Every command turns it into
@@ -35,9 +36,13 @@ def digest_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + SUFFIX)
 
 
-def record_digest(path: str | os.PathLike[str]) -> str:
-    """Write ``path``'s SHA-256 beside it (atomically); returns it (``sha256:HEX``)."""
-    digest = file_digest(path)
+def record_digest(
+    path: str | os.PathLike[str], contents: str | os.PathLike[str] | None = None
+) -> str:
+    """Write the SHA-256 of ``contents`` (``path`` itself by default) as ``path``'s record,
+    atomically; returns it (``sha256:HEX``). Recording a temporary's digest before it is
+    renamed onto ``path`` leaves no moment in which ``path`` is in place without one."""
+    digest = file_digest(path if contents is None else contents)
     write_text(digest_path(path), digest + "\n")
     return digest
 

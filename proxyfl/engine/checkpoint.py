@@ -32,6 +32,7 @@ import torch
 
 from plumbing.atomic import atomic_path
 from plumbing.verified import (
+    SUFFIX,
     DamagedFileError,
     record_digest,
     recorded_digest,
@@ -72,7 +73,9 @@ def save_checkpoint(
     path = checkpoint_path(run_dir, rank, round_number)
     with atomic_path(path) as temporary:  # removed if saving fails or is interrupted
         torch.save(state, temporary)
-    record_digest(path)
+        # recorded before the rename: a checkpoint in place always has its record (a kill
+        # between the two leaves a record alone, which the next write of that round replaces)
+        record_digest(path, contents=temporary)
     for old in available_rounds(run_dir, rank)[:-keep]:
         remove_with_digest(checkpoint_path(run_dir, rank, old))
     return path
@@ -87,14 +90,15 @@ def repair_hint(run_dir: Path) -> str:
 def verified_rounds(run_dir: Path, rank: int) -> tuple[list[int], list[tuple[int, str]]]:
     """``(rounds whose checkpoint verifies, in increasing order, [(round, why skipped)])``.
 
-    A checkpoint verifies when its bytes match the digest recorded beside it; one written
-    before digests were recorded (no record) verifies when it loads."""
+    A checkpoint verifies when its bytes match the digest recorded beside it; one without
+    a record (written before digests were recorded) verifies when it loads: the rule
+    :func:`load_checkpoint` applies."""
     good, skipped = [], []
     for round_number in available_rounds(run_dir, rank):
         path = checkpoint_path(run_dir, rank, round_number)
         try:
             if recorded_digest(path) is None:
-                load_checkpoint(run_dir, rank, round_number, verified=False)
+                load_checkpoint(run_dir, rank, round_number)
             else:
                 verify(path, repair_hint(run_dir))
         except DamagedFileError as error:
@@ -173,17 +177,16 @@ class CheckpointWriter:
             logger.error("checkpoint of rank %d not written: %s", self.rank, error)
 
 
-def load_checkpoint(
-    run_dir: Path, rank: int, round_number: int, verified: bool = True
-) -> dict[str, Any]:
-    """A checkpoint as :func:`save_checkpoint` wrote it, its digest checked first (unless
-    ``verified`` is false: one written before digests were recorded), read with
+def load_checkpoint(run_dir: Path, rank: int, round_number: int) -> dict[str, Any]:
+    """A checkpoint as :func:`save_checkpoint` wrote it, its digest checked first where one
+    is recorded (a checkpoint without a record, from before digests were recorded, must
+    still load whole: torn bytes fail to unpickle), read with
     ``weights_only=True``: tensors, plain containers and numbers, NumPy arrays and the
     evaluation scores, nothing else. A checkpoint holding any other object (a tampered run
     directory) is refused instead of running its code. A damaged one raises
     :class:`~plumbing.verified.DamagedFileError`."""
     path = checkpoint_path(run_dir, rank, round_number)
-    if verified:
+    if recorded_digest(path) is not None:
         verify(path, repair_hint(run_dir))
     try:
         with torch.serialization.safe_globals(_checkpoint_globals()):
@@ -218,6 +221,8 @@ def clear_checkpoints(run_dir: Path, rank: int) -> None:
     """Delete this rank's checkpoints, and the checkpoint folders once they are empty."""
     for old in available_rounds(run_dir, rank):
         remove_with_digest(checkpoint_path(run_dir, rank, old))
+    for record in checkpoint_dir(run_dir, rank).glob("round_*.pt" + SUFFIX):
+        record.unlink(missing_ok=True)  # a record alone: killed before its rename
     for directory in (checkpoint_dir(run_dir, rank), Path(run_dir) / "checkpoints"):
         # not empty (another rank's, a stray file) or already gone: leave it
         with contextlib.suppress(OSError):

@@ -211,6 +211,7 @@ def test_every_checkpoint_is_verified_and_a_damaged_one_is_skipped_with_its_reas
     digest_path(unrecorded).unlink()  # as an old run's, or a crash between the two writes
     good, skipped = verified_rounds(tmp_path, 0)
     assert good == [1, 2]  # round 2 without a record still loads: accepted
+    assert torch.equal(load_checkpoint(tmp_path, 0, 2)["w"], torch.arange(1000.0))  # resumed
     reasons = dict(skipped)
     assert set(reasons) == {3, 4}
     assert str(truncated) in reasons[4] and "500 bytes" in reasons[4]
@@ -219,3 +220,39 @@ def test_every_checkpoint_is_verified_and_a_damaged_one_is_skipped_with_its_reas
         load_checkpoint(tmp_path, 0, 4)
     os.truncate(unrecorded, 500)  # no record, and it does not load either
     assert verified_rounds(tmp_path, 0)[0] == [1]
+
+
+def test_a_checkpoint_in_place_always_has_its_record_and_a_record_alone_is_no_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record is written before the rename, so a kill between the two leaves a record
+    alone (never a checkpoint without one): no round is counted for it, the next write of
+    that round replaces it, and clearing the checkpoints removes it."""
+    import plumbing.atomic
+    from plumbing.atomic import temporary_path
+    from plumbing.verified import digest_path, recorded_digest
+    from proxyfl.engine.checkpoint import checkpoint_dir, clear_checkpoints, verified_rounds
+
+    path = checkpoint_path(tmp_path, 0, 1)
+    recorded_at_rename: list[bool] = []
+    rename = plumbing.atomic.commit
+
+    def look_then_rename(temporary: Path, target: Path) -> None:
+        if target == path:  # the record is itself renamed into place first
+            recorded_at_rename.append(recorded_digest(target) is not None)
+        rename(temporary, target)
+
+    monkeypatch.setattr(plumbing.atomic, "commit", look_then_rename)  # the real rename
+    save_checkpoint(tmp_path, 0, 1, {"w": torch.ones(3)})
+    monkeypatch.undo()
+    assert recorded_at_rename == [True] and verified_rounds(tmp_path, 0) == ([1], [])
+
+    orphan = checkpoint_path(tmp_path, 0, 2)  # as a kill after the record, before the rename
+    digest_path(orphan).write_text(digest_path(path).read_text())
+    assert not temporary_path(orphan).exists()
+    assert verified_rounds(tmp_path, 0) == ([1], [])
+    save_checkpoint(tmp_path, 0, 2, {"w": torch.zeros(3)}, keep=2)
+    assert verified_rounds(tmp_path, 0) == ([1, 2], [])
+    digest_path(checkpoint_path(tmp_path, 0, 3)).write_text("sha256:" + "0" * 64 + "\n")
+    clear_checkpoints(tmp_path, 0)
+    assert not checkpoint_dir(tmp_path, 0).exists()
