@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plumbing.errors import PipelineError
+from wsi.nodes import NODE_LABELS, PATIENT_STAGES
 
-NODE_LABELS: tuple[str, ...] = ("negative", "itc", "micro", "macro")
-PATIENT_STAGES: tuple[str, ...] = ("pN0", "pN0(i+)", "pN1mi", "pN1", "pN2")
 PATIENTS_PER_CENTER = 20
 LABELS_FILE = "stage_labels.csv"
 ANNOTATIONS_DIR = "lesion_annotations"

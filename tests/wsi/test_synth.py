@@ -230,30 +230,11 @@ def test_every_center_has_negative_and_annotated_tumour_slides(
         assert labels["macro"] >= 1
 
 
-def test_patient_stage_rules() -> None:
-    stage = synth.patient_stage
-    assert stage(["negative"] * 5) == "pN0"
-    assert stage(["negative", "itc", "itc", "negative", "negative"]) == "pN0(i+)"
-    assert stage(["itc", "micro", "negative", "negative", "negative"]) == "pN1mi"
-    assert stage(["micro"] * 5) == "pN1mi"
-    assert stage(["macro", "itc", "itc", "negative", "negative"]) == "pN1"
-    assert stage(["macro", "micro", "micro", "itc", "negative"]) == "pN1"
-    assert stage(["macro", "micro", "micro", "micro", "negative"]) == "pN2"
-    assert stage(["macro"] * 5) == "pN2"
-    with pytest.raises(ValueError):
-        stage(["tumour"])
-
-
 def test_node_label_thresholds_scale_with_the_slide() -> None:
     default = SynthConfig()
     assert default.label_scale == pytest.approx(4096 * 0.25 / 8000)
     assert default.itc_max_um == pytest.approx(25.6)
     assert default.macro_min_um == pytest.approx(256.0)
-    assert synth.node_label_for_extent(None, default) == "negative"
-    assert synth.node_label_for_extent(25.5, default) == "itc"
-    assert synth.node_label_for_extent(25.6, default) == "micro"
-    assert synth.node_label_for_extent(256.0, default) == "micro"
-    assert synth.node_label_for_extent(256.1, default) == "macro"
     real_size = SynthConfig(width=100_000, height=80_000)
     assert (real_size.itc_max_um, real_size.macro_min_um) == (200.0, 2000.0)
 
@@ -266,7 +247,7 @@ def test_labels_follow_the_largest_annotated_lesion(synthetic_dataset: SynthMani
             continue
         tumour = read_asap(slide.annotation_path).tumor
         extent_um = max(synth.max_feret_diameter(r.vertices) for r in tumour) * config.mpp
-        assert synth.node_label_for_extent(extent_um, config) == slide.label
+        assert synth.node_label(extent_um, config.thresholds) == slide.label
         assert extent_um == pytest.approx(slide.largest_extent_um, abs=1e-3)
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wsi.catalogue import PATIENTS_PER_CENTER
+from wsi.nodes import METASTASIS_LABELS, NodeThresholds, label_scale
 
 # in the ImageDescription of every slide wsi.synth writes: how a centre's report, and the
 # report, tell synthetic slides from real ones (wsi.slide.is_synthetic_slide)
@@ -17,10 +18,7 @@ Layout = Literal["nested", "flat"]
 LAYOUTS: tuple[str, ...] = ("nested", "flat")
 TUMOUR_GROUP = "metastases"
 CARVE_OUT_GROUP = "normal"
-TUMOUR_LABELS: tuple[str, ...] = ("micro", "macro")
-REAL_ITC_MAX_UM = 200.0
-REAL_MACRO_MIN_UM = 2000.0
-REFERENCE_SECTION_UM = 8000.0
+TUMOUR_LABELS: tuple[str, ...] = METASTASIS_LABELS
 SMALLEST_LEVEL_SIDE = 512
 _STREAM_LABELS = 1
 _STREAM_SLIDE = 2
@@ -121,18 +119,23 @@ class SynthConfig(BaseModel):
 
     @property
     def label_scale(self) -> float:
-        """Factor applied to the real ITC / macro thresholds (see the module docstring)."""
-        return min(1.0, min(self.width, self.height) * self.mpp / REFERENCE_SECTION_UM)
+        """Factor applied to the real ITC / macro thresholds (:func:`wsi.nodes.label_scale`)."""
+        return label_scale(min(self.width, self.height) * self.mpp)
+
+    @property
+    def thresholds(self) -> NodeThresholds:
+        """The node classes' thresholds of these slides (:mod:`wsi.nodes`)."""
+        return NodeThresholds.for_section(min(self.width, self.height) * self.mpp)
 
     @property
     def itc_max_um(self) -> float:
         """Lesions smaller than this are isolated tumour cells."""
-        return REAL_ITC_MAX_UM * self.label_scale
+        return self.thresholds.itc_max_um
 
     @property
     def macro_min_um(self) -> float:
         """Lesions larger than this are macro-metastases."""
-        return REAL_MACRO_MIN_UM * self.label_scale
+        return self.thresholds.macro_min_um
 
     @property
     def level_count(self) -> int:

@@ -16,10 +16,11 @@ import numpy as np
 from plumbing.atomic import write_bytes
 from wsi.annotations import write_asap_xml
 from wsi.catalogue import ANNOTATIONS_DIR, LABELS_FILE, PATIENTS_PER_CENTER
+from wsi.nodes import node_label, patient_stage
 from wsi.synth.config import CARVE_OUT_GROUP, TUMOUR_GROUP, Layout, SynthConfig
 from wsi.synth.plan import plan_slide
 from wsi.synth.render import render_slide_bands
-from wsi.synth.rules import assign_node_labels, node_label_for_extent, patient_stage, slide_id
+from wsi.synth.rules import assign_node_labels, slide_id
 from wsi.synth.tiff import write_pyramidal_tiff
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def generate_slide(task: _SlideTask) -> SynthSlide:
     plan = plan_slide(config, task.patient, task.node, task.label)
     extent_um = max((lesion.extent_px for lesion in plan.lesions), default=None)
     extent_um = None if extent_um is None else extent_um * config.mpp
-    label = node_label_for_extent(extent_um, config)
+    label = node_label(extent_um, config.thresholds)
     if label != task.label:  # cannot happen: extents are drawn inside the label's range
         raise RuntimeError(f"{slide_id(task.patient, task.node)}: drew {label}, not {task.label}")
     path = slide_path(task.root, task.patient, task.node, config.layout)

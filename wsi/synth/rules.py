@@ -1,14 +1,12 @@
-"""Which node gets which label, and the patient's pN stage (the module docstring of
-:mod:`wsi.synth` states the rules)."""
+"""Which node gets which label (the module docstring of :mod:`wsi.synth` states the
+rules; the node and stage rules themselves live in :mod:`wsi.nodes`)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import numpy as np
 from scipy.spatial.distance import pdist
 
-from wsi.catalogue import NODE_LABELS
+from wsi.nodes import NODE_LABELS
 from wsi.synth.config import _STREAM_LABELS, TUMOUR_LABELS, SynthConfig
 
 # --------------------------------------------------------------------------------------
@@ -18,33 +16,6 @@ from wsi.synth.config import _STREAM_LABELS, TUMOUR_LABELS, SynthConfig
 
 def slide_id(patient: int, node: int) -> str:
     return f"patient_{patient:03d}_node_{node}"
-
-
-def node_label_for_extent(extent_um: float | None, config: SynthConfig) -> str:
-    """The node label of a slide whose largest lesion spans ``extent_um`` (None: no lesion)."""
-    if extent_um is None:
-        return "negative"
-    if extent_um < config.itc_max_um:
-        return "itc"
-    if extent_um <= config.macro_min_um:
-        return "micro"
-    return "macro"
-
-
-def patient_stage(node_labels: Iterable[str]) -> str:
-    """The pN stage of a patient from the labels of its nodes (Camelyon-17 rules)."""
-    labels = list(node_labels)
-    unknown = set(labels) - set(NODE_LABELS)
-    if unknown:
-        raise ValueError(f"unknown node labels {sorted(unknown)}")
-    positive = sum(label in TUMOUR_LABELS for label in labels)
-    if "macro" in labels:
-        return "pN1" if positive <= 3 else "pN2"
-    if "micro" in labels:
-        return "pN1mi"
-    if "itc" in labels:
-        return "pN0(i+)"
-    return "pN0"
 
 
 def assign_node_labels(config: SynthConfig, patient: int) -> tuple[str, ...]:

@@ -1,0 +1,91 @@
+"""The node and stage rules of Camelyon-17 (Bandi et al. 2019, §II-B), case by case."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from wsi.nodes import (
+    NODE_LABELS,
+    PATIENT_STAGES,
+    NodeThresholds,
+    label_scale,
+    node_label,
+    patient_stage,
+)
+
+REAL = NodeThresholds()
+
+
+@pytest.mark.parametrize(
+    ("extent_um", "expected"),
+    [
+        (None, "negative"),
+        (0.0, "itc"),  # a lesion of one point is still a lesion
+        (199.99, "itc"),  # "smaller than 0.2 mm"
+        (200.0, "micro"),  # "larger than 0.2 mm" starts at the boundary
+        (1999.0, "micro"),
+        (2000.0, "micro"),  # "not larger than 2.0 mm"
+        (2000.01, "macro"),  # "larger than 2.0 mm"
+        (8000.0, "macro"),
+    ],
+)
+def test_a_node_is_classed_by_its_largest_lesion_at_the_challenges_boundaries(
+    extent_um: float | None, expected: str
+) -> None:
+    assert node_label(extent_um, REAL) == expected
+
+
+def test_thresholds_scale_with_a_small_section_and_never_grow() -> None:
+    assert (REAL.itc_max_um, REAL.macro_min_um) == (200.0, 2000.0)
+    assert label_scale(1024.0) == pytest.approx(0.128)
+    small = NodeThresholds.for_section(1024.0)  # the synthetic defaults: 4096 px x 0.25 µm
+    assert (small.itc_max_um, small.macro_min_um) == pytest.approx((25.6, 256.0))
+    assert node_label(25.5, small) == "itc" and node_label(25.6, small) == "micro"
+    assert node_label(256.0, small) == "micro" and node_label(256.1, small) == "macro"
+    assert NodeThresholds.for_section(20_000.0) == REAL  # a larger section: the real ones
+    with pytest.raises(ValueError):
+        label_scale(0.0)
+    with pytest.raises(ValueError, match="itc_max_um < macro_min_um"):
+        NodeThresholds(itc_max_um=300.0, macro_min_um=200.0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "stage"),
+    [
+        (["negative"] * 5, "pN0"),
+        (["itc", "negative", "negative", "negative", "negative"], "pN0(i+)"),
+        (["itc"] * 5, "pN0(i+)"),  # isolated tumour cells are not metastases
+        (["micro", "itc", "negative", "negative", "negative"], "pN1mi"),
+        (["micro"] * 5, "pN1mi"),  # no macro: pN1mi however many nodes
+        (["macro", "negative", "negative", "negative", "negative"], "pN1"),
+        (["macro", "micro", "micro", "itc", "itc"], "pN1"),  # 3 positive nodes
+        (["macro", "micro", "micro", "micro", "itc"], "pN2"),  # 4 positive nodes
+        (["macro"] * 5, "pN2"),
+        (["macro", "negative", "negative"], "pN1"),  # fewer than five nodes read
+        ([], "pN0"),
+    ],
+)
+def test_the_pn_stage_follows_the_challenges_rules(nodes: list[str], stage: str) -> None:
+    assert patient_stage(nodes) == stage
+    assert patient_stage(reversed(nodes)) == stage  # the order of nodes does not matter
+
+
+def test_every_combination_of_five_nodes_gets_the_stage_its_counts_give() -> None:
+    """Exhaustive: the stage depends only on the largest class and the positive count."""
+    for nodes in itertools.product(NODE_LABELS, repeat=5):
+        positive = sum(label in ("micro", "macro") for label in nodes)
+        if "macro" in nodes:
+            expected = "pN1" if positive <= 3 else "pN2"
+        elif "micro" in nodes:
+            expected = "pN1mi"
+        else:
+            expected = "pN0(i+)" if "itc" in nodes else "pN0"
+        assert patient_stage(nodes) == expected
+    assert len(PATIENT_STAGES) == 5
+
+
+def test_an_unknown_class_is_refused() -> None:
+    with pytest.raises(ValueError, match="tumour"):
+        patient_stage(["negative", "tumour"])
