@@ -1,7 +1,7 @@
 """``camelyon-proxyfl``: every command of the pipeline under one name.
 
     camelyon-proxyfl pipeline [--config params.yaml]     slides -> stores -> runs -> tables
-    camelyon-proxyfl preprocess | train | canary | audit | report   one stage (a flow each)
+    camelyon-proxyfl preprocess | train | canary | audit | stage | report   one stage each
     camelyon-proxyfl serve                               Prefect deployments, served
     camelyon-proxyfl synth | tile | privacy | job | server ...
 
@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("flows.train", "one MPI job per method and seed, one rank per centre"),
     "canary": ("flows.canary", "a method trained once more with canaries, for the audit"),
     "audit": ("flows.audit", "membership inference and ε lower bounds on the kept models"),
+    "stage": ("flows.stage", "heatmaps, node classes and pN stages of the test patients"),
     "report": ("flows.report", "accuracy, macro-accuracy and ε tables, curves and plots"),
     "synth": ("wsi.synth", "write the synthetic Camelyon-17 dataset"),
     "tile": ("wsi.tile", "one slide's candidates and labels, and a picture of them"),

@@ -1,7 +1,7 @@
 """The whole pipeline as one flow, each stage its own flow run in Prefect:
 
     slides --preprocess--> centre stores --train--> runs/ --audit--> results/audit.json
-           --report--> tables and curves
+           --stage--> staging/, results/staging.json --report--> tables and curves
 
 What is up to date is kept, as ``dvc repro`` keeps it: a store whose recorded inputs are
 unchanged (:mod:`wsi.freshness`), a finished run of the same configuration and stores
@@ -41,6 +41,7 @@ from flows.canary import canary_run
 from flows.preprocess import PreprocessFailed, run_preprocess, stale_stores
 from flows.report import report
 from flows.server import address_towards, run_flow_command
+from flows.stage import staging
 from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
@@ -52,6 +53,7 @@ from proxyfl.launch.job import TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict
 from proxyfl.report import ReportError, ReportPaths
 from proxyfl.report.render import summary_line
+from proxyfl.staging.models import StagingModelError
 from tasks.checks import preflight_checks
 from tasks.data import dataset
 from wsi.catalogue import DatasetRootError
@@ -89,6 +91,7 @@ def pipeline(
         for algorithm in params.audit.canary.algorithms:
             canary_run(params.train, params.audit, algorithm)
     privacy_audit(params.train, params.audit)
+    staging(params.staging_params(), params.train.centers)
     paths = report(params.report_config())
     # the run's last line: its result, for a log read from the end
     summary = summary_line(json.loads(paths.metrics_json.read_text()))
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             CanaryPlanError,
             AuditInputError,
             AuditViolation,
+            StagingModelError,
             ReportError,
         ),
         host=address_towards(scheduler) if scheduler else "127.0.0.1",

@@ -60,7 +60,8 @@ from tasks.report import finished_runs, report_files, timing_files
 def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print its tables."""
     selection = finished_runs(config)
-    paths = report_files(selection, config.out, config.data, config.audit)
+    paths = report_files(selection, config.out, config.data, config.audit, config.staging,
+                         config.staging_dir)  # fmt: skip
     timing_files(selection, config.out)
     publish_report(paths)
     print_tables(paths)
@@ -74,6 +75,8 @@ def print_tables(paths: ReportPaths) -> None:
               ("Privacy", paths.privacy_md)]  # fmt: skip
     if paths.audit_md is not None:
         tables.append(("Empirical privacy audit", paths.audit_md))
+    if paths.staging_md is not None:
+        tables.append(("From patches to patients (staging)", paths.staging_md))
     for title, table in tables:
         console.print(f"\n[bold]{title}[/bold] ({table})")
         console.print(Markdown(table.read_text()))
@@ -88,7 +91,8 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
                         ("--algorithms", ("train", "algorithms")),
                         ("--seeds", ("train", "seeds")),
                         ("--centers", ("train", "centers")),
-                        ("--audit", ("audit", "out"))):  # fmt: skip
+                        ("--audit", ("audit", "out")),
+                        ("--staging", ("stage", "summary"))):  # fmt: skip
         command.add_key(option, key)
     command.add_section(ReportSection, ("report",))
     command.add_section(TrainOptions, ("train", "options"),

@@ -23,14 +23,20 @@ def finished_runs(config: ReportConfig) -> RunSelection:
 
 @task(name="report files")
 def report_files(
-    selection: RunSelection, out_dir: Path, stores_dir: Path | None, audit: Path | None = None
+    selection: RunSelection,
+    out_dir: Path,
+    stores_dir: Path | None,
+    audit: Path | None = None,
+    staging: Path | None = None,
+    staging_dir: Path | None = None,
 ) -> ReportPaths:
     """Tables (md, csv: accuracy, per-centre accuracy, sensitivity/specificity/AUC,
     configuration, privacy, and the privacy audit when ``audit``, its file, exists),
     metrics.json, per-method curves, the Figure 8 plots (and the audit's ROC figure) and
     report.html (with the data line, Table 1 and the failures of the stores in
-    ``stores_dir``, and the audit or a line saying none was recorded)."""
-    return write_report(selection.runs, out_dir, stores_dir, selection, audit=audit)
+    ``stores_dir``, the audit and the staging, or a line saying none was recorded)."""
+    return write_report(selection.runs, out_dir, stores_dir, selection, audit=audit,
+                        staging=staging, staging_dir=staging_dir)  # fmt: skip
 
 
 @task(name="timing files")

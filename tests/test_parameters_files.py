@@ -20,6 +20,8 @@ from flows.preprocess import main as preprocess_main
 from flows.preprocess import parse_config as preprocess_parse
 from flows.report import main as report_main
 from flows.report import parse_config as report_parse
+from flows.stage import main as stage_main
+from flows.stage import parse_config as stage_parse
 from flows.train import main as train_main
 from flows.train import parse_config as train_parse
 from plumbing.cli import ConfigError
@@ -34,7 +36,7 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("not YAML", lambda t: t.replace("train:\n", "train:\n  - x\n : y\n", 1), None,
      ("not valid YAML", "line ")),
     ("unknown section", lambda t: t.replace("preprocess:\n", "preprocesss:\n", 1), None,
-     ("preprocesss: unknown key", "known: data, preprocess, train, audit, report")),
+     ("preprocesss: unknown key", "known: data, preprocess, train, audit, stage, report")),
     ("unknown key under data", lambda t: t.replace("  root: data/synthetic", "  rooot: x"),
      "data", ("data.rooot: unknown key",)),
     ("unknown training option", lambda t: t.replace("rounds: 10", "roundz: 10"), "train",
@@ -42,10 +44,12 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("wrong type", lambda t: t.replace("rounds: 10", "rounds: ten"), "train",
      ("train.options.rounds", "valid integer", "'ten'")),
     ("not a mapping", lambda t: "- a\n- b\n", None, ("must hold a mapping",)),
-    ("unknown audit key", lambda t: t.replace("  bootstrap: 1000", "  bootstrapp: 1000"),
+    ("unknown audit key", lambda t: t.replace("  bootstrap: 1000", "  bootstrapp: 1000", 1),
      "audit", ("audit.bootstrapp: unknown key",)),
     ("odd reference models", lambda t: t.replace("reference_models: 2 ", "reference_models: 3 "),
      "audit", ("audit.reference_models", "pairs")),
+    ("crossed node thresholds", lambda t: t.replace("itc_max_um: 200.0", "itc_max_um: 3000.0"),
+     "stage", ("stage", "itc_max_um < macro_min_um")),
     ("renamed key", lambda t: t.replace("    loader_workers: 0 ", "    workers: 0 "), "train",
      ("train.options.workers: renamed train.options.loader_workers", "rename the key")),
 ]  # fmt: skip
@@ -54,6 +58,7 @@ COMMANDS = {
     "train": train_main,
     "audit": audit_main,
     "canary": lambda argv: canary_main([*argv, "ProxyFL"]),
+    "stage": stage_main,
     "report": report_main,
     "pipeline": pipeline_main,
 }
@@ -63,14 +68,16 @@ READS = {
     "train": {"train"},
     "audit": {"train", "audit"},
     "canary": {"train", "audit"},
-    "report": {"train", "audit", "report"},
-    "pipeline": {"data", "preprocess", "train", "audit", "report"},
+    "stage": {"data", "preprocess", "train", "stage"},
+    "report": {"train", "audit", "stage", "report"},
+    "pipeline": {"data", "preprocess", "train", "audit", "stage", "report"},
 }
 PARSERS = {
     "preprocess": preprocess_parse,
     "train": train_parse,
     "audit": audit_parse,
     "canary": lambda argv: canary_parse([*argv, "ProxyFL"]),
+    "stage": stage_parse,
     "report": report_parse,
 }  # the pipeline reads every section; the canary run the audit's
 FAILING = [(command, case) for case in BAD_FILES for command in sorted(COMMANDS)

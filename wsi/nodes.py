@@ -72,13 +72,19 @@ class NodeThresholds:
                 f"need 0 < itc_max_um < macro_min_um; got {self.itc_max_um}, {self.macro_min_um}"
             )
 
+    def scaled_to(
+        self, short_side_um: float, reference_um: float = REFERENCE_SECTION_UM
+    ) -> NodeThresholds:
+        """These thresholds times ``label_scale(short_side_um, reference_um)``: a section's."""
+        scale = label_scale(short_side_um, reference_um)
+        return NodeThresholds(self.itc_max_um * scale, self.macro_min_um * scale)
+
     @classmethod
     def for_section(
         cls, short_side_um: float, reference_um: float = REFERENCE_SECTION_UM
     ) -> NodeThresholds:
-        """The challenge's thresholds times ``label_scale(short_side_um, reference_um)``."""
-        scale = label_scale(short_side_um, reference_um)
-        return cls(ITC_MAX_UM * scale, MACRO_MIN_UM * scale)
+        """The challenge's thresholds, scaled to a section (:meth:`scaled_to`)."""
+        return cls().scaled_to(short_side_um, reference_um)
 
 
 def label_scale(short_side_um: float, reference_um: float = REFERENCE_SECTION_UM) -> float:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from plumbing.errors import PipelineError
-from wsi.annotations import SlideAnnotations
+from wsi.annotations import AnnotationError, SlideAnnotations
 from wsi.masks import box_fractions, tissue_mask_from_blocks, tumor_mask
 from wsi.params import HealthySource, PatchParams
-from wsi.slide import REGION_PIXELS, Slide
+from wsi.slide import REGION_PIXELS, Slide, SlideReadError
 
 HEALTHY, TUMOR, UNUSABLE = 0, 1, -1
 LABEL_NAMES: dict[int, str] = {HEALTHY: "healthy", TUMOR: "tumor"}
@@ -81,6 +81,17 @@ class SlideCandidates:
 
     def label_counts(self) -> dict[str, int]:
         return {name: int((self.labels == label).sum()) for label, name in LABEL_NAMES.items()}
+
+
+def failure_reason(error: Exception) -> str:
+    """What went wrong with one slide, in words (the slide itself is named elsewhere)."""
+    if isinstance(error, PatchError):  # its text starts with the slide id, known already
+        return error.reason
+    if isinstance(error, AnnotationError | SlideReadError):
+        return str(error)
+    if isinstance(error, MemoryError):
+        return f"out of memory ({error or 'no detail'})"
+    return f"{type(error).__name__}: {error}"
 
 
 def candidate_grid(dimensions: tuple[int, int], extent: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from wsi.patches import (
     PatchError,
     PatchParams,
     compute_candidates,
+    failure_reason,
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend, SlideReadError, is_synthetic_slide, open_slide
@@ -83,16 +84,6 @@ def _stage_of(error: Exception) -> str:
     return next((name for kind, name in _STAGE_OF_ERROR if isinstance(error, kind)), "candidates")
 
 
-def _reason(error: Exception) -> str:
-    if isinstance(error, PatchError):  # its text starts with the slide id, known already
-        return error.reason
-    if isinstance(error, AnnotationError | SlideReadError):
-        return str(error)
-    if isinstance(error, MemoryError):
-        return f"out of memory ({error or 'no detail'})"
-    return f"{type(error).__name__}: {error}"
-
-
 def slide_patches(
     record: SlideRecord,
     params: PatchParams,
@@ -117,7 +108,7 @@ def slide_patches(
             )
     except Exception as error:  # any failure of one slide, MemoryError too, is that slide's
         raise SlideStepError(
-            SlideFailure(record.slide_id, _stage_of(error), _reason(error), record.center)
+            SlideFailure(record.slide_id, _stage_of(error), failure_reason(error), record.center)
         ) from error
     usable = candidates.labels != UNUSABLE
     patches = SlidePatches(

@@ -4,6 +4,7 @@
     preprocess:  preprocess.PreprocessSection  (wsi.params' patch and sampling rules + ...)
     train:       train.TrainSection            (options: proxyfl.config.TrainOptions)
     audit:       audit.AuditSection            (proxyfl.audit.options.AuditOptions + files)
+    stage:       stage.StageSection            (the staging of patients: proxyfl.staging)
     report:      report.ReportSection
 
 Every default and help text is a field of these models (or of the library models they

@@ -1,6 +1,6 @@
 """``report:``: where the tables, metrics, curves and plots go; and the report stage's view
 of the file (``train``, for the runs to report on, ``audit``, for the privacy audit's file
-to show, and ``report``)."""
+to show, ``stage``, for the staging's summary and pictures, and ``report``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pydantic import Field
 
 from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.base import Section, StageParams
+from camelyon_proxyfl.params.stage import StageSection
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.names import Algorithm
 
@@ -42,6 +43,14 @@ class ReportConfig(Section):
         description="the privacy audit's rows (audit.out): shown when the file exists; "
         "None or absent: the report says no audit was recorded",
     )
+    staging: Path | None = Field(
+        None,
+        description="the staging's summary (stage.summary): shown when the file exists; "
+        "None or absent: the report says no staging was recorded",
+    )
+    staging_dir: Path | None = Field(
+        None, description="the centres' staging folders, with the pictures (stage.out)"
+    )
 
     @property
     def runs(self) -> Path:
@@ -72,8 +81,10 @@ class ReportParams(StageParams):
     train: TrainSection = Field(default_factory=TrainSection)
     report: ReportSection = Field(default_factory=ReportSection)
     audit: AuditSection = Field(default_factory=AuditSection)
+    stage: StageSection = Field(default_factory=StageSection)
 
     def config(self) -> ReportConfig:
         return ReportConfig(train=self.train, out=self.report.out,
                             other_configurations=self.report.other_configurations,
-                            audit=self.audit.out)  # fmt: skip
+                            audit=self.audit.out, staging=self.stage.summary,
+                            staging_dir=self.stage.out)  # fmt: skip

@@ -15,6 +15,8 @@ from camelyon_proxyfl.params.preprocess import (
     PreprocessSection,
 )
 from camelyon_proxyfl.params.report import ReportConfig, ReportParams, ReportSection
+from camelyon_proxyfl.params.stage import StageSection
+from camelyon_proxyfl.params.staging import StagingParams
 from camelyon_proxyfl.params.train import TrainSection
 from plumbing.cli import ConfigError
 
@@ -26,13 +28,19 @@ class Params(StageParams):
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
     train: TrainSection = Field(default_factory=TrainSection)
     audit: AuditSection = Field(default_factory=AuditSection)
+    stage: StageSection = Field(default_factory=StageSection)
     report: ReportSection = Field(default_factory=ReportSection)
 
     def preprocess_config(self) -> PreprocessConfig:
         return PreprocessParams(data=self.data, preprocess=self.preprocess).config()
 
     def report_config(self) -> ReportConfig:
-        return ReportParams(train=self.train, report=self.report, audit=self.audit).config()
+        return ReportParams(train=self.train, report=self.report, audit=self.audit,
+                            stage=self.stage).config()  # fmt: skip
+
+    def staging_params(self) -> StagingParams:
+        return StagingParams(data=self.data, preprocess=self.preprocess, train=self.train,
+                             stage=self.stage)  # fmt: skip
 
     def check_pipeline(self, source: Path | str) -> None:
         """The stages must fit together: training reads the stores preprocessing writes."""

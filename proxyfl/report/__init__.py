@@ -45,111 +45,76 @@ specificity, AUC and the patient bootstrap: pure maths), :mod:`~proxyfl.report.p
 public names, so ``from proxyfl.report import load_runs, write_report`` keeps working.
 """
 
-from proxyfl.report.audit import (
-    Audit,
-    AuditRow,
-    MembershipRow,
-    RocCurve,
-    audit_csv,
-    audit_markdown,
-    canary_rows,
-    membership_table,
-    read_audit,
-    roc_curves,
-)
-from proxyfl.report.clinical import MajorityClass, method_measures
-from proxyfl.report.context import ConfigurationRow, DataSource, configuration_table, data_source
-from proxyfl.report.load import (
-    JOINT,
-    PAPER_ORDER,
-    ReportError,
-    RunResult,
-    load_runs,
-)
-from proxyfl.report.plots import (
-    EMPHASISED,
-    OKABE_ITO,
-    MethodStyle,
-    method_groups,
-    method_style,
-    plot_curves,
-    plot_figure,
-    plot_roc,
-    sample_title,
-)
-from proxyfl.report.predictions import (
-    ClinicalRow,
-    PerCentreRow,
-    clinical_table,
-    load_predictions,
-    per_centre_table,
-)
-from proxyfl.report.render import TableRow, dvc_metrics, format_csv, format_table, safe_name
-from proxyfl.report.stats import (
-    EPSILON_SOURCES,
-    AccuracyRow,
-    CurvePoint,
-    PrivacyRow,
-    SampleSize,
-    accuracy_table,
-    curves,
-    majority_row,
-    privacy_table,
-    sample_sizes,
-)
-from proxyfl.report.write import ReportPaths, write_report
+import importlib
+from typing import Any
 
-__all__ = [
-    "EMPHASISED",
-    "EPSILON_SOURCES",
-    "JOINT",
-    "OKABE_ITO",
-    "PAPER_ORDER",
-    "AccuracyRow",
-    "Audit",
-    "AuditRow",
-    "ClinicalRow",
-    "ConfigurationRow",
-    "CurvePoint",
-    "DataSource",
-    "MajorityClass",
-    "MembershipRow",
-    "MethodStyle",
-    "PerCentreRow",
-    "PrivacyRow",
-    "ReportError",
-    "ReportPaths",
-    "RocCurve",
-    "RunResult",
-    "SampleSize",
-    "TableRow",
-    "accuracy_table",
-    "audit_csv",
-    "audit_markdown",
-    "canary_rows",
-    "clinical_table",
-    "configuration_table",
-    "curves",
-    "data_source",
-    "dvc_metrics",
-    "format_csv",
-    "format_table",
-    "load_predictions",
-    "load_runs",
-    "majority_row",
-    "membership_table",
-    "method_groups",
-    "method_measures",
-    "method_style",
-    "per_centre_table",
-    "plot_curves",
-    "plot_figure",
-    "plot_roc",
-    "privacy_table",
-    "read_audit",
-    "roc_curves",
-    "safe_name",
-    "sample_sizes",
-    "sample_title",
-    "write_report",
-]
+# Each name loads its module on first use (PEP 562): importing one room (the pure
+# maths of clinical, for the staging) does not load matplotlib and the page's code.
+_HOMES: dict[str, str] = {
+    "Audit": "proxyfl.report.audit",
+    "AuditRow": "proxyfl.report.audit",
+    "MembershipRow": "proxyfl.report.audit",
+    "RocCurve": "proxyfl.report.audit",
+    "audit_csv": "proxyfl.report.audit",
+    "audit_markdown": "proxyfl.report.audit",
+    "canary_rows": "proxyfl.report.audit",
+    "membership_table": "proxyfl.report.audit",
+    "read_audit": "proxyfl.report.audit",
+    "roc_curves": "proxyfl.report.audit",
+    "MajorityClass": "proxyfl.report.clinical",
+    "method_measures": "proxyfl.report.clinical",
+    "ConfigurationRow": "proxyfl.report.context",
+    "DataSource": "proxyfl.report.context",
+    "configuration_table": "proxyfl.report.context",
+    "data_source": "proxyfl.report.context",
+    "JOINT": "proxyfl.report.load",
+    "PAPER_ORDER": "proxyfl.report.load",
+    "ReportError": "proxyfl.report.load",
+    "RunResult": "proxyfl.report.load",
+    "load_runs": "proxyfl.report.load",
+    "EMPHASISED": "proxyfl.report.plots",
+    "MethodStyle": "proxyfl.report.plots",
+    "OKABE_ITO": "proxyfl.report.plots",
+    "method_groups": "proxyfl.report.plots",
+    "method_style": "proxyfl.report.plots",
+    "plot_curves": "proxyfl.report.plots",
+    "plot_figure": "proxyfl.report.plots",
+    "plot_roc": "proxyfl.report.plots",
+    "sample_title": "proxyfl.report.plots",
+    "ClinicalRow": "proxyfl.report.predictions",
+    "PerCentreRow": "proxyfl.report.predictions",
+    "clinical_table": "proxyfl.report.predictions",
+    "load_predictions": "proxyfl.report.predictions",
+    "per_centre_table": "proxyfl.report.predictions",
+    "TableRow": "proxyfl.report.render",
+    "dvc_metrics": "proxyfl.report.render",
+    "format_csv": "proxyfl.report.render",
+    "format_table": "proxyfl.report.render",
+    "safe_name": "proxyfl.report.render",
+    "AccuracyRow": "proxyfl.report.stats",
+    "CurvePoint": "proxyfl.report.stats",
+    "EPSILON_SOURCES": "proxyfl.report.stats",
+    "PrivacyRow": "proxyfl.report.stats",
+    "SampleSize": "proxyfl.report.stats",
+    "accuracy_table": "proxyfl.report.stats",
+    "curves": "proxyfl.report.stats",
+    "majority_row": "proxyfl.report.stats",
+    "privacy_table": "proxyfl.report.stats",
+    "sample_sizes": "proxyfl.report.stats",
+    "ReportPaths": "proxyfl.report.write",
+    "write_report": "proxyfl.report.write",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import jinja2
 
@@ -47,6 +48,7 @@ from proxyfl.report.load import RunResult
 from proxyfl.report.plots import method_groups
 from proxyfl.report.predictions import ClinicalRow, PerCentreRow
 from proxyfl.report.render import LAYOUTS, TableRow, per_centre_cells, public_pool_note
+from proxyfl.report.staging import staging_notes, staging_rows
 from proxyfl.report.stats import PRIVATE_KT, AccuracyRow, PrivacyRow
 from proxyfl.results import LABEL_LDP
 from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER, CenterReport, summary_rows
@@ -103,6 +105,12 @@ def per_centre_table(rows: Sequence[PerCentreRow]) -> HtmlTable | None:
         return None
     header, align, cells = per_centre_cells(rows)
     return HtmlTable(header, _align(align), cells)
+
+
+def staging_html_table(summary: Mapping[str, Any]) -> HtmlTable:
+    """The staging table with staging.md's header and cells."""
+    header, rows = staging_rows(summary)
+    return HtmlTable(header, ["left", *["right"] * (len(header) - 2), "left"], rows)
 
 
 def audit_membership_table(audit: Audit) -> HtmlTable | None:
@@ -179,6 +187,9 @@ def report_html(
     audit_absent: str = "no audit file given",
     audit_roc_png: bytes | None = None,
     audit_roc_title: str = "",
+    staging: Mapping[str, Any] | None = None,
+    staging_absent: str = "no staging file given",
+    staging_pictures: Mapping[str, Sequence[tuple[str, bytes]]] | None = None,
 ) -> str:
     """The report page. ``links`` are the report's other files, relative to the page;
     ``preprocessing`` is None when no store directory is known; ``unlisted_note`` names
@@ -188,7 +199,9 @@ def report_html(
     and ``clinical`` are their tables' rows, each with the note that goes under it.
     ``audit`` is the privacy audit read (None: the section says "No audit recorded
     (``audit_absent``)"), ``audit_roc_png`` its ROC figure (None without training rows)
-    and ``audit_roc_title`` the figure's title."""
+    and ``audit_roc_title`` the figure's title. ``staging`` is the staging's summary (None:
+    "No staging recorded (``staging_absent``)"), ``staging_pictures`` per centre each test
+    slide's picture."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
     data = data or DataSource("unknown", detail="not given to the page")
@@ -237,6 +250,14 @@ def report_html(
         audit_check=check_line(audit) if audit else "",
         audit_violated=bool(audit and audit_violations(audit)),
         audit_notes=audit_notes(audit) if audit else [],
+        staging=staging,
+        staging_absent=staging_absent,
+        staging_table=staging_html_table(staging) if staging else None,
+        staging_notes=staging_notes(staging) if staging else [],
+        staging_pictures=[
+            (center, [(slide, base64.b64encode(png).decode("ascii")) for slide, png in shown])
+            for center, shown in sorted((staging_pictures or {}).items(), key=lambda i: int(i[0]))
+        ],
     )
 
 
@@ -339,6 +360,28 @@ score of always answering the majority class{% endif %}.</figcaption>
 {% endif %}
 {% for line in clinical_note.split("\n") if line %}<p class="note">{{ line }}</p>
 {% endfor %}
+
+<h2 id="staging">From patches to patients: lymph nodes and pN stages</h2>
+{% if staging is none %}
+<p class="empty" id="staging-absent">No staging recorded ({{ staging_absent }}): no node
+classes or pN stages to show.</p>
+{% else %}
+{{ render(staging_table, "staging-table") }}
+{% for line in staging_notes %}<p class="note">{{ line }}</p>
+{% endfor %}
+<p class="note">Each test slide: the slide with its annotated lesions outlined (left), then
+each method's tumour map over it (blue: healthy, red: tumour; the lesions it found at its
+threshold outlined in black), its node class and whether it is the annotated one.</p>
+{% for center, pictures in staging_pictures %}
+<h3>Centre {{ center }}</h3>
+{% for slide, png in pictures %}
+<figure class="staging">
+<img alt="{{ slide }}: the slide with its annotated lesions, and each method's tumour map"
+     src="data:image/png;base64,{{ png }}">
+</figure>
+{% endfor %}
+{% endfor %}
+{% endif %}
 
 <h2 id="privacy">Privacy</h2>
 {% if privacy %}{{ render(privacy, "privacy-table") }}

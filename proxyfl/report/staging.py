@@ -26,8 +26,11 @@ demo's four) gives intervals that say mostly that it is small.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +46,8 @@ from proxyfl.report.clinical import (
 from wsi.nodes import NODE_LABELS, PATIENT_STAGES, patient_stage
 
 STAGING_MEASURES: tuple[str, ...] = ("kappa", "node_accuracy", "slide_auc")
+MEASURE_TITLES = {"kappa": "pN-stage κ (quadratic)", "node_accuracy": "node accuracy",
+                  "slide_auc": "slide AUC (any tumour)"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class NodeCall:
     truth: str
     predicted: str
     score: float  # the largest probability of tumour on its map (0: no tissue predicted)
+    extent_um: float | None = None  # its largest lesion's extent (None: no lesion)
 
 
 @dataclass(frozen=True)
@@ -169,3 +175,76 @@ def staging_measures(
         n_slides=len(calls),
         n_resamples=n_resamples,
     )
+
+
+class StagingFileError(ValueError):
+    """A staging summary the report cannot read: names the file and why."""
+
+
+def read_staging(path: str | Path) -> dict[str, Any]:
+    """The staging summary at ``path`` (``results/staging.json``), checked for what the
+    report reads; a :class:`StagingFileError` naming it otherwise."""
+    try:
+        summary = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise StagingFileError(f"{path}: not a staging summary ({error})") from None
+    if not isinstance(summary, dict) or summary.get("format") != 1:
+        raise StagingFileError(f"{path}: not a staging summary of format 1")
+    for key in ("measures", "methods", "failures"):
+        if key not in summary:
+            raise StagingFileError(f"{path}: no {key!r} in it")
+    return summary
+
+
+def _interval(entry: Mapping[str, float | None]) -> str:
+    value, low, high = entry["value"], entry["low"], entry["high"]
+    if value is None:
+        return "n/a"
+    if low is None or high is None:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def staging_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The staging table's header and rows: a row per method and seed, each measure with
+    its 95 % patient-bootstrap interval, the patients and slides it comes from."""
+    measures = summary["measures"]
+    header = ["method", *(MEASURE_TITLES[m] for m in measures), "patients", "slides",
+              "thresholds (per centre)"]  # fmt: skip
+    rows = []
+    for key, entry in summary["methods"].items():
+        thresholds = ", ".join(f"{c}: {t:g}" for c, t in entry["thresholds"].items())
+        rows.append([key, *(_interval(entry[m]) for m in measures), str(entry["n_patients"]),
+                     str(entry["n_slides"]), thresholds])  # fmt: skip
+    return header, rows
+
+
+def staging_notes(summary: Mapping[str, Any]) -> list[str]:
+    """What the table's numbers are, and what they cannot say."""
+    methods = summary["methods"].values()
+    fewest = min((e["n_patients"] for e in methods), default=0)
+    notes = [
+        f"Test patients of every centre, each staged by its own centre's model; 95 % "
+        f"intervals: percentile bootstrap over patients. With {fewest} test patient(s) the "
+        f"intervals say mostly that the test set is small."
+    ]
+    truths = {pair[0] for e in methods for pair in e["stages"].values()}
+    if len(truths) == 1:
+        notes.append(
+            f"Every test patient is {truths.pop()}: κ measures agreement beyond chance, and "
+            f"with one true stage there is none to measure (κ = 0 whatever the predictions)."
+        )
+    incomplete = sorted({p for e in methods for p in e["incomplete"]})
+    if incomplete:
+        notes.append(f"Staged from fewer than five readable slides: {', '.join(incomplete)}.")
+    notes += [f"Not mapped: centre {f['center']}, {f['slide']} ({f['split']} patient): "
+              f"{f['reason']}" for f in summary["failures"]]  # fmt: skip
+    return notes
+
+
+def staging_table(summary: Mapping[str, Any]) -> str:
+    """The staging table in Markdown, with its notes."""
+    header, rows = staging_rows(summary)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([*lines, "", *staging_notes(summary)]) + "\n"

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from plumbing import atomic
 from proxyfl.audit.record import changed_since_audit
@@ -62,6 +63,7 @@ from proxyfl.report.render import (
     summary_line,
 )
 from proxyfl.report.select import RunSelection
+from proxyfl.report.staging import StagingFileError, read_staging, staging_table
 from proxyfl.report.stats import (
     CurvePoint,
     accuracy_table,
@@ -100,6 +102,7 @@ class ReportPaths:
     audit_md: Path | None = None  # the privacy audit's tables, when one was recorded
     audit_csv: Path | None = None
     audit_roc_png: Path | None = None  # its membership-inference ROC figure
+    staging_md: Path | None = None  # the staging's table, when a staging was recorded
 
     def all(self) -> list[Path]:
         fixed = [self.accuracy_md, self.accuracy_csv, self.privacy_md, self.privacy_csv,
@@ -107,7 +110,8 @@ class ReportPaths:
                  self.configuration_md, self.configuration_csv]  # fmt: skip
         other = [self.other_configurations_md] if self.other_configurations_md else []
         audit = [path for path in (self.audit_md, self.audit_csv) if path is not None]
-        return [*fixed, *other, *audit, self.metrics_json, *self.curves.values(),
+        staging = [self.staging_md] if self.staging_md is not None else []
+        return [*fixed, *other, *audit, *staging, self.metrics_json, *self.curves.values(),
                 *self.plots(), self.report_html]  # fmt: skip
 
     def plots(self) -> list[Path]:
@@ -122,6 +126,8 @@ def write_report(
     selection: RunSelection | None = None,
     *,
     audit: Path | None = None,
+    staging: Path | None = None,
+    staging_dir: Path | None = None,
     n_resamples: int = N_RESAMPLES,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
@@ -139,12 +145,18 @@ def write_report(
     section show it; when it is None or absent, the page says no audit was recorded and
     no audit file is written. A file that is there but malformed is a ReportError naming it.
 
+    ``staging`` is the staging's summary (``stage.summary``, :mod:`proxyfl.staging`) and
+    ``staging_dir`` its centres' folders (``stage.out``, where the pictures are): when the
+    summary exists, ``tables/staging.md`` and the page's staging section (the table, and
+    per centre each test slide's picture) show it; else the page says none was recorded.
+
     Every file is replaced atomically; curve CSVs of methods no longer present are removed,
     and so are the audit's files of an earlier report when there is no audit now.
     """
     if not runs:
         raise ReportError("no runs to report")
     recorded = _read_audit(audit)
+    staged = _read_staging(staging)
     out_dir = Path(out_dir)
     tables = out_dir / "tables"
     paths = ReportPaths(
@@ -216,6 +228,12 @@ def write_report(
                       format_table(configuration) + configuration_note() + data)  # fmt: skip
     atomic.write_text(paths.configuration_csv, format_csv(configuration))
     paths = _write_audit(recorded, paths, tables, out_dir / "plots")
+    staging_md = tables / STAGING_MD
+    if staged is not None:
+        atomic.write_text(staging_md, staging_table(staged))
+        paths = replace(paths, staging_md=staging_md)
+    elif staging_md.exists():  # from an earlier report: no staging to show now
+        staging_md.unlink()
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
     metrics = json_safe(dvc_metrics(accuracy, privacy, clinical))
     atomic.write_json(paths.metrics_json, metrics)
@@ -239,6 +257,8 @@ def write_report(
         audit=recorded, audit_absent=_absent(audit),
         audit_roc_png=paths.audit_roc_png.read_bytes() if paths.audit_roc_png else None,
         audit_roc_title=ROC_TITLE,
+        staging=staged, staging_absent=_absent(staging, "staging"),
+        staging_pictures=_staging_pictures(staged, staging_dir),
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
@@ -267,9 +287,44 @@ def _read_audit(path: Path | None) -> Audit | None:
     return audit
 
 
-def _absent(path: Path | None) -> str:
-    """Why the page has no audit: the file it looked for, or that none was given."""
-    return "no audit file given" if path is None else f"{path} absent"
+def _absent(path: Path | None, what: str = "audit") -> str:
+    """Why the page has no audit (or staging): the file it looked for, or that none was
+    given."""
+    return f"no {what} file given" if path is None else f"{path} absent"
+
+
+STAGING_MD = "staging.md"
+
+
+def _read_staging(path: Path | None) -> dict[str, Any] | None:
+    """The staging summary at ``path``; None when no path is given or no file is there."""
+    if path is None or not Path(path).exists():
+        logger.info("report: no staging (%s)", _absent(path, "staging"))
+        return None
+    try:
+        return read_staging(path)
+    except StagingFileError as error:
+        raise ReportError(str(error)) from None
+
+
+def _staging_pictures(
+    summary: Mapping[str, Any] | None, staging_dir: Path | None
+) -> dict[str, list[tuple[str, bytes]]]:
+    """Per centre, each test slide's picture (slide id, PNG bytes); a picture the summary
+    names that is not there is a ReportError naming it."""
+    if summary is None or staging_dir is None:
+        return {}
+    pictures: dict[str, list[tuple[str, bytes]]] = {}
+    for center, slides in summary.get("pictures", {}).items():
+        for slide, relative in sorted(slides.items()):
+            path = Path(staging_dir) / f"center_{center}" / relative
+            try:
+                pictures.setdefault(center, []).append((slide, path.read_bytes()))
+            except OSError as error:
+                fix = f"stage centre {center} again: `camelyon-proxyfl stage --centers {center}`"
+                raise ReportError(f"{path}: the picture of {slide} cannot be read "
+                                  f"({error.strerror}); {fix}") from None  # fmt: skip
+    return pictures
 
 
 def _write_audit(audit: Audit | None, paths: ReportPaths, tables: Path, plots: Path) -> ReportPaths:

@@ -55,6 +55,8 @@ def tiny_params_under(directory: Path, data_root: Path) -> dict[str, Any]:
         train__runs=directory / "runs",
         audit__out=directory / "results" / "audit.json",
         audit__canary_runs=directory / "runs" / "canary",
+        stage__out=directory / "staging",
+        stage__summary=directory / "results" / "staging.json",
         report__out=directory / "results",
     )
 

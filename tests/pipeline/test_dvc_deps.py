@@ -10,6 +10,7 @@ point, ``proxyfl.run``. A second test edits files of a recorded project and asks
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,8 @@ ENTRY_POINTS = {  # stage -> the modules its command runs
     "train": ("flows.train", "proxyfl.run"),
     "canary": ("flows.canary", "proxyfl.run"),
     "audit": ("flows.audit",),
+    "stage": ("flows.stage",),
+    "staging": ("flows.stage",),
     "report": ("flows.report",),
 }
 
@@ -70,7 +73,18 @@ def _imports(name: str, path: Path) -> set[str]:
                 module = node.module or ""
             found.add(module)
             found |= {f"{module}.{alias.name}" for alias in node.names}  # submodules
+            homes = _lazy_homes(module)
+            found |= {homes[alias.name] for alias in node.names if alias.name in homes}
     return found
+
+
+def _lazy_homes(package: str) -> dict[str, str]:
+    """A package's ``_HOMES`` (name -> the module that defines it, loaded on first use,
+    PEP 562), so that ``from package import name`` counts as importing that module."""
+    path = _module_file(package)
+    if path is None or path.name != "__init__.py" or "_HOMES" not in path.read_text():
+        return {}
+    return dict(importlib.import_module(package)._HOMES)
 
 
 def code_closure(roots: tuple[str, ...]) -> set[str]:
@@ -120,7 +134,8 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     assert "proxyfl/results.py" in report
     assert not {path for path in train if path.startswith("proxyfl/report")}
     # the report reads the centre reports (wsi/summary.py): no image code
-    light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/summary.py"}
+    light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/nodes.py",
+             "wsi/summary.py"}  # fmt: skip
     assert {path for path in report if path.startswith("wsi/")} <= light
     # each stage reads its own sections of params.yaml: no training code in the stores'
     # stages, no synthetic-data settings in training's
@@ -143,7 +158,7 @@ LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks":
 # and proxyfl's rooms (a module of the package itself is its own room)
 ROOMS = {
     "comm": 0, "names": 0, "results": 1, "kept": 1, "config": 1, "rules": 1, "privacy": 2,
-    "engine": 2, "algorithms": 3, "launch": 3, "report": 3, "audit": 3, "trainer": 4,
+    "engine": 2, "algorithms": 3, "launch": 3, "report": 3, "audit": 3, "trainer": 4, "staging": 4,
     "records": 5, "loop": 6, "run": 7,
 }  # fmt: skip
 
@@ -223,6 +238,11 @@ def recorded(tmp_path: Path, tool_env: dict[str, str]) -> Path:
     results = root / params["report"]["out"]
     (results / "audit.json").parent.mkdir(parents=True, exist_ok=True)
     (root / params["audit"]["out"]).write_text("{}")
+    for center in params["train"]["centers"]:
+        calls = root / params["stage"]["out"] / f"center_{center}" / "calls.json"
+        calls.parent.mkdir(parents=True)
+        calls.write_text("{}")
+    (root / params["stage"]["summary"]).write_text("{}")
     for name in ("tables", "plots", "curves"):
         (results / name).mkdir(parents=True)
         (results / name / "placeholder").write_text("")
@@ -256,23 +276,30 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     trains = {"train@ProxyFL-0", "train@Joint-0"}
     canary, audit = {"canary@ProxyFL"}, {"audit"}
     preprocess = {"preprocess@0", "preprocess@1"}
+    maps, staging = {"stage@0", "stage@1"}, {"staging"}
     # the report's formatting: the report alone, no training run
     assert edit("proxyfl/report/render.py") == {"report"}
-    # the store schema: every training run (and the stores' writers); its writer: the
-    # stores only
-    assert edit("wsi/store/schema.py") == trains | canary | audit | preprocess
+    # the store schema: every training run (and the stores' writers, and the staging that
+    # reads their splits); its writer: the stores only
+    assert edit("wsi/store/schema.py") == trains | canary | audit | preprocess | maps | staging
     assert edit("wsi/store/writer.py") == preprocess
     # the trainer: training only, the canary run's included
     assert edit("proxyfl/trainer.py") == trains | canary
     # the attacks: the audit alone; the canary plan: every run that may train on one
     assert edit("proxyfl/audit/membership.py") == audit
     assert edit("proxyfl/audit/canaries.py") == trains | canary | audit | {"report"}
-    # the masks: the stores only
-    assert edit("wsi/masks.py") == preprocess
+    # the masks: the stores and the maps (whose cells are the stores' candidates); the
+    # lesions of a map: the staging alone; its measures: the staging's summary too
+    assert edit("wsi/masks.py") == preprocess | maps | staging
+    assert edit("wsi/lesions.py") == maps | staging
+    assert edit("proxyfl/report/staging.py") == maps | staging | {"report"}
+    # the pictures: the staging's stages (one command), not the report, which embeds them
+    assert edit("proxyfl/staging/pictures.py") == maps | staging
     # each stage validates only its own sections of params.yaml: the PushSum graphs (the
     # train section's) leave the stores up to date, the synthetic data's settings (the
-    # data section's) every training run and the report
-    assert edit("proxyfl/comm/graphs.py") == trains | canary | audit | {"report"}
+    # data section's) every training run and the report; the staging validates train: too
+    assert edit("proxyfl/comm/graphs.py") == trains | canary | audit | maps | staging | {"report"}
     assert not edit("wsi/synth/config.py") & (trains | {"report"})
-    assert edit("camelyon_proxyfl/params/preprocess.py") == preprocess
+    # the preprocess section: the stores, and the staging (which reads their geometry)
+    assert edit("camelyon_proxyfl/params/preprocess.py") == preprocess | maps | staging
     assert _stale(recorded, tool_env) == set()

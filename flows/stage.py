@@ -1,0 +1,120 @@
+"""Stage flow: each centre's kept models map its test patients' slides, class their lymph
+nodes and stage the patients; every method's node accuracy, slide AUC and pN-stage kappa.
+
+    per centre c (each within STAGING/center_c/, the stage's out):
+      staging models -> centre slides -> maps of each slide (a task per slide: one read,
+      every model) -> centre calls: STAGING/center_c/calls.json and the test slides' maps
+    staging summary -> results/staging.json (stage.summary)
+
+    python -m flows.stage                    # every centre of train.centers, then the summary
+    python -m flows.stage --centers 0 --step centres   # one centre (dvc.yaml's stage@0)
+    python -m flows.stage --step summary     # the centres' calls summarised (dvc: staging)
+    python -m flows.stage --batch-size 1024 --device cuda
+
+The runs are those ``train:`` lists (finished, with their kept models); each centre's
+slides are its patients in ``data.root`` whose store (``preprocess.out``) puts them in a
+split: the test patients are staged, the training patients choose each model's lesion
+threshold. Every number comes from ``params.yaml``'s ``stage:`` section (the node rule's
+thresholds are Camelyon-17's), and every flag overrides one. A slide that cannot be read
+is recorded in its centre's calls (and the summary) and the rest are staged. Prints the
+staging table. Exits 1 when a run keeps no model or a store is missing, 2 on a bad
+parameter or a file that does not verify.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+
+from camelyon_proxyfl.params.base import ParamsCommand
+from camelyon_proxyfl.params.stage import StageSection
+from camelyon_proxyfl.params.staging import StagingParams
+from flows.server import run_flow_command
+from plumbing.cli import exit_on_bad_parameters
+from plumbing.processes import start_command
+from proxyfl.report.staging import staging_table
+from proxyfl.staging.models import StagingModelError
+from tasks.stage import (
+    centre_calls_file,
+    slide_maps,
+    staging_models,
+    staging_slides,
+    staging_summary,
+)
+from wsi.store.schema import StoreError
+
+Step = Literal["all", "centres", "summary"]
+
+
+@flow(name="stage")
+def staging(params: StagingParams, centers: Sequence[int], step: Step = "all") -> dict[str, Any]:
+    """Stage ``centers`` (``step`` all or centres), then summarise every centre of
+    ``train.centers`` (all or summary); returns the summary (empty without one)."""
+    logger = get_run_logger()
+    if step in ("all", "centres"):
+        for center in centers:
+            models = staging_models(params, center)
+            slides = staging_slides(params, center)
+            tested = sum(s.split == "test" for s in slides)
+            logger.info("centre %d: %d slides (%d of test patients), %d models", center,
+                        len(slides), tested, len(models))  # fmt: skip
+            outcomes = []
+            for done, slide in enumerate(slides, start=1):
+                outcomes.append(slide_maps(slide, models, params))
+                logger.info("centre %d: %d/%d slides mapped", center, done, len(slides))
+            path = centre_calls_file(params, center, models, slides, outcomes)
+            logger.info("centre %d: %s", center, path)
+    if step == "centres":
+        return {}
+    summary = staging_summary(params, params.train.centers)
+    logger.info("staging of %d method(s): %s", len(summary["methods"]), params.stage.summary)
+    return summary
+
+
+def parse_config(argv: list[str] | None) -> tuple[StagingParams, list[int], Step]:
+    command = ParamsCommand(StagingParams, "python -m flows.stage", __doc__.split("\n")[0], argv)
+    for option, key in (("--data-root", ("data", "root")), ("--data", ("preprocess", "out")),
+                        ("--runs", ("train", "runs")),
+                        ("--algorithms", ("train", "algorithms")),
+                        ("--seeds", ("train", "seeds"))):  # fmt: skip
+        command.add_key(option, key)
+    command.add_section(StageSection, ("stage",))
+    command.parser.add_argument(
+        "--centers", type=int, nargs="+", metavar="C",
+        help="the centres to stage now (default: every centre of train.centers)",
+    )  # fmt: skip
+    command.parser.add_argument(
+        "--step", choices=["all", "centres", "summary"], default="all",
+        help="all: stage the centres, then summarise; centres: stage them only; summary: "
+        "summarise the centres' calls only",
+    )  # fmt: skip
+    args, params = command.parse()
+    centers = args.centers if args.centers is not None else list(params.train.centers)
+    unknown = sorted(set(centers) - set(params.train.centers))
+    if unknown:
+        command.parser.error(f"--centers {unknown}: not in train.centers {params.train.centers}")
+    return params, centers, args.step
+
+
+@exit_on_bad_parameters
+def main(argv: list[str] | None = None) -> int:
+    params, centers, step = parse_config(argv)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        outcome.update(staging(params, centers, step))
+
+    status = run_flow_command(run, failures=(StagingModelError, StoreError, FileNotFoundError))
+    if status == 0 and outcome:
+        print(staging_table(outcome), end="")
+        print(f"staging: {Path(params.stage.summary)}")
+    return status
+
+
+if __name__ == "__main__":
+    start_command()
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Staging tasks: a centre's models and slides, a slide's maps, a centre's calls, and the
+summary of every centre's calls (policy: :mod:`proxyfl.staging`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from camelyon_proxyfl.params.staging import StagingParams
+from proxyfl.staging.centre import (
+    SlideMaps,
+    StagingSlide,
+    centre_calls,
+    centre_slides,
+    map_slide_or_failure,
+    write_centre,
+)
+from proxyfl.staging.models import StagingModel, choose_device, model_predictor, staging_model
+from proxyfl.staging.summary import write_summary
+from wsi.catalogue import scan_camelyon
+from wsi.heatmap import Predictor
+from wsi.store.schema import store_path
+
+
+@task(name="staging models")
+def staging_models(params: StagingParams, center: int) -> list[StagingModel]:
+    """The kept model of every listed run (``train.algorithms`` x ``train.seeds``) that
+    stages ``center``; a ``StagingModelError`` names a run that keeps none."""
+    train = params.train
+    return [staging_model(train.run_dir(algorithm, seed), algorithm, seed, train.centers, center)
+            for algorithm in train.algorithms for seed in train.seeds]  # fmt: skip
+
+
+@task(name="centre slides")
+def staging_slides(params: StagingParams, center: int) -> list[StagingSlide]:
+    """The labelled slides of the centre's tested and training patients (its store's
+    splits), test patients' first."""
+    records = scan_camelyon(params.data.root).for_centers([center])
+    return centre_slides(records, store_path(params.preprocess.out, center))
+
+
+@functools.lru_cache(maxsize=1)
+def _predictors(
+    models: tuple[StagingModel, ...], device: str, batch_size: int
+) -> dict[str, Predictor]:
+    """One centre's predictors, loaded (and verified) once for all its slides."""
+    return {m.key: model_predictor(m, choose_device(device), batch_size) for m in models}
+
+
+@task(name="slide maps", task_run_name="maps of {slide.slide_id}")
+def slide_maps(
+    slide: StagingSlide, models: Sequence[StagingModel], params: StagingParams
+) -> SlideMaps | str:
+    """Every model's map of ``slide``, or why it could not be mapped (the others go on)."""
+    stage, preprocess = params.stage, params.preprocess
+    predictors = _predictors(tuple(models), stage.device, stage.batch_size)
+    outcome = map_slide_or_failure(
+        slide, preprocess, predictors, batch_size=stage.batch_size,
+        thresholds=stage.node_thresholds(), reference_um=stage.reference_section_um,
+        backend=preprocess.backend,
+    )  # fmt: skip
+    if isinstance(outcome, str):
+        get_run_logger().warning("%s (%s patient): %s", slide.slide_id, slide.split, outcome)
+    return outcome
+
+
+@task(name="centre calls")
+def centre_calls_file(
+    params: StagingParams,
+    center: int,
+    models: Sequence[StagingModel],
+    slides: Sequence[StagingSlide],
+    outcomes: Sequence[SlideMaps | str],
+) -> Path:
+    """``STAGING/center_{c}/``: each model's threshold and test calls, the test maps."""
+    mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
+    failures = [(s, o) for s, o in zip(slides, outcomes, strict=True) if isinstance(o, str)]
+    calls = centre_calls(center, mapped, failures, {m.key: m.digest for m in models},
+                         params.stage.thresholds)  # fmt: skip
+    return write_centre(params.stage.out, calls, mapped, params.preprocess.backend)
+
+
+@task(name="staging summary")
+def staging_summary(params: StagingParams, centers: Sequence[int]) -> dict[str, Any]:
+    """``stage.summary``: every method's measures over the centres' calls."""
+    catalogue = scan_camelyon(params.data.root)
+    true_stages = {r.patient_id: r.patient_stage for r in catalogue.slides if r.patient_stage}
+    return write_summary(params.stage.summary, params.stage.out, centers, true_stages,
+                         n_resamples=params.stage.bootstrap, seed=params.stage.seed)  # fmt: skip

@@ -1,0 +1,187 @@
+"""One centre's staging with real slides, a real store and real kept models: the slides
+its store's splits name, maps by every model in one read, thresholds from the training
+patients only, calls on the test patients, files within the centre's folder, verified;
+a slide that cannot be read is recorded and the others are staged."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from plumbing.verified import DamagedFileError
+from proxyfl.engine.models import build_model
+from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
+from proxyfl.report.staging import staging_table
+from proxyfl.staging.centre import (
+    CALLS_FILE,
+    SlideMaps,
+    centre_calls,
+    centre_dir,
+    centre_slides,
+    choose_threshold,
+    map_path,
+    map_slide_or_failure,
+    read_centre,
+    write_centre,
+)
+from proxyfl.staging.models import StagingModelError, model_predictor, staging_model
+from proxyfl.staging.summary import summarise
+from wsi.cache import CandidateCache
+from wsi.catalogue import scan_camelyon
+from wsi.center import SamplingParams
+from wsi.heatmap import read_map
+from wsi.nodes import NodeThresholds
+from wsi.patches import PatchParams
+from wsi.preprocess import center_store, slide_patches
+from wsi.store.schema import store_path
+
+PARAMS = PatchParams(patch_size=32, level=2)
+
+
+def _keep(run_dir: Path, algorithm: str, client: int, name: str, center: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = build_model("cnn1", n_classes=2, input_size=32)
+    card = ModelCard("cnn1", 2, 32, 32, NORMALISATION, CLASSES, name, algorithm, 0, client,
+                     center, 1, "sha256:" + "0" * 64)  # fmt: skip
+    save_trained(model, trained_path(run_dir, client, name), card)
+
+
+@pytest.fixture(scope="module")
+def centre(synthetic_dataset, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Centre 0 of the synthetic dataset, its store, and two runs' kept models."""
+    root = tmp_path_factory.mktemp("staging")
+    shutil.copytree(synthetic_dataset.root, root / "data")
+    records = [r for r in scan_camelyon(root / "data").for_centers([0]) if r.node_label]
+    patches = [slide_patches(r, PARAMS, CandidateCache(root / "cache")) for r in records]
+    sampling = SamplingParams(patches_per_class=8, test_fraction=0.5)
+    center_store(0, patches, PARAMS, sampling, root / "stores", records=records)
+    runs = root / "runs"
+    for name in ("private", "proxy"):
+        _keep(runs / "ProxyFL" / "seed_0", "ProxyFL", 0, name, 0, seed=1)
+    _keep(runs / "ProxyFL" / "seed_0", "ProxyFL", 1, "private", 1, seed=2)
+    _keep(runs / "Joint" / "seed_0", "Joint", 0, "local", -1, seed=3)
+    return root, records
+
+
+def test_each_run_stages_a_centre_with_the_model_the_hospital_came_for(centre) -> None:  # type: ignore[no-untyped-def]
+    root, _ = centre
+    proxyfl = staging_model(root / "runs/ProxyFL/seed_0", "ProxyFL", 0, [0, 1], 0)
+    assert proxyfl.path.name == "private.safetensors" and proxyfl.client == 0
+    assert proxyfl.digest.startswith("sha256:") and proxyfl.key == "ProxyFL/seed_0"
+    assert staging_model(root / "runs/ProxyFL/seed_0", "ProxyFL", 0, [0, 1], 1).client == 1
+    joint = staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 1)
+    assert joint.path.name == "local.safetensors" and joint.client == 0
+    with pytest.raises(StagingModelError, match="no kept model"):
+        staging_model(root / "runs/FedAvg/seed_0", "FedAvg", 0, [0, 1], 0)
+    with pytest.raises(StagingModelError, match="centre 2 is not one of its clients"):
+        staging_model(root / "runs/ProxyFL/seed_0", "ProxyFL", 0, [0, 1], 2)
+
+
+def test_a_centre_is_staged_within_its_folder_from_its_own_splits(centre, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root, records = centre
+    slides = centre_slides(records, store_path(root / "stores", 0))
+    assert {s.split for s in slides} == {"train", "test"}
+    test_patients = {s.patient for s in slides if s.split == "test"}
+    assert not test_patients & {s.patient for s in slides if s.split == "train"}
+    models = {m.key: m for m in (
+        staging_model(root / "runs/ProxyFL/seed_0", "ProxyFL", 0, [0, 1], 0),
+        staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0),
+    )}  # fmt: skip
+    predictors = {key: model_predictor(m, torch.device("cpu"), 64) for key, m in models.items()}
+    real = NodeThresholds()
+    mapped = [map_slide_or_failure(s, PARAMS, predictors, batch_size=50, thresholds=real,
+                                   reference_um=8000.0) for s in slides]  # fmt: skip
+    assert all(isinstance(m, SlideMaps) for m in mapped)
+    first = mapped[0]
+    assert isinstance(first, SlideMaps)
+    # a 3072 x 2048 px slide at 0.25 µm: 512 µm across, thresholds scaled by 0.064
+    assert first.thresholds.itc_max_um == pytest.approx(12.8)
+    assert set(first.maps) == set(models)
+    assert not np.array_equal(first.maps["ProxyFL/seed_0"], first.maps["Joint/seed_0"],
+                              equal_nan=True)  # fmt: skip
+
+    calls = centre_calls(0, mapped, [], {k: m.digest for k, m in models.items()}, [0.3, 0.5, 0.9])
+    assert calls.test_patients == sorted(test_patients)
+    for key in models:
+        entry = calls.models[key]
+        training = [m for m in mapped if m.slide.split == "train"]
+        assert (entry["threshold"], entry["training_accuracy"]) == choose_threshold(
+            training, key, [0.9, 0.5, 0.3]
+        )
+        staged = [c.slide_id for c in calls.calls_of(key)]
+        assert staged == [s.slide_id for s in slides if s.split == "test"]
+    written = write_centre(tmp_path, calls, mapped)
+    assert written == centre_dir(tmp_path, 0) / CALLS_FILE
+    files = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.h5")}
+    assert files == {f"center_0/{key}/{s.slide_id}.h5" for key in models for s in slides
+                     if s.split == "test"}  # fmt: skip
+    back = read_centre(tmp_path, 0)
+    assert back.models == calls.models
+    tested = [s.slide_id for s in slides if s.split == "test"]
+    assert sorted(back.pictures) == sorted(tested)
+    for picture in back.pictures.values():  # each test slide drawn, beside its maps
+        assert (centre_dir(tmp_path, 0) / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for call in back.models["ProxyFL/seed_0"]["calls"]:  # each call is its map's
+        tumour_map = read_map(map_path(tmp_path, 0, "ProxyFL/seed_0", call["slide_id"]), "-")
+        assert tumour_map.model == models["ProxyFL/seed_0"].digest
+        assert call["score"] == pytest.approx(float(np.nanmax(tumour_map.probability)))
+    (centre_dir(tmp_path, 0) / CALLS_FILE).write_text("{}")
+    with pytest.raises(DamagedFileError, match="camelyon-proxyfl stage --centers 0"):
+        read_centre(tmp_path, 0)
+
+
+def test_the_threshold_is_chosen_on_training_nodes_and_the_lowest_on_a_tie(centre) -> None:  # type: ignore[no-untyped-def]
+    root, records = centre
+    slides = [s for s in centre_slides(records, store_path(root / "stores", 0))
+              if s.split == "train"]  # fmt: skip
+    truth_as_map = {"truth": lambda p: np.zeros(len(p))}  # set below, per slide
+    mapped = [map_slide_or_failure(s, PARAMS, truth_as_map, batch_size=500,
+                                   thresholds=NodeThresholds(), reference_um=8000.0)
+              for s in slides]  # fmt: skip
+    # every map 0.6 where the slide has tumour: only thresholds <= 0.6 find it
+    for m in mapped:
+        assert isinstance(m, SlideMaps)
+        inside = ~np.isnan(m.maps["truth"])
+        value = 0.6 if m.slide.truth != "negative" else 0.0
+        m.maps["truth"][inside] = value
+    threshold, accuracy = choose_threshold(mapped, "truth", [0.9, 0.7, 0.5, 0.3])
+    negatives = np.mean([m.slide.truth == "negative" for m in mapped])
+    assert accuracy["0.9"] == accuracy["0.7"] == pytest.approx(negatives)  # no lesion found
+    # the whole tissue one lesion: the macro nodes right as well as the negative ones
+    macro = np.mean([m.slide.truth == "macro" for m in mapped])
+    assert accuracy["0.5"] == accuracy["0.3"] == pytest.approx(negatives + macro)
+    assert macro > 0 and threshold == 0.3  # a tie: the lowest wins
+    assert choose_threshold([], "truth", [0.7, 0.5]) == (0.5, {})
+
+
+def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    root, records = centre
+    slides = centre_slides(records, store_path(root / "stores", 0))
+    victim = slides[0]
+    broken = tmp_path / victim.path.name
+    shutil.copy(victim.path, broken)
+    with broken.open("r+b") as handle:
+        handle.seek(0)
+        handle.write(b"\x00" * 16)  # not a TIFF any more
+    slides[0] = type(victim)(victim.slide_id, broken, victim.patient, victim.truth, victim.split)
+    model = staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0)
+    predictors = {model.key: model_predictor(model, torch.device("cpu"), 64)}
+    outcomes = [map_slide_or_failure(s, PARAMS, predictors, batch_size=64,
+                                     thresholds=NodeThresholds(), reference_um=8000.0)
+                for s in slides]  # fmt: skip
+    assert isinstance(outcomes[0], str) and str(broken) in outcomes[0]
+    assert all(isinstance(o, SlideMaps) for o in outcomes[1:])
+    mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
+    calls = centre_calls(0, mapped, [(slides[0], outcomes[0])], {model.key: model.digest}, [0.5])
+    assert calls.failures[0]["slide"] == victim.slide_id
+    assert victim.patient in calls.test_patients or victim.split == "train"
+    summary = summarise([calls], {r.patient_id: r.patient_stage for r in records},
+                        n_resamples=100, seed=0)  # fmt: skip
+    entry = summary["methods"][model.key]
+    assert entry["n_slides"] == sum(m.slide.split == "test" for m in mapped)
+    table = staging_table(summary)
+    assert "Joint/seed_0" in table and victim.slide_id in table
