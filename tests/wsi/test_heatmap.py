@@ -4,6 +4,10 @@ written and read back verified."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -77,3 +81,51 @@ def test_a_map_is_written_reproducibly_and_read_back_verified(tmp_path, slide) -
     first.write_bytes(bytes(data))
     with pytest.raises(DamagedFileError, match=r"map\.h5: its bytes are not those written"):
         read_map(first, "rerun the staging")
+
+
+_PEAK_CHILD = """
+import sys
+import numpy as np
+from wsi.heatmap import predict_cells, slide_cells
+from wsi.params import PatchParams
+
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+path, batch = sys.argv[1], int(sys.argv[2])
+params = PatchParams(patch_size=512, level=0)
+seen = []
+before = peak()
+cells = slide_cells(path, params)
+maps = predict_cells(path, cells, params, {"none": lambda p: seen.append(len(p)) or np.zeros(len(p))},
+                     batch_size=batch)
+print(before, peak(), cells.tissue_fraction.size, int((~np.isnan(maps["none"])).sum()), max(seen))
+"""
+
+
+def test_mapping_a_large_slide_grows_a_worker_by_one_batch_not_by_the_slide(
+    tmp_path: Path,
+) -> None:
+    """On a 134-megapixel slide (the bench's streaming writer) at the paper's geometry (512
+    px patches at level 0), the worker that maps it grows by its batch of patches and the
+    mask, not by the slide: well under preprocessing's 1 GB per worker."""
+    from bench.slidegen import SlideSpec, write_slide
+
+    spec = SlideSpec(width=8192, height=16_384, pieces=3)
+    written = write_slide(spec, tmp_path / "slide.tif", tmp_path / "slide.xml")
+    batch = 32
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, str(written.path), str(batch)],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    before, after, cells, predicted, largest = (int(v) for v in result.stdout.split())
+    assert cells == (8192 // 512) * (16_384 // 512) and predicted > batch  # several batches
+    assert largest == batch
+    batch_bytes = batch * 512 * 512 * 3
+    mask_pixels = spec.width * spec.height * (spec.mpp / 8.0) ** 2
+    # a batch of decoded patches (and the reader's copy), the mask, and a constant (a band
+    # of the thumbnail in float32, the tile cache): a 100,000 x 200,000 px slide adds only
+    # mask pixels (19 M bytes at 8 µm/px) to this
+    assert after - before < 3 * batch_bytes + 8 * mask_pixels + 160e6 < 0.3e9
