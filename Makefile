@@ -44,7 +44,8 @@ test-fast: $(STAMP)
 # run's time went (results/timings.md: not a DVC output, it changes with every launch).
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server -- dvc repro
-	@echo; cat results/tables/accuracy.md; echo; cat results/tables/privacy.md; echo; cat results/tables/audit.md
+	@echo; cat results/tables/accuracy.md; echo; cat results/tables/staging.md
+	@echo; cat results/tables/privacy.md; echo; cat results/tables/audit.md
 	@[ ! -f results/timings.md ] || { echo; cat results/timings.md; }
 
 # Prefect server (UI on :4200), work pool, deployments and a worker; Ctrl-C stops them all.

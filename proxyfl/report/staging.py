@@ -232,7 +232,8 @@ def staging_notes(summary: Mapping[str, Any]) -> list[str]:
     if len(truths) == 1:
         notes.append(
             f"Every test patient is {truths.pop()}: κ measures agreement beyond chance, and "
-            f"with one true stage there is none to measure (κ = 0 whatever the predictions)."
+            f"with one true stage there is none to measure: κ is 0 whatever the predictions, "
+            f"or undefined (n/a) where every prediction is that stage too."
         )
     incomplete = sorted({p for e in methods for p in e["incomplete"]})
     if incomplete:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 THUMBNAIL_WIDTH = 320  # pixels of the slide's picture: enough to see lesions of a few cells
+COLUMNS = 5  # panels a row: the slide and four maps, then the next row
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,17 @@ def slide_picture(
     height, width = thumbnail.shape[:2]
     box = (0, width * downsample, height * downsample, 0)  # level-0 coordinates
     aspect = height / width
-    columns = 1 + len(panels)
-    figure = Figure(figsize=(1.9 * columns, 1.9 * aspect + 0.55), dpi=100, layout="constrained")
+    columns = min(COLUMNS, 1 + len(panels))
+    rows = -(-(1 + len(panels)) // columns)
+    figure = Figure(figsize=(2.2 * columns, rows * (2.2 * aspect + 0.3) + 0.25), dpi=100,
+                    layout="constrained")  # fmt: skip
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, columns, squeeze=False)[0]
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for unused in axes[1 + len(panels) :]:
+        unused.set_axis_off()
     figure.suptitle(title, fontsize=8)
     _slide_panel(axes[0], thumbnail, box, lesions, f"annotated: {truth}")
-    for ax, panel in zip(axes[1:], panels, strict=True):
+    for ax, panel in zip(axes[1 : 1 + len(panels)], panels, strict=True):
         rows, cols = panel.probability.shape
         cells = (0, cols * extent, rows * extent, 0)
         _slide_panel(ax, thumbnail, box, lesions, "", outline="#ffffff")

@@ -84,8 +84,9 @@ def test_served_deployment_runs_the_pipeline_from_a_fresh_clone_without_data(
     # the pipeline wrote the synthetic slides, then every stage ran as its own flow run
     assert "holds no synthetic dataset yet: writing it" in log, log[-5000:]
     assert (project / "data" / "synthetic" / "stage_labels.csv").is_file()
-    for flow_name in ("pipeline", "preprocess", "train", "report"):
+    for flow_name in ("pipeline", "preprocess", "train", "stage", "report"):
         assert f"for flow '{flow_name}'" in log, log[-5000:]
     accuracy = (project / "results" / "tables" / "accuracy.csv").read_text()
     assert "ProxyFL" in accuracy and "Joint" in accuracy
     assert "| Joint |" in (project / "results" / "tables" / "privacy.md").read_text()
+    assert "| Joint/seed_0 |" in (project / "results" / "tables" / "staging.md").read_text()

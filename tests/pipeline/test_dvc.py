@@ -56,8 +56,23 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
     for stage in ("synth", "preprocess@0", "preprocess@1", "preprocess@2", "train@ProxyFL-0",
                   "train@Joint-0", "train@PrivateKT-0", "canary@ProxyFL", "audit",
-                  "report"):  # fmt: skip
+                  "stage@0", "stage@1", "staging", "report"):  # fmt: skip
         assert f"Running stage '{stage}'" in first.stdout
+    # the staging: every method's test patients staged, each centre within its own folder
+    staging = json.loads((project / "results" / "staging.json").read_text())
+    assert set(staging["methods"]) == {"ProxyFL/seed_0", "Joint/seed_0", "PrivateKT/seed_0"}
+    for entry in staging["methods"].values():
+        assert entry["n_slides"] == 5 * entry["n_patients"] > 0
+        assert sum(map(sum, entry["node_confusion"])) == entry["n_slides"]
+    for center in (0, 1):
+        pictures = staging["pictures"][str(center)]
+        assert pictures and all((project / "staging" / f"center_{center}" / p).is_file()
+                                for p in pictures.values())  # fmt: skip
+    assert "| ProxyFL/seed_0 |" in (project / "results" / "tables" / "staging.md").read_text()
+    page = (project / "results" / "report.html").read_text()
+    assert page.count('<figure class="staging">') == sum(
+        len(p) for p in staging["pictures"].values()
+    )
     # the audit: every run's kept models attacked, and the canary run's bound beside its ε
     audit = json.loads((project / "results" / "audit.json").read_text())
     kinds = {(row["method"], row["evaluated_model"], row["run"]) for row in audit["rows"]}
@@ -158,7 +173,7 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
                       "train.options.rounds=3")  # fmt: skip
     ran = set(re.findall(r"Running stage '([^']+)'", experiment))
     assert ran == {"train@ProxyFL-0", "train@Joint-0", "train@PrivateKT-0", "canary@ProxyFL",
-                   "audit", "report"}, experiment  # fmt: skip
+                   "audit", "stage@0", "stage@1", "staging", "report"}, experiment  # fmt: skip
     diff = _git(project, env, "diff", "-U0", "params.yaml").splitlines()
     changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == ["-    rounds: 1", "+    rounds: 3"], diff

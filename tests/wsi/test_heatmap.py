@@ -97,10 +97,14 @@ def peak():
 path, batch = sys.argv[1], int(sys.argv[2])
 params = PatchParams(patch_size=512, level=0)
 seen = []
+
+def none(patches):
+    seen.append(len(patches))
+    return np.zeros(len(patches))
+
 before = peak()
 cells = slide_cells(path, params)
-maps = predict_cells(path, cells, params, {"none": lambda p: seen.append(len(p)) or np.zeros(len(p))},
-                     batch_size=batch)
+maps = predict_cells(path, cells, params, {"none": none}, batch_size=batch)
 print(before, peak(), cells.tissue_fraction.size, int((~np.isnan(maps["none"])).sum()), max(seen))
 """
 
