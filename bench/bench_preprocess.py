@@ -39,6 +39,7 @@ from typing import Any
 import imagecodecs
 import numpy as np
 
+from bench.process_memory import peak_rss_bytes
 from bench.slidegen import CACHE, SlideSpec, WrittenSlide, cached_slide
 from wsi.tiles import TileReader, read_patches
 
@@ -66,15 +67,6 @@ Coords = list[tuple[int, int]]
 # --------------------------------------------------------------------------------------
 
 
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM), in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def _candidates_worker(path: str, annotation: str, mask_mpp: float) -> dict[str, Any]:
     """One slide's masks and candidates in this (fresh) process: seconds, peak, results."""
     from wsi.annotations import read_asap
@@ -84,7 +76,7 @@ def _candidates_worker(path: str, annotation: str, mask_mpp: float) -> dict[str,
     annotations = read_asap(annotation)
     params = PatchParams(mask_mpp=mask_mpp)
     with open_slide(path) as slide:
-        before = _peak_rss_bytes()
+        before = peak_rss_bytes()
         wall, cpu = time.perf_counter(), time.process_time()
         candidates = compute_candidates(slide, annotations, "macro", params)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -92,7 +84,7 @@ def _candidates_worker(path: str, annotation: str, mask_mpp: float) -> dict[str,
     return {
         "wall": wall,
         "cpu": cpu,
-        "peak": _peak_rss_bytes(),
+        "peak": peak_rss_bytes(),
         "peak_before": before,
         "grid": slide.thumbnail_shape(candidates.mask_downsample),
         "candidates": len(candidates),

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.process_memory import peak_rss_bytes
+
 REPEATS = 3
 DEMO_SLIDES = 2
 SMALL = {"width": 20_000, "height": 40_000}
@@ -44,14 +46,6 @@ PAPER_TEST_SLIDES = 100  # ~20 test patients x 5 nodes (patient-disjoint 80/20 s
 PAPER_TRAIN_SLIDES = 400  # the training patients' slides that choose the thresholds
 METHODS = 8
 MODEL_BATCH = 16  # patches a forward pass of the 512 px model on a CPU
-
-
-def _peak_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _map_slides(paths: Sequence[str], patch_size: int, level: int, models: int,
@@ -84,7 +78,7 @@ def _map_slides(paths: Sequence[str], patch_size: int, level: int, models: int,
         cells += len(inside)
         predict_cells(path, grid, params, predictors, batch_size=batch_size)
     return {"seconds_per_slide": (time.perf_counter() - started) / len(paths),
-            "tissue_cells": cells / len(paths), "peak": _peak_rss_bytes()}  # fmt: skip
+            "tissue_cells": cells / len(paths), "peak": peak_rss_bytes()}  # fmt: skip
 
 
 def _read_only(path: str, patch_size: int, batch_size: int) -> dict[str, Any]:
@@ -102,7 +96,7 @@ def _read_only(path: str, patch_size: int, batch_size: int) -> dict[str, Any]:
                   batch_size=batch_size)  # fmt: skip
     seconds = time.perf_counter() - started
     return {"cells_seconds": cells_seconds, "seconds": seconds, "tissue_cells": len(inside),
-            "grid": grid.shape, "peak": _peak_rss_bytes()}  # fmt: skip
+            "grid": grid.shape, "peak": peak_rss_bytes()}  # fmt: skip
 
 
 def _resnet_rate(patch_size: int, batch: int) -> dict[str, Any]:
@@ -118,7 +112,7 @@ def _resnet_rate(patch_size: int, batch: int) -> dict[str, Any]:
         started = time.perf_counter()
         network(x)
     return {"patches_per_s": batch / (time.perf_counter() - started),
-            "threads": torch.get_num_threads(), "peak": _peak_rss_bytes()}  # fmt: skip
+            "threads": torch.get_num_threads(), "peak": peak_rss_bytes()}  # fmt: skip
 
 
 def _in_workers(function: Any, args: tuple[Any, ...], repeats: int) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from tasks.stage import (
     staging_slides,
     staging_summary,
 )
+from wsi.catalogue import DatasetRootError
 from wsi.store.schema import StoreError
 
 Step = Literal["all", "centres", "summary"]
@@ -57,8 +58,8 @@ def staging(params: StagingParams, centers: Sequence[int], step: Step = "all") -
     logger = get_run_logger()
     if step in ("all", "centres"):
         for center in centers:
+            slides = staging_slides(params, center)  # the data root and the store first
             models = staging_models(params, center)
-            slides = staging_slides(params, center)
             tested = sum(s.split == "test" for s in slides)
             logger.info("centre %d: %d slides (%d of test patients), %d models", center,
                         len(slides), tested, len(models))  # fmt: skip
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> None:
         outcome.update(staging(params, centers, step))
 
-    status = run_flow_command(run, failures=(StagingModelError, StoreError, FileNotFoundError))
+    failures = (DatasetRootError, StagingModelError, StoreError, FileNotFoundError)
+    status = run_flow_command(run, failures=failures)
     if status == 0 and outcome:
         print(staging_table(outcome), end="")
         print(f"staging: {Path(params.stage.summary)}")

@@ -12,16 +12,16 @@ from prefect import get_run_logger, task
 
 from camelyon_proxyfl.params.staging import StagingParams
 from proxyfl.staging.centre import (
+    SlideMapper,
     SlideMaps,
     StagingSlide,
     centre_calls,
     centre_slides,
-    map_slide_or_failure,
     write_centre,
 )
 from proxyfl.staging.models import StagingModel, choose_device, model_predictor, staging_model
 from proxyfl.staging.summary import write_summary
-from wsi.catalogue import scan_camelyon
+from wsi.catalogue import check_dataset_root, scan_camelyon
 from wsi.heatmap import Predictor
 from wsi.store.schema import store_path
 
@@ -39,6 +39,7 @@ def staging_models(params: StagingParams, center: int) -> list[StagingModel]:
 def staging_slides(params: StagingParams, center: int) -> list[StagingSlide]:
     """The labelled slides of the centre's tested and training patients (its store's
     splits), test patients' first."""
+    check_dataset_root(params.data.root)  # a root that is not there: an error, not no slide
     records = scan_camelyon(params.data.root).for_centers([center])
     return centre_slides(records, store_path(params.preprocess.out, center))
 
@@ -58,11 +59,9 @@ def slide_maps(
     """Every model's map of ``slide``, or why it could not be mapped (the others go on)."""
     stage, preprocess = params.stage, params.preprocess
     predictors = _predictors(tuple(models), stage.device, stage.batch_size)
-    outcome = map_slide_or_failure(
-        slide, preprocess, predictors, batch_size=stage.batch_size,
-        thresholds=stage.node_thresholds(), reference_um=stage.reference_section_um,
-        backend=preprocess.backend,
-    )  # fmt: skip
+    mapper = SlideMapper(preprocess, predictors, stage.batch_size, stage.node_thresholds(),
+                         stage.reference_section_um, preprocess.backend)  # fmt: skip
+    outcome = mapper.map_or_failure(slide)
     if isinstance(outcome, str):
         get_run_logger().warning("%s (%s patient): %s", slide.slide_id, slide.split, outcome)
     return outcome

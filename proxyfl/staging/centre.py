@@ -111,45 +111,37 @@ class SlideMaps:
         return float(np.nanmax(values)) if np.isfinite(values).any() else 0.0
 
 
-def map_slide(
-    slide: StagingSlide,
-    params: PatchParams,
-    predictors: Mapping[str, Predictor],
-    *,
-    batch_size: int,
-    thresholds: NodeThresholds,
-    reference_um: float,
-    backend: Backend = "auto",
-) -> SlideMaps:
-    """Every model's map of ``slide``, with the node thresholds of its section."""
-    cells = slide_cells(slide.path, params, backend)
-    with open_slide(slide.path, backend) as handle:
-        assert handle.mpp is not None  # slide_cells refuses a slide without one
-        short_side_um = min(handle.dimensions) * handle.mpp
-    maps = predict_cells(slide.path, cells, params, predictors, batch_size=batch_size,
-                         backend=backend)  # fmt: skip
-    return SlideMaps(slide, cells, maps, thresholds.scaled_to(short_side_um, reference_um))
+@dataclass(frozen=True)
+class SlideMapper:
+    """How a centre's slides are mapped: the patch geometry (preprocessing's), its models'
+    predictors, the batch, and the node rule's thresholds for a real-size section."""
 
+    params: PatchParams
+    predictors: Mapping[str, Predictor]
+    batch_size: int
+    thresholds: NodeThresholds
+    reference_um: float
+    backend: Backend = "auto"
 
-def map_slide_or_failure(
-    slide: StagingSlide,
-    params: PatchParams,
-    predictors: Mapping[str, Predictor],
-    *,
-    batch_size: int,
-    thresholds: NodeThresholds,
-    reference_um: float,
-    backend: Backend = "auto",
-) -> SlideMaps | str:
-    """:func:`map_slide`, or why it failed: any failure of one slide (a file that cannot
-    be read, no tissue, out of memory) is that slide's, and the others go on."""
-    try:
-        return map_slide(slide, params, predictors, batch_size=batch_size,
-                         thresholds=thresholds, reference_um=reference_um,
-                         backend=backend)  # fmt: skip
-    except Exception as error:
-        log.warning("%s: not mapped: %s", slide.slide_id, failure_reason(error))
-        return failure_reason(error)
+    def map(self, slide: StagingSlide) -> SlideMaps:
+        """Every model's map of ``slide``, with the node thresholds of its section."""
+        cells = slide_cells(slide.path, self.params, self.backend)
+        with open_slide(slide.path, self.backend) as handle:
+            assert handle.mpp is not None  # slide_cells refuses a slide without one
+            short_side_um = min(handle.dimensions) * handle.mpp
+        maps = predict_cells(slide.path, cells, self.params, self.predictors,
+                             batch_size=self.batch_size, backend=self.backend)  # fmt: skip
+        thresholds = self.thresholds.scaled_to(short_side_um, self.reference_um)
+        return SlideMaps(slide, cells, maps, thresholds)
+
+    def map_or_failure(self, slide: StagingSlide) -> SlideMaps | str:
+        """:meth:`map`, or why it failed: any failure of one slide (a file that cannot be
+        read, no tissue, out of memory) is that slide's, and the others go on."""
+        try:
+            return self.map(slide)
+        except Exception as error:
+            log.warning("%s: not mapped: %s", slide.slide_id, failure_reason(error))
+            return failure_reason(error)
 
 
 def choose_threshold(

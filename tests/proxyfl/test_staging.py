@@ -18,13 +18,13 @@ from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_train
 from proxyfl.report.staging import staging_table
 from proxyfl.staging.centre import (
     CALLS_FILE,
+    SlideMapper,
     SlideMaps,
     centre_calls,
     centre_dir,
     centre_slides,
     choose_threshold,
     map_path,
-    map_slide_or_failure,
     read_centre,
     write_centre,
 )
@@ -93,8 +93,8 @@ def test_a_centre_is_staged_within_its_folder_from_its_own_splits(centre, tmp_pa
     )}  # fmt: skip
     predictors = {key: model_predictor(m, torch.device("cpu"), 64) for key, m in models.items()}
     real = NodeThresholds()
-    mapped = [map_slide_or_failure(s, PARAMS, predictors, batch_size=50, thresholds=real,
-                                   reference_um=8000.0) for s in slides]  # fmt: skip
+    mapper = SlideMapper(PARAMS, predictors, 50, real, 8000.0)
+    mapped = [mapper.map_or_failure(s) for s in slides]
     assert all(isinstance(m, SlideMaps) for m in mapped)
     first = mapped[0]
     assert isinstance(first, SlideMaps)
@@ -139,9 +139,8 @@ def test_the_threshold_is_chosen_on_training_nodes_and_the_lowest_on_a_tie(centr
     slides = [s for s in centre_slides(records, store_path(root / "stores", 0))
               if s.split == "train"]  # fmt: skip
     truth_as_map = {"truth": lambda p: np.zeros(len(p))}  # set below, per slide
-    mapped = [map_slide_or_failure(s, PARAMS, truth_as_map, batch_size=500,
-                                   thresholds=NodeThresholds(), reference_um=8000.0)
-              for s in slides]  # fmt: skip
+    mapper = SlideMapper(PARAMS, truth_as_map, 500, NodeThresholds(), 8000.0)
+    mapped = [mapper.map_or_failure(s) for s in slides]
     # every map 0.6 where the slide has tumour: only thresholds <= 0.6 find it
     for m in mapped:
         assert isinstance(m, SlideMaps)
@@ -170,9 +169,8 @@ def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_pat
     slides[0] = type(victim)(victim.slide_id, broken, victim.patient, victim.truth, victim.split)
     model = staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0)
     predictors = {model.key: model_predictor(model, torch.device("cpu"), 64)}
-    outcomes = [map_slide_or_failure(s, PARAMS, predictors, batch_size=64,
-                                     thresholds=NodeThresholds(), reference_um=8000.0)
-                for s in slides]  # fmt: skip
+    mapper = SlideMapper(PARAMS, predictors, 64, NodeThresholds(), 8000.0)
+    outcomes = [mapper.map_or_failure(s) for s in slides]
     assert isinstance(outcomes[0], str) and str(broken) in outcomes[0]
     assert all(isinstance(o, SlideMaps) for o in outcomes[1:])
     mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
