@@ -1,5 +1,6 @@
-"""Stage flow: each centre's kept models map its test patients' slides, class their lymph
-nodes and stage the patients; every method's node accuracy, slide AUC and pN-stage kappa.
+"""Stage flow: each centre's own models map its test slides, class the nodes, stage patients.
+
+Every method's node accuracy, slide AUC and pN-stage kappa, from its models' calls.
 
     per centre c (each within STAGING/center_c/, the stage's out):
       staging models -> centre slides -> maps of each slide (a task per slide: one read,
