@@ -200,7 +200,7 @@ def report_html(
     ``audit`` is the privacy audit read (None: the section says "No audit recorded
     (``audit_absent``)"), ``audit_roc_png`` its ROC figure (None without training rows)
     and ``audit_roc_title`` the figure's title. ``staging`` is the staging's summary (None:
-    "No staging recorded (``staging_absent``)"), ``staging_pictures`` per centre each test
+    "No staging shown (``staging_absent``)"), ``staging_pictures`` per centre each test
     slide's picture."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
@@ -363,7 +363,7 @@ score of always answering the majority class{% endif %}.</figcaption>
 
 <h2 id="staging">From patches to patients: lymph nodes and pN stages</h2>
 {% if staging is none %}
-<p class="empty" id="staging-absent">No staging recorded ({{ staging_absent }}): no node
+<p class="empty" id="staging-absent">No staging shown ({{ staging_absent }}): no node
 classes or pN stages to show.</p>
 {% else %}
 {{ render(staging_table, "staging-table") }}

@@ -196,6 +196,32 @@ def read_staging(path: str | Path) -> dict[str, Any]:
     return summary
 
 
+def staging_of_runs(
+    summary: Mapping[str, Any], models: Mapping[str, Mapping[int, str | None]]
+) -> tuple[dict[str, Any] | None, str]:
+    """The part of ``summary`` that stages the reported runs, and why none is when none is.
+
+    ``models`` maps each reported run (``ALGORITHM/seed_S``) to the recorded digest of the
+    model that would stage each centre now (None: it keeps none). The staging is of these
+    runs when every run it staged that is reported was staged, centre by centre, with the
+    model the run keeps now: then its methods are narrowed to the reported ones. A staging
+    that names none of them, records no models (written before it did), or staged a model
+    the run no longer keeps (retrained since, or another directory's run of the same name)
+    is not of these runs: ``(None, why)``.
+    """
+    staged = {key: entry for key, entry in summary["methods"].items() if key in models}
+    if not staged:
+        return None, f"it stages none of these runs (it stages {', '.join(summary['methods'])})"
+    for key, entry in staged.items():
+        recorded = entry.get("models")
+        if not isinstance(recorded, Mapping):
+            return None, "it does not record which models it staged (written before it did)"
+        for center, digest in recorded.items():
+            if models[key].get(int(center)) != digest:
+                return None, f"{key} stages centre {center} with another model than it staged"
+    return {**summary, "methods": staged}, ""
+
+
 def _interval(entry: Mapping[str, float | None]) -> str:
     value, low, high = entry["value"], entry["low"], entry["high"]
     if value is None:

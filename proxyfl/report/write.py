@@ -63,7 +63,12 @@ from proxyfl.report.render import (
     summary_line,
 )
 from proxyfl.report.select import RunSelection
-from proxyfl.report.staging import StagingFileError, read_staging, staging_table
+from proxyfl.report.staging import (
+    StagingFileError,
+    read_staging,
+    staging_of_runs,
+    staging_table,
+)
 from proxyfl.report.stats import (
     CurvePoint,
     accuracy_table,
@@ -156,7 +161,7 @@ def write_report(
     if not runs:
         raise ReportError("no runs to report")
     recorded = _read_audit(audit)
-    staged = _read_staging(staging)
+    staged, staging_absent = _read_staging(staging, runs)
     out_dir = Path(out_dir)
     tables = out_dir / "tables"
     paths = ReportPaths(
@@ -257,7 +262,7 @@ def write_report(
         audit=recorded, audit_absent=_absent(audit),
         audit_roc_png=paths.audit_roc_png.read_bytes() if paths.audit_roc_png else None,
         audit_roc_title=ROC_TITLE,
-        staging=staged, staging_absent=_absent(staging, "staging"),
+        staging=staged, staging_absent=staging_absent,
         staging_pictures=_staging_pictures(staged, staging_dir),
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
@@ -296,15 +301,44 @@ def _absent(path: Path | None, what: str = "audit") -> str:
 STAGING_MD = "staging.md"
 
 
-def _read_staging(path: Path | None) -> dict[str, Any] | None:
-    """The staging summary at ``path``; None when no path is given or no file is there."""
+def _read_staging(
+    path: Path | None, runs: Sequence[RunResult]
+) -> tuple[dict[str, Any] | None, str]:
+    """The staging summary at ``path``, narrowed to ``runs``
+    (:func:`~proxyfl.report.staging.staging_of_runs`), or None and why it is not shown:
+    no path given, no file there, or a staging of other models than the runs keep."""
     if path is None or not Path(path).exists():
-        logger.info("report: no staging (%s)", _absent(path, "staging"))
-        return None
+        absent = _absent(path, "staging")
+        logger.info("report: no staging (%s)", absent)
+        return None, absent
     try:
-        return read_staging(path)
+        summary = read_staging(path)
     except StagingFileError as error:
         raise ReportError(str(error)) from None
+    shown, why = staging_of_runs(summary, _staging_models(runs))
+    if shown is None:
+        why = f"{path} is not a staging of these runs: {why}; `camelyon-proxyfl stage` stages them"
+        logger.warning("report: no staging shown: %s", why)
+    return shown, why
+
+
+def _staging_models(runs: Sequence[RunResult]) -> dict[str, dict[int, str | None]]:
+    """Per run (``ALGORITHM/seed_S``), the recorded digest of the kept model that stages
+    each of its centres now (:func:`proxyfl.staging.models.staging_model`; None: none)."""
+    from proxyfl.staging.models import StagingModelError, staging_model
+
+    models: dict[str, dict[int, str | None]] = {}
+    for run in runs:
+        centers = [int(c) for c in run.config.get("centers") or ()]
+        digests: dict[int, str | None] = {}
+        for center in centers:
+            try:
+                digests[center] = staging_model(run.path, run.algorithm, run.seed, centers,
+                                                center).digest  # fmt: skip
+            except StagingModelError:
+                digests[center] = None
+        models[f"{run.algorithm}/seed_{run.seed}"] = digests
+    return models
 
 
 def _staging_pictures(

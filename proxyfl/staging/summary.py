@@ -49,8 +49,8 @@ def summarise(
     seed: int,
 ) -> dict[str, Any]:
     """``staging.json``'s content: per model key (``ALGORITHM/seed_S``, paper order) its
-    measures over every centre's test patients and each centre's threshold; the slides
-    no centre could map."""
+    measures over every centre's test patients, each centre's threshold and the digest of
+    the model that staged it; the slides no centre could map."""
     keys = sorted({key for centre in centres for key in centre.models},
                   key=lambda k: (order_key(k.split("/")[0]), k))  # fmt: skip
     methods: dict[str, Any] = {}
@@ -66,6 +66,9 @@ def summarise(
             "thresholds": {
                 str(c.center): c.models[key]["threshold"] for c in centres if key in c.models
             },
+            # the model file each centre was staged with (its recorded SHA-256): the report
+            # shows the staging only beside the runs whose kept models these still are
+            "models": {str(c.center): c.models[key]["model"] for c in centres if key in c.models},
         }
     return {
         "format": SUMMARY_FORMAT,

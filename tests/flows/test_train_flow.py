@@ -78,12 +78,26 @@ def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
     # the parameters the runs were made with: the train section the fixture gave the flow
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"train": {"centers": [0, 1], "options": OPTIONS}}))
-    flags = ["--config", str(params), "--runs", str(runs), "--out", str(tmp_path / "results")]
+    # a staging of other models of the same names (another directory's runs, as a clone's
+    # committed results/staging.json is), whose pictures are not here: not shown, no error
+    other = tmp_path / "staging.json"
+    other.write_text(json.dumps({
+        "format": 1, "measures": [], "failures": [],
+        "methods": {"FedAvg/seed_0": {"models": {"0": "sha256:" + "1" * 64}}},
+        "pictures": {"0": {"patient_002_node_0": "pictures/patient_002_node_0.png"}},
+    }))  # fmt: skip
+    flags = ["--config", str(params), "--runs", str(runs), "--out", str(tmp_path / "results"),
+             "--staging", str(other)]  # fmt: skip
     assert report_main([*flags, "--algorithms", "FedAvg", "Joint", "--seeds", "0"]) == 0
     accuracy = (tmp_path / "results" / "tables" / "accuracy.csv").read_text()
     assert "FedAvg" in accuracy and "Joint" in accuracy
     printed = capsys.readouterr().out  # both tables, rendered by rich
     assert "Macro-accuracy" in printed and "pooled" in printed and "FedAvg" in printed
+    assert "From patches to patients" not in printed
+    page = (tmp_path / "results" / "report.html").read_text()
+    assert f"{other} is not a staging of these runs" in page
+    assert "FedAvg/seed_0 stages centre 0 with another model" in page
+    assert not (tmp_path / "results" / "tables" / "staging.md").exists()
 
     assert report_main([*flags, "--algorithms", "FedAvg", "--seeds", "7"]) == 1
     assert "seed" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import torch
 from plumbing.verified import DamagedFileError
 from proxyfl.engine.models import build_model
 from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
-from proxyfl.report.staging import staging_table
+from proxyfl.report.staging import staging_of_runs, staging_table
 from proxyfl.staging.centre import (
     CALLS_FILE,
     SlideMapper,
@@ -181,5 +181,12 @@ def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_pat
                         n_resamples=100, seed=0)  # fmt: skip
     entry = summary["methods"][model.key]
     assert entry["n_slides"] == sum(m.slide.split == "test" for m in mapped)
+    # the summary names the model it staged with: shown beside this run while it keeps it
+    assert entry["models"] == {"0": model.digest} and model.digest.startswith("sha256:")
+    assert staging_of_runs(summary, {model.key: {0: model.digest}})[0] is not None
+    _keep(tmp_path / "retrained", "Joint", 0, "local", -1, seed=4)
+    retrained = staging_model(tmp_path / "retrained", "Joint", 0, [0, 1], 0)
+    assert retrained.digest != model.digest
+    assert staging_of_runs(summary, {model.key: {0: retrained.digest}})[0] is None
     table = staging_table(summary)
     assert "Joint/seed_0" in table and victim.slide_id in table

@@ -12,6 +12,7 @@ from proxyfl.report.staging import (
     node_accuracy,
     quadratic_weighted_kappa,
     staging_measures,
+    staging_of_runs,
     weighted_confusion,
 )
 
@@ -104,3 +105,27 @@ def test_a_methods_measures_come_from_its_calls_with_patient_intervals() -> None
     assert best.estimates["kappa"].value == 1.0 and best.estimates["node_accuracy"].value == 1.0
     with pytest.raises(ValueError, match="no test slide"):
         staging_measures([], stages)
+
+
+def test_a_staging_is_shown_only_beside_the_runs_whose_kept_models_it_staged() -> None:
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    summary = {"methods": {"ProxyFL/seed_0": {"models": {"0": a, "1": b}},
+                           "Joint/seed_0": {"models": {"0": b, "1": b}}}}  # fmt: skip
+    # narrowed to the reported runs, whose models are still the staged ones
+    shown, why = staging_of_runs(summary, {"ProxyFL/seed_0": {0: a, 1: b}})
+    assert why == "" and shown is not None and list(shown["methods"]) == ["ProxyFL/seed_0"]
+    assert list(summary["methods"]) == ["ProxyFL/seed_0", "Joint/seed_0"]  # not changed
+    # a run retrained since (or another directory's run of the same name)
+    shown, why = staging_of_runs(summary, {"ProxyFL/seed_0": {0: a, 1: a}})
+    assert shown is None
+    assert why == "ProxyFL/seed_0 stages centre 1 with another model than it staged"
+    # a run that keeps no model for a staged centre any more
+    shown, why = staging_of_runs(summary, {"Joint/seed_0": {0: b, 1: None}})
+    assert shown is None and "Joint/seed_0 stages centre 1" in why
+    # none of the reported runs staged
+    shown, why = staging_of_runs(summary, {"FedAvg/seed_0": {0: a}})
+    assert shown is None and why.startswith("it stages none of these runs")
+    # a summary written before the models were recorded
+    old = {"methods": {"ProxyFL/seed_0": {"thresholds": {"0": 0.5}}}}
+    shown, why = staging_of_runs(old, {"ProxyFL/seed_0": {0: a}})
+    assert shown is None and "does not record which models" in why
