@@ -11,12 +11,12 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PREFECT_HOME := $(CURDIR)/.prefect
 
-.PHONY: setup test test-fast demo serve bench fidelity privatekt lint clean wheelhouse
+.PHONY: setup test test-fast demo serve bench fidelity privatekt lint clean wheelhouse docs docs-serve
 
 setup: $(STAMP)
 
 # uv resolves the same versions as pip and installs them in parallel (about 50 s against
-# 2.5-4.5 min for pip on 2 cores, README "Two commands"), compiled to bytecode as pip does
+# 2.5-4.5 min for pip on 2 cores, docs/getting-started.md), compiled to bytecode as pip does
 # (without it every rank of every job compiles torch's modules again where
 # PYTHONDONTWRITEBYTECODE is set: 10 s of imports instead of 4.5); pip is the fallback
 # where uv cannot be had
@@ -69,11 +69,21 @@ privatekt: $(STAMP)
 	$(BIN)/python -m bench privatekt
 
 # The wheels an offline GPU server needs for training and `python -m bench gpu` (no Prefect,
-# DVC or torch: README "On a GPU"), into ./wheelhouse/ with its requirements.txt.
+# DVC or torch: docs/gpu.md), into ./wheelhouse/ with its requirements.txt.
 PY ?= 3.12
 PLATFORM ?= manylinux_2_28_x86_64
 wheelhouse: $(STAMP)
 	$(BIN)/python -m bench.wheelhouse --python $(PY) --platform $(PLATFORM)
+
+# The documentation site (docs/, mkdocs.yml) into site/, offline; the tests build it too
+# (tests/docs/test_docs.py: --strict, every runnable command, every parameter documented).
+export NO_MKDOCS_2_WARNING := 1
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+	@echo "open site/index.html, or: make docs-serve"
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict
 
 # what make test checks first
 lint: $(STAMP)
@@ -81,4 +91,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .prefect .pytest_cache .ruff_cache
+	rm -rf $(VENV) .prefect .pytest_cache .ruff_cache site

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from plumbing.processes import start_command
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "pipeline": ("flows.pipeline", "the whole pipeline (preprocess, train, audit, report)"),
+    "pipeline": ("flows.pipeline", "the whole pipeline (preprocess, train, audit, stage, report)"),
     "preprocess": ("flows.preprocess", "slides -> balanced, patient-disjoint stores per centre"),
     "train": ("flows.train", "one MPI job per method and seed, one rank per centre"),
     "canary": ("flows.canary", "a method trained once more with canaries, for the audit"),

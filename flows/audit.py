@@ -1,7 +1,7 @@
 """Privacy audit flow: membership inference on the kept models, ε bounds from canaries.
 
 Membership inference on every run's kept models, and the ε lower bound of each canary run
-(proxyfl.audit; docs/design.md §4; canary runs: flows.canary).
+(proxyfl.audit; docs/algorithms.md §4; canary runs: flows.canary).
 
     runs/ALGORITHM/seed_S + runs/canary/ALGORITHM -> results/audit.json
 

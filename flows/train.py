@@ -13,7 +13,7 @@ another (each already occupies a process per client); on one machine their ranks
 forked from one warm server started with the command, which imports torch and Opacus once
 while the flow run starts (:mod:`plumbing.warm`). Where their ranks run is
 ``train.launcher`` with ``train.hosts`` or ``train.hostfile`` (:mod:`camelyon_proxyfl.placement`;
-README, "On a cluster").
+docs/clusters.md).
 
 A run directory that holds a finished run of the same configuration and stores is kept;
 an unfinished one of the same configuration resumes; one of another configuration is

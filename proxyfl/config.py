@@ -124,7 +124,7 @@ class TrainOptions(BaseModel):
     keep_final_checkpoints: bool = Field(
         False, description="keep a finished run's checkpoints (they serve --resume)"
     )
-    # PrivateKT (Qi et al., Nature Communications 2023; docs/design.md §4). The paper gives
+    # PrivateKT (Qi et al., Nature Communications 2023; docs/algorithms.md §4). The paper gives
     # ε = 5 (its experiments) and K = 2 (its Fig. 4: "a small number of samples (e.g., 2)");
     # B, M and the server's fine-tuning epochs are not in the paper's main text: their
     # defaults are the authors' code (github.com/taoqi98/PrivateKT, main.ipynb/PrivateKT.py).
@@ -210,7 +210,7 @@ class TrainOptions(BaseModel):
     )
     # Eq. (5) says which items, not which targets: the authors' code fits the model's own
     # class probabilities (a consistency step); its argmax labels sharpen every guess, and
-    # from a model near chance they pull it to one class (measured: docs/design.md §4).
+    # from a model near chance they pull it to one class (measured: docs/algorithms.md §4).
     self_train_targets: Literal["soft", "argmax"] = Field(
         "soft",
         description="PrivateKT: self-training targets, the model's own class probabilities "

@@ -2,7 +2,7 @@
 model) and ``run.json`` (configuration, world, devices, versions, timings), written
 atomically through :mod:`plumbing.atomic`.
 
-:class:`MetricRow` is the one schema of a metrics line (docs/design.md §3.4): the trainer
+:class:`MetricRow` is the one schema of a metrics line (docs/files.md §3.4): the trainer
 builds rows with it, :func:`write_metrics` serialises them, and the report
 (:mod:`proxyfl.report.load`) validates every line it reads with it. Rounds count from 1.
 A row holds no time (rows written before 2026-11-24 had ``comm_seconds``, read as an

@@ -1,4 +1,4 @@
-"""Patch candidates of a slide and their labels (the protocol of docs/design.md §3.2).
+"""Patch candidates of a slide and their labels (the protocol of docs/files.md §3.2).
 
 A candidate is a square of ``patch_size`` pixels at pyramid level ``level``, i.e. of
 ``extent = patch_size * downsample(level)`` level-0 pixels, on a grid that starts at the

@@ -14,7 +14,7 @@ from wsi.synth.config import SynthSettings
 SYNTHETIC_ROOT = Path("data/synthetic")
 DATA_ROOT_FIX = (
     "set data.root in the parameters file (or --data-root) to your copy of the Camelyon-17 "
-    f'training set (README: "Real data"), or to {SYNTHETIC_ROOT} for the embedded '
+    f"training set (docs/real-data.md), or to {SYNTHETIC_ROOT} for the embedded "
     "synthetic dataset"
 )
 

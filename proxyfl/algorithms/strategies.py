@@ -6,7 +6,7 @@ training (PushSum, server average, ring pass, knowledge transfer, or not at all)
 DP model is called when it is evaluated; whether the data are pooled (Joint). Every
 algorithm of the ProxyFL paper trains exactly one model with DP-SGD — the one that is (or
 could be) shared: the proxy of ProxyFL and FML, the local/central model of the baselines
-(docs/design.md §4, after the paper). PrivateKT trains the global model locally without DP
+(docs/algorithms.md §4, after the paper). PrivateKT trains the global model locally without DP
 and protects what leaves the client instead: K randomized-response labels a round
 (:mod:`proxyfl.algorithms.privatekt.strategy`).
 

@@ -1,4 +1,4 @@
-"""The empirical privacy audit of a run's models (docs/design.md §4, "The privacy audit").
+"""The empirical privacy audit of a run's models (docs/algorithms.md §4, "The privacy audit").
 
 Two questions, two tools:
 

@@ -8,7 +8,7 @@
   ``CANARY_DIR/run/``): each model's scores on its client's canaries, IN against OUT, and
   the one-run ε lower bound (:mod:`.one_run`) beside the accountant's ε of that run.
 
-Which models leave a hospital follows docs/design.md §4's threat model: every kept model
+Which models leave a hospital follows docs/algorithms.md §4's threat model: every kept model
 but the private one is sent or released.
 """
 

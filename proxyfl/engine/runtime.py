@@ -145,7 +145,7 @@ def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
 def kernel_set(device: torch.device) -> str:
     """The kernels whose arithmetic a run's bits depend on, recorded with each client in
     run.json: the same code, parameters and library versions give the same bytes with the
-    same kernels (README, "Reproducible"). On a CPU, torch's instruction set
+    same kernels (docs/reproducibility.md). On a CPU, torch's instruction set
     (``ATEN_CPU_CAPABILITY`` chooses another) and oneDNN's cap (``ONEDNN_MAX_CPU_ISA``;
     "native": the CPU's own); on a GPU, its name and compute capability."""
     if device.type == "cuda":

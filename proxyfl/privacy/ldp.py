@@ -17,7 +17,7 @@ classes**, that ratio is exactly ``e^{ε/K}``: each label is (ε/K)-LDP and the 
 one round together ε-LDP (sequential composition over the K items). Everything a client
 sends in PrivateKT is these K labels, so one round of PrivateKT is ε-LDP for the client's
 *prediction labels*: a guarantee about what leaves the client, at the level of the labels
-it releases — not the sample-level (ε, δ)-DP of DP-SGD (docs/design.md §4).
+it releases — not the sample-level (ε, δ)-DP of DP-SGD (docs/algorithms.md §4).
 
 Over rounds, basic sequential composition gives ``r·ε`` after a client has released r
 rounds of labels (:func:`composed_epsilon`). The paper argues that model shuffling

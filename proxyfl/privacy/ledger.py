@@ -1,6 +1,6 @@
 """What a client's privacy has cost so far, in the notion its method guarantees.
 
-Two notions, never mixed in one number (docs/design.md §4):
+Two notions, never mixed in one number (docs/algorithms.md §4):
 
 - ``sample_dp``: sample-level (record-level) (ε, δ)-DP of DP-SGD with respect to one
   training patch of the client, from the RDP accountant (:mod:`proxyfl.privacy.accounting`): every

@@ -1,7 +1,7 @@
 """Tables, DVC metrics, learning curves and figures from finished training runs.
 
 Input: ``RUNS/{algorithm}/seed_{s}/{metrics.jsonl,run.json}`` as written by
-:mod:`proxyfl.run` (docs/design.md §3.4), the final round's per-patch predictions
+:mod:`proxyfl.run` (docs/files.md §3.4), the final round's per-patch predictions
 ``predictions/client_{c}.csv`` where recorded, and the centre reports and stores beside
 them. Output of :func:`write_report` under ``OUT``::
 

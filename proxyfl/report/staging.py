@@ -80,7 +80,7 @@ class StagingMeasures:
 def weighted_confusion(
     truth: np.ndarray, predicted: np.ndarray, n_classes: int, weights: np.ndarray | None = None
 ) -> np.ndarray:
-    """O[..., i, j] = Σ w [truth = i][predicted = j]: shape ``weights.shape[:-1] + (K, K)``."""
+    """``O[..., i, j] = Σ w [truth = i] [predicted = j]``: shape ``weights.shape[:-1] + (K, K)``."""
     truth, predicted = np.asarray(truth, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
     w = np.ones(len(truth)) if weights is None else np.asarray(weights, dtype=np.float64)
     cell = truth * n_classes + predicted

@@ -1,5 +1,5 @@
 """From patches to patients: each hospital's kept models map its own slides, the maps'
-lesions class its lymph nodes, the nodes stage its patients (docs/design.md §4).
+lesions class its lymph nodes, the nodes stage its patients (docs/algorithms.md §4).
 
 - :mod:`proxyfl.staging.models`: which kept model of a run stages which centre, and a
   predictor of it for :mod:`wsi.heatmap`;

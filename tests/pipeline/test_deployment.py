@@ -1,4 +1,4 @@
-"""The README's Prefect path on a fresh copy of the repository with no data: `python -m
+"""The Prefect path of docs/prefect.md on a fresh copy of the repository with no data: `python -m
 flows.serve` (server, work pool, deployments, worker), `prefect deployment run
 pipeline/pipeline --watch` (which writes the synthetic slides first), then Ctrl-C stops
 every process within 10 s."""

@@ -91,7 +91,7 @@ def test_drift_is_what_the_tree_changed_not_what_repro_makes() -> None:
 
 
 # the stages whose outputs are promised the same bytes on any machine (integer and seeded
-# arithmetic, no kernel-dependent float reductions): README, "Reproducible"
+# arithmetic, no kernel-dependent float reductions): docs/reproducibility.md
 DATA_STAGES = ("synth", "preprocess@")
 
 

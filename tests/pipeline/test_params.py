@@ -32,7 +32,7 @@ def test_paper_and_demo_parameters_have_the_same_keys_and_both_validate() -> Non
     load_params(REPO / "params.yaml").check_pipeline("params.yaml")
     config = load_params(REPO / "params-paper.yaml")
     config.check_pipeline("params-paper.yaml")
-    # the paper's histopathology setting (docs/design.md §4)
+    # the paper's histopathology setting (docs/algorithms.md §4)
     options = config.train.options
     assert (options.rounds, options.batch_size, options.lr) == (30, 32, 1e-3)
     assert (options.sigma, options.clip, options.delta) == (1.4, 0.7, 1e-5)

@@ -10,8 +10,8 @@ between the hosts is TCP over the veth (MPICH's libfabric network module, its ``
 provider on the veth interface; MPICH's default, UCX, crossed the link as well in a trial,
 but the test pins the path it checks).
 
-The run directory is shared, as the README asks (the same path everywhere), but the stores
-are laid out as the README says for hospitals that keep their data on their own disks:
+The run directory is shared, as docs/clusters.md asks (the same path everywhere), but the stores
+are laid out as docs/clusters.md says for hospitals that keep their data on their own disks:
 host B sees, at the same path, a directory of its own (a bind mount in B's mount
 namespace) with its centres' stores whole and the other centres' stores without a single
 training patch; host A, where the launcher runs and digests every store, has them all.

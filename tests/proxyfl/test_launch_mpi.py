@@ -371,7 +371,7 @@ OLDER_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"
 def test_the_same_job_writes_the_same_run_anywhere(
     stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, helpers: Any
 ) -> None:
-    """The reproducibility promise (README, "Reproducible"). One job launched from two
+    """The reproducibility promise (docs/reproducibility.md). One job launched from two
     directories (other paths, other times, other processes) with the same kernels: every
     file DVC hashes is the same bytes, so a run's dvc.lock entry is the same on any
     machine with these kernels; where and how long it ran is in the files .dvcignore
