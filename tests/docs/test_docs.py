@@ -86,6 +86,7 @@ def test_the_site_builds_strict_offline(tmp_path: Path) -> None:
     # the API reference is generated from the docstrings, not empty
     api = (tmp_path / "api" / "proxyfl" / "index.html").read_text()
     assert "proxyfl.privacy.accounting" in api and "epsilon" in api
+    assert ":func:<code>" not in api and ":mod:<code>" not in api  # Sphinx roles read as code
     # nothing fetched from the network when the page is opened
     home = (tmp_path / "index.html").read_text()
     assert "fonts.googleapis.com" not in home
