@@ -23,7 +23,7 @@ from proxyfl.staging.models import StagingModel, choose_device, model_predictor,
 from proxyfl.staging.summary import write_summary
 from wsi.catalogue import check_dataset_root, scan_camelyon
 from wsi.heatmap import Predictor
-from wsi.store.schema import store_path
+from wsi.store.schema import StoreError, rebuild_hint, store_path
 
 
 @task(name="staging models")
@@ -41,7 +41,10 @@ def staging_slides(params: StagingParams, center: int) -> list[StagingSlide]:
     splits), test patients' first."""
     check_dataset_root(params.data.root)  # a root that is not there: an error, not no slide
     records = scan_camelyon(params.data.root).for_centers([center])
-    return centre_slides(records, store_path(params.preprocess.out, center))
+    try:
+        return centre_slides(records, store_path(params.preprocess.out, center))
+    except StoreError as error:  # the store decides the splits: say how to build it
+        raise StoreError(error.path, f"{error.reason}; {rebuild_hint(center)}") from None
 
 
 @functools.lru_cache(maxsize=1)

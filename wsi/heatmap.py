@@ -51,6 +51,7 @@ class SlideCells:
     tissue_fraction: np.ndarray  # (rows, cols)
     extent: int  # a cell's side in level-0 pixels
     cell_um: float  # a cell's side in µm
+    short_side_um: float  # the slide's shorter side in µm: the node rule's section scale
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -89,6 +90,7 @@ def slide_cells(
         width, height = slide.dimensions
         assert slide.mpp is not None  # compute_candidates refuses a slide without one
         cell_um = candidates.extent * slide.mpp
+        short_side_um = min(width, height) * slide.mpp
     rows = (height - candidates.extent) // candidates.extent + 1
     cols = (width - candidates.extent) // candidates.extent + 1
     return SlideCells(
@@ -97,6 +99,7 @@ def slide_cells(
         tissue_fraction=candidates.tissue_fraction.reshape(rows, cols).astype(np.float32),
         extent=candidates.extent,
         cell_um=cell_um,
+        short_side_um=short_side_um,
     )
 
 

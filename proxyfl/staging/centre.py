@@ -126,12 +126,9 @@ class SlideMapper:
     def map(self, slide: StagingSlide) -> SlideMaps:
         """Every model's map of ``slide``, with the node thresholds of its section."""
         cells = slide_cells(slide.path, self.params, self.backend)
-        with open_slide(slide.path, self.backend) as handle:
-            assert handle.mpp is not None  # slide_cells refuses a slide without one
-            short_side_um = min(handle.dimensions) * handle.mpp
         maps = predict_cells(slide.path, cells, self.params, self.predictors,
                              batch_size=self.batch_size, backend=self.backend)  # fmt: skip
-        thresholds = self.thresholds.scaled_to(short_side_um, self.reference_um)
+        thresholds = self.thresholds.scaled_to(cells.short_side_um, self.reference_um)
         return SlideMaps(slide, cells, maps, thresholds)
 
     def map_or_failure(self, slide: StagingSlide) -> SlideMaps | str:

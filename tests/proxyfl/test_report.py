@@ -828,3 +828,66 @@ def test_data_source_from_the_centre_reports() -> None:
     majority = majority_from_reports(with_counts, [0, 1])
     assert majority is not None and (majority.name, majority.rate) == ("tumour", 10 / 14)
     assert majority_from_reports(with_counts, [0, 2]) is None  # centre 2 not reported
+
+
+def _keep_models(run_dir: Path, seed: int) -> None:
+    """A small kept ``local`` model per client of the run at ``run_dir`` (Regular's)."""
+    import torch
+
+    from proxyfl.engine.models import build_model
+    from proxyfl.engine.trained import (
+        CLASSES,
+        NORMALISATION,
+        ModelCard,
+        save_trained,
+        trained_path,
+    )
+
+    for client in (0, 1):
+        torch.manual_seed(seed + client)
+        card = ModelCard("cnn1", 2, 32, 32, NORMALISATION, CLASSES, "local", "Regular", 0,
+                         client, client, 2, "sha256:" + "0" * 64)  # fmt: skip
+        save_trained(build_model("cnn1", n_classes=2, input_size=32),
+                     trained_path(run_dir, client, "local"), card)  # fmt: skip
+
+
+def test_the_staging_is_shown_beside_its_runs_and_a_missing_picture_is_named(
+    runs_dir: Path, tmp_path: Path
+) -> None:
+    from proxyfl.staging.models import staging_model
+
+    regular = runs_dir / "Regular" / "seed_0"
+    _keep_models(regular, seed=0)
+    digests = {str(c): staging_model(regular, "Regular", 0, [0, 1], c).digest for c in (0, 1)}
+    staging_dir = tmp_path / "staging"
+    picture = staging_dir / "center_0" / "pictures" / "patient_000_node_0.png"
+    picture.parent.mkdir(parents=True)
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)
+    summary = tmp_path / "staging.json"
+    summary.write_text(json.dumps({
+        "format": 1, "measures": [], "failures": [],
+        "methods": {"Regular/seed_0": {
+            "n_patients": 1, "n_slides": 1, "thresholds": {"0": 0.5, "1": 0.7},
+            "stages": {"patient_000": ["pN1", "pN1"]}, "incomplete": [], "models": digests,
+        }},
+        "pictures": {"0": {"patient_000_node_0": "pictures/patient_000_node_0.png"}},
+    }))  # fmt: skip
+    runs = load_runs(runs_dir)
+    paths = write_report(runs, tmp_path / "out", staging=summary, staging_dir=staging_dir)
+    assert paths.staging_md is not None
+    assert "| Regular/seed_0 |" in paths.staging_md.read_text()
+    page = paths.report_html.read_text()
+    assert page.count('<figure class="staging">') == 1 and "patient_000_node_0" in page
+
+    # a picture the summary names that is gone: refused, naming it and the repair
+    picture.unlink()
+    with pytest.raises(ReportError, match=r"patient_000_node_0\.png: the picture of .* "
+                       r"`camelyon-proxyfl stage --centers 0`"):  # fmt: skip
+        write_report(runs, tmp_path / "out", staging=summary, staging_dir=staging_dir)
+
+    # the run retrained since: the staging is of other models, not shown (no error)
+    _keep_models(regular, seed=5)
+    paths = write_report(runs, tmp_path / "out", staging=summary, staging_dir=staging_dir)
+    assert paths.staging_md is None and not (tmp_path / "out/tables/staging.md").exists()
+    page = paths.report_html.read_text()
+    assert "is not a staging of these runs: Regular/seed_0 stages centre 0 with another" in page

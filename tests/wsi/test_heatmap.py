@@ -36,6 +36,7 @@ def test_the_cells_are_preprocessings_grid_and_each_tissue_cell_its_own_patch(sl
     assert cells.extent == extent and cells.cell_um == pytest.approx(extent * 0.25)
     width, height = 3072, 2048
     assert cells.shape == (height // extent, width // extent)
+    assert cells.short_side_um == pytest.approx(height * 0.25)  # the section's scale
     np.testing.assert_array_equal(cells.coords, candidate_grid((width, height), extent))
     maps = predict_cells(slide.slide_path, cells, PARAMS, {"red": _mean_red}, batch_size=7)
     red = maps["red"]
