@@ -12,12 +12,41 @@ checked."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from plumbing.verified import DamagedFileError, recorded_digest, verify
 from proxyfl.results import METRICS_FILE, PREDICTIONS_DIR, RUN_FILE
 
 MODELS_DIR = "models"  # RUN_DIR/models/client_{c}/{evaluated_model}.safetensors and .json
+
+DEPLOYED_MODELS: tuple[str, ...] = ("private", "central", "local")
+"""The evaluated models a hospital would deploy, in order of preference: the client's
+``private`` model (ProxyFL, FML), else its ``central`` one (FedAvg, PrivateKT), else its
+``local`` one; never the proxy, which was shared."""
+POOLED = "Joint"  # one client trained on every centre's data: it serves every centre
+
+
+def trained_path(run_dir: str | os.PathLike[str], client: int, evaluated_model: str) -> Path:
+    """``RUN_DIR/models/client_{c}/{evaluated_model}.safetensors``."""
+    return Path(run_dir) / MODELS_DIR / f"client_{client}" / f"{evaluated_model}.safetensors"
+
+
+def deployed_model(
+    run_dir: str | os.PathLike[str], algorithm: str, centers: Sequence[int], center: int
+) -> tuple[int, Path] | None:
+    """``(client, path)`` of the kept model that serves ``center`` in the run at
+    ``run_dir`` (trained on ``centers``, one client each, client k the k-th centre;
+    Joint's one client serves every centre): the first of :data:`DEPLOYED_MODELS` it
+    keeps; None when it keeps none or ``center`` is not one of its clients'."""
+    if center not in centers:
+        return None
+    client = 0 if algorithm == POOLED else list(centers).index(center)
+    for name in DEPLOYED_MODELS:
+        path = trained_path(run_dir, client, name)
+        if path.is_file():
+            return client, path
+    return None
 
 
 def rerun_hint(run_dir: str | os.PathLike[str]) -> str:

@@ -137,7 +137,8 @@ def write_client_predictions(
 def write_trained_models(trainer: ClientTrainer) -> list[Path]:
     """Each of the client's models as it is after the final round, with its card
     (:mod:`proxyfl.engine.trained`): ``models/client_{c}/{evaluated_model}.safetensors``."""
-    from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
+    from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
+    from proxyfl.kept import trained_path
 
     config, data = trainer.config, trainer.data
     written = []

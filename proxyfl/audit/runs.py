@@ -41,8 +41,8 @@ from proxyfl.audit.references import ReferenceRecipe, References, model_logits, 
 from proxyfl.audit.scores import lira_offline, log_likelihood, logit_confidence
 from proxyfl.config import TrainConfig
 from proxyfl.engine.runtime import derived_seed
-from proxyfl.engine.trained import MODELS_DIR, ModelCard, load_trained
-from proxyfl.kept import verify_kept
+from proxyfl.engine.trained import ModelCard, load_trained
+from proxyfl.kept import MODELS_DIR, verify_kept
 from proxyfl.results import RUN_FILE
 from wsi.store.schema import store_path
 

@@ -40,7 +40,7 @@ from plumbing.atomic import atomic_path, write_text
 from plumbing.verified import DamagedFileError, record_digest, recorded_digest, verify
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
-from proxyfl.kept import MODELS_DIR, retrain_hint
+from proxyfl.kept import retrain_hint
 
 CARD_KEY = "model_card"  # the safetensors metadata key holding the card's JSON
 NORMALISATION = (
@@ -75,11 +75,6 @@ class ModelCard:
     def from_json(cls, text: str) -> ModelCard:
         content = json.loads(text)
         return cls(**{**content, "classes": tuple(content["classes"])})
-
-
-def trained_path(run_dir: str | os.PathLike[str], client: int, evaluated_model: str) -> Path:
-    """``RUN_DIR/models/client_{c}/{evaluated_model}.safetensors``."""
-    return Path(run_dir) / MODELS_DIR / f"client_{client}" / f"{evaluated_model}.safetensors"
 
 
 def save_trained(model: nn.Module, path: Path, card: ModelCard) -> None:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from plumbing import atomic
+from plumbing.verified import recorded_digest
 from proxyfl.audit.record import changed_since_audit
+from proxyfl.kept import deployed_model
 from proxyfl.report.audit import (
     RERUN_AUDIT,
     Audit,
@@ -324,19 +326,17 @@ def _read_staging(
 
 def _staging_models(runs: Sequence[RunResult]) -> dict[str, dict[int, str | None]]:
     """Per run (``ALGORITHM/seed_S``), the recorded digest of the kept model that stages
-    each of its centres now (:func:`proxyfl.staging.models.staging_model`; None: none)."""
-    from proxyfl.staging.models import StagingModelError, staging_model
-
+    each of its centres now (:func:`proxyfl.kept.deployed_model`; None: none, or none
+    kept)."""
     models: dict[str, dict[int, str | None]] = {}
     for run in runs:
         centers = [int(c) for c in run.config.get("centers") or ()]
         digests: dict[int, str | None] = {}
         for center in centers:
-            try:
-                digests[center] = staging_model(run.path, run.algorithm, run.seed, centers,
-                                                center).digest  # fmt: skip
-            except StagingModelError:
-                digests[center] = None
+            deployed = deployed_model(run.path, run.algorithm, centers, center)
+            # as the staging records it (proxyfl.staging.models.staging_model)
+            digests[center] = (None if deployed is None
+                               else recorded_digest(deployed[1]) or "unrecorded")  # fmt: skip
         models[f"{run.algorithm}/seed_{run.seed}"] = digests
     return models
 

@@ -1,10 +1,11 @@
 """Which kept model stages which centre, and a predictor of it for :mod:`wsi.heatmap`.
 
 A run keeps each client's final models (:mod:`proxyfl.engine.trained`). The one that
-stages a centre's patients is the model the hospital came for: the client's ``private``
-model (ProxyFL, FML), else its ``central`` one (FedAvg, PrivateKT), else its ``local``
-one; never the proxy, which was shared. Client k is the run's k-th centre; Joint's single
-client, trained on every centre's data, stages every centre.
+stages a centre's patients is the model the hospital came for
+(:func:`proxyfl.kept.deployed_model`): the client's ``private`` model (ProxyFL, FML), else
+its ``central`` one (FedAvg, PrivateKT), else its ``local`` one; never the proxy, which
+was shared. Client k is the run's k-th centre; Joint's single client, trained on every
+centre's data, stages every centre.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ import torch
 
 from plumbing.errors import PipelineError
 from plumbing.verified import recorded_digest
-from proxyfl.engine.trained import load_trained, predict_tumor, trained_path
-from proxyfl.kept import rerun_hint
-
-STAGING_MODELS: tuple[str, ...] = ("private", "central", "local")
-"""The evaluated models that may stage a centre, in order of preference."""
-POOLED = "Joint"  # one client trained on every centre's data
+from proxyfl.engine.trained import load_trained, predict_tumor
+from proxyfl.kept import DEPLOYED_MODELS, MODELS_DIR, POOLED, deployed_model, rerun_hint
 
 
 class StagingModelError(PipelineError):
@@ -55,17 +52,16 @@ def staging_model(
     run_dir = Path(run_dir)
     if center not in centers:
         raise StagingModelError(run_dir, f"centre {center} is not one of its clients {centers}")
-    client = 0 if algorithm == POOLED else list(centers).index(center)
-    for name in STAGING_MODELS:
-        path = trained_path(run_dir, client, name)
-        if path.is_file():
-            return StagingModel(algorithm, seed, client, path,
-                                recorded_digest(path) or "unrecorded")  # fmt: skip
-    raise StagingModelError(
-        run_dir / "models" / f"client_{client}",
-        f"no kept model ({', '.join(f'{n}.safetensors' for n in STAGING_MODELS)}) to stage "
-        f"centre {center} with; {rerun_hint(run_dir)}",
-    )
+    deployed = deployed_model(run_dir, algorithm, centers, center)
+    if deployed is None:
+        client = 0 if algorithm == POOLED else list(centers).index(center)
+        raise StagingModelError(
+            run_dir / MODELS_DIR / f"client_{client}",
+            f"no kept model ({', '.join(f'{n}.safetensors' for n in DEPLOYED_MODELS)}) to "
+            f"stage centre {center} with; {rerun_hint(run_dir)}",
+        )
+    client, path = deployed
+    return StagingModel(algorithm, seed, client, path, recorded_digest(path) or "unrecorded")
 
 
 def model_predictor(model: StagingModel, device: torch.device, batch_size: int):  # type: ignore[no-untyped-def]

@@ -37,7 +37,8 @@ from proxyfl.audit.scores import lira_offline, log_likelihood, logit_confidence
 from proxyfl.config import TrainConfig
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
-from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
+from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
+from proxyfl.kept import trained_path
 from proxyfl.privacy.accounting import planned_epsilon
 from proxyfl.privacy.dp import make_private
 from tests.proxyfl.conftest import make_split, write_stores

@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from camelyon_proxyfl.params.train import TrainSection
-from proxyfl.engine.trained import trained_path
+from proxyfl.kept import trained_path
 from proxyfl.launch.job import TrainingJob, launch_planned
 from proxyfl.launch.rundir import plan_launch
 from proxyfl.results import predictions_path

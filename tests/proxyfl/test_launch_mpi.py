@@ -16,14 +16,9 @@ import psutil
 import pytest
 
 from proxyfl.config import TrainConfig
-from proxyfl.engine.trained import (
-    ModelCard,
-    load_trained,
-    predict_tumor,
-    read_card,
-    trained_path,
-)
+from proxyfl.engine.trained import ModelCard, load_trained, predict_tumor, read_card
 from proxyfl.engine.validation import read_failures
+from proxyfl.kept import trained_path
 from proxyfl.launch.job import (
     JOB_LOG,
     Placement,

@@ -835,13 +835,8 @@ def _keep_models(run_dir: Path, seed: int) -> None:
     import torch
 
     from proxyfl.engine.models import build_model
-    from proxyfl.engine.trained import (
-        CLASSES,
-        NORMALISATION,
-        ModelCard,
-        save_trained,
-        trained_path,
-    )
+    from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
+    from proxyfl.kept import trained_path
 
     for client in (0, 1):
         torch.manual_seed(seed + client)

@@ -134,7 +134,8 @@ def test_a_finished_run_whose_kept_models_are_damaged_is_trained_again(
 
     from plumbing.verified import DamagedFileError
     from proxyfl.engine.models import build_model
-    from proxyfl.engine.trained import ModelCard, load_trained, save_trained, trained_path
+    from proxyfl.engine.trained import ModelCard, load_trained, save_trained
+    from proxyfl.kept import trained_path
 
     run_dir = tmp_path / "runs" / "FedAvg" / "seed_3"
     config = _config(data, run_dir)

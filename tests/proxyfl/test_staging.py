@@ -14,7 +14,8 @@ import torch
 
 from plumbing.verified import DamagedFileError
 from proxyfl.engine.models import build_model
-from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained, trained_path
+from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
+from proxyfl.kept import trained_path
 from proxyfl.report.staging import staging_of_runs, staging_table
 from proxyfl.staging.centre import (
     CALLS_FILE,
