@@ -15,8 +15,10 @@ Every method's node accuracy, slide AUC and pN-stage kappa, from its models' cal
 The runs are those ``train:`` lists (finished, with their kept models); each centre's
 slides are its patients in ``data.root`` whose store (``preprocess.out``) puts them in a
 split: the test patients are staged, the training patients choose each model's lesion
-threshold. Every number comes from ``params.yaml``'s ``stage:`` section (the node rule's
-thresholds are Camelyon-17's), and every flag overrides one. A slide that cannot be read
+threshold. A centre whose models, slides, store, settings and code are those recorded
+when it was last staged is kept (:mod:`proxyfl.staging.freshness`). Every number comes
+from ``params.yaml``'s ``stage:`` section (the node rule's thresholds are Camelyon-17's),
+and every flag overrides one. A slide that cannot be read
 is recorded in its centre's calls (and the summary) and the rest are staged. Prints the
 staging table. Exits 1 when a run keeps no model or a store is missing, 2 on a bad
 parameter or a file that does not verify.
@@ -41,6 +43,8 @@ from proxyfl.report.staging import staging_table
 from proxyfl.staging.models import StagingModelError
 from tasks.stage import (
     centre_calls_file,
+    centre_freshness,
+    centre_inputs,
     slide_maps,
     staging_models,
     staging_slides,
@@ -61,6 +65,9 @@ def staging(params: StagingParams, centers: Sequence[int], step: Step = "all") -
         for center in centers:
             slides = staging_slides(params, center)  # the data root and the store first
             models = staging_models(params, center)
+            inputs = centre_inputs(params, center, models)
+            if not centre_freshness(params.stage.out, inputs).result():  # "Up to date"
+                continue  # kept: its models, slides, store, settings and code are recorded
             tested = sum(s.split == "test" for s in slides)
             logger.info("centre %d: %d slides (%d of test patients), %d models", center,
                         len(slides), tested, len(models))  # fmt: skip
@@ -68,7 +75,7 @@ def staging(params: StagingParams, centers: Sequence[int], step: Step = "all") -
             for done, slide in enumerate(slides, start=1):
                 outcomes.append(slide_maps(slide, models, params))
                 logger.info("centre %d: %d/%d slides mapped", center, done, len(slides))
-            path = centre_calls_file(params, center, models, slides, outcomes)
+            path = centre_calls_file(params, models, slides, outcomes, inputs)
             logger.info("centre %d: %s", center, path)
     if step == "centres":
         return {}

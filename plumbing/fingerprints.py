@@ -2,12 +2,13 @@
 
 An artefact rebuilt only when its inputs change records them beside itself and compares
 them with the inputs now (:mod:`wsi.freshness` for the stores, :mod:`proxyfl.audit.freshness`
-for the audit). A source file nobody rewrites (a slide) is identified without reading it,
-by size and modification time: a rewrite or a copy changes the time, so the comparison
-errs one way only (an artefact that would have come out the same is rebuilt; one whose
-input changed is never kept). A file DVC caches (an output of another stage) by its
-content: DVC copies it into its cache and back, which keeps its bytes, not its time. Code
-is identified by the digest of its package's source.
+for the audit, :mod:`proxyfl.staging.freshness` for a centre's staging). A source file
+nobody rewrites (a slide) is identified without reading it, by size and modification
+time: a rewrite or a copy changes the time, so the comparison errs one way only (an
+artefact that would have come out the same is rebuilt; one whose input changed is never
+kept). A file DVC caches (an output of another stage) by its content: DVC copies it into
+its cache and back, which keeps its bytes, not its time. Code is identified by the digest
+of its package's source.
 """
 
 from __future__ import annotations
@@ -70,3 +71,10 @@ def source_digest(package: Path, skip: Collection[str] = ()) -> str:
             continue
         digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def packages_digest(*packages: Path) -> str:
+    """SHA-256 of the :func:`source_digest` of each of ``packages``, in order: the code of
+    an artefact computed by several packages (the audit's and the staging's, ``proxyfl``
+    and ``wsi``)."""
+    return hashlib.sha256("".join(source_digest(p) for p in packages).encode()).hexdigest()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.client.schemas.objects import State
 
 from camelyon_proxyfl.params.staging import StagingParams
 from proxyfl.staging.centre import (
@@ -19,8 +20,10 @@ from proxyfl.staging.centre import (
     centre_slides,
     write_centre,
 )
+from proxyfl.staging.freshness import CentreInputs, forget_inputs, record_inputs, stale_reason
 from proxyfl.staging.models import StagingModel, choose_device, model_predictor, staging_model
 from proxyfl.staging.summary import write_summary
+from tasks.freshness import freshness_state
 from wsi.catalogue import check_dataset_root, scan_camelyon
 from wsi.heatmap import Predictor
 from wsi.store.schema import StoreError, rebuild_hint, store_path
@@ -70,20 +73,43 @@ def slide_maps(
     return outcome
 
 
+def centre_inputs(
+    params: StagingParams, center: int, models: Sequence[StagingModel]
+) -> CentreInputs:
+    """What decides ``center``'s staging now (:mod:`proxyfl.staging.freshness`)."""
+    digests = {m.key: m.digest for m in models}
+    return CentreInputs.now(center, params.centre_settings(), digests, params.data.root,
+                            store_path(params.preprocess.out, center))  # fmt: skip
+
+
+@task(name="centre staging up to date?", task_run_name="centre {inputs.center} up to date?")
+def centre_freshness(staging_dir: Path, inputs: CentreInputs) -> State:
+    """Whether the centre's staging was computed from exactly ``inputs``: a Completed
+    state named "Up to date" (data ``False``) or "Stale" (data ``True``), its message the
+    reason, so the UI tells whether the run stages the centre again."""
+    recorded = "its models, slides, store, settings, code and libraries"
+    return freshness_state(f"{staging_dir}/center_{inputs.center}",
+                           stale_reason(staging_dir, inputs), recorded, "to stage")  # fmt: skip
+
+
 @task(name="centre calls")
 def centre_calls_file(
     params: StagingParams,
-    center: int,
     models: Sequence[StagingModel],
     slides: Sequence[StagingSlide],
     outcomes: Sequence[SlideMaps | str],
+    inputs: CentreInputs,
 ) -> Path:
-    """``STAGING/center_{c}/``: each model's threshold and test calls, the test maps."""
+    """``STAGING/center_{c}/``: each model's threshold and test calls, the test maps; its
+    ``inputs`` recorded beside it."""
     mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
     failures = [(s, o) for s, o in zip(slides, outcomes, strict=True) if isinstance(o, str)]
-    calls = centre_calls(center, mapped, failures, {m.key: m.digest for m in models},
+    calls = centre_calls(inputs.center, mapped, failures, {m.key: m.digest for m in models},
                          params.stage.thresholds)  # fmt: skip
-    return write_centre(params.stage.out, calls, mapped, params.preprocess.backend)
+    forget_inputs(params.stage.out, inputs.center)  # no record describes calls being rewritten
+    path = write_centre(params.stage.out, calls, mapped, params.preprocess.backend)
+    record_inputs(params.stage.out, inputs)
+    return path
 
 
 @task(name="staging summary")

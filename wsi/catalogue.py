@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plumbing.errors import PipelineError
+from plumbing.fingerprints import file_identities
 from wsi.nodes import NODE_LABELS, PATIENT_STAGES
 
 PATIENTS_PER_CENTER = 20
@@ -34,6 +35,17 @@ _SLIDE_NAME = re.compile(r"^patient_(\d{3})_node_(\d+)$")
 _PATIENT_NAME = re.compile(r"^patient_(\d{3})$")
 _CENTER_DIR = re.compile(r"^center_(\d+)$")
 _SLIDE_SUFFIXES = (".tif", ".tiff")
+
+
+def source_identities(data_root: str | os.PathLike[str], center: int) -> dict[str, list[int]]:
+    """``{relative path: [size, mtime_ns]}`` of every file of the dataset a centre's
+    artefacts are made from (its slides, the annotations, the stage labels), read without
+    opening them; absent ones are left out. The freshness records of the stores
+    (:mod:`wsi.freshness`) and of the staging (:mod:`proxyfl.staging.freshness`) hold it."""
+    root = Path(data_root)
+    return file_identities(
+        root, (root / f"center_{center}", root / ANNOTATIONS_DIR, root / LABELS_FILE)
+    )
 
 
 @dataclass(frozen=True)

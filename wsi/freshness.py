@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from plumbing.atomic import write_json
-from plumbing.fingerprints import file_digest, file_identities, source_digest
+from plumbing.fingerprints import file_digest, source_digest
+from wsi.catalogue import source_identities
 from wsi.center import params_hash
 from wsi.params import PatchParams, SamplingParams
 from wsi.store.digest import store_digest
@@ -42,8 +43,6 @@ from wsi.store.provenance import pixel_library_versions, project_version
 from wsi.store.schema import StoreError, store_path
 from wsi.summary import report_path
 
-ANNOTATIONS_DIR = "lesion_annotations"
-STAGE_LABELS = "stage_labels.csv"
 # the synthetic slide generator writes slides, not stores: its edits change the slides
 _NOT_STORE_CODE = ("synth",)
 
@@ -58,15 +57,6 @@ def store_code_digest() -> str:
     """SHA-256 of the source of the ``wsi`` package (less :data:`_NOT_STORE_CODE`), as
     this process imported it: every module a store's bytes can depend on."""
     return source_digest(Path(__file__).parent, skip=_NOT_STORE_CODE)
-
-
-def source_identities(data_root: str | os.PathLike[str], center: int) -> dict[str, list[int]]:
-    """``{relative path: [size, mtime_ns]}`` of every file the centre's store is made from
-    (the centre's slides, the annotations, the stage labels); absent ones are left out."""
-    root = Path(data_root)
-    return file_identities(
-        root, (root / f"center_{center}", root / ANNOTATIONS_DIR, root / STAGE_LABELS)
-    )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ before its stage runs, so the audit is always computed there and this record onl
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 import proxyfl
 import wsi
 from plumbing.atomic import write_json
-from plumbing.fingerprints import file_digest, file_digests, source_digest
+from plumbing.fingerprints import file_digest, file_digests, packages_digest
 from plumbing.versions import library_versions
 from proxyfl.audit.options import AuditOptions
 from proxyfl.audit.record import inputs_path
@@ -54,10 +53,7 @@ AUDIT_LIBRARIES = ("scipy",)
 @functools.cache
 def audit_code_digest() -> str:
     """SHA-256 of the source of ``proxyfl`` and ``wsi``, as this process imported them."""
-    return hashlib.sha256(
-        (source_digest(Path(proxyfl.__file__).parent) + source_digest(Path(wsi.__file__).parent))
-        .encode()
-    ).hexdigest()  # fmt: skip
+    return packages_digest(Path(proxyfl.__file__).parent, Path(wsi.__file__).parent)
 
 
 @dataclass(frozen=True)

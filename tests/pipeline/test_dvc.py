@@ -136,6 +136,9 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     # the audit too, its runs and stores the bytes DVC cached (proxyfl.audit.freshness)
     assert "results/audit.json: up to date" in said, said[-6000:]
     assert "membership inference:" not in said
+    # and every centre's staging (proxyfl.staging.freshness): no slide mapped again
+    assert all(f"staging/center_{c}: up to date" in said for c in (0, 1)), said[-6000:]
+    assert "slides mapped" not in said
     assert {path: path.stat().st_mtime_ns for path in outputs} == stores_before, "not rewritten"
     assert {path.name: _sha(path) for path in outputs} == before_switch
     assert "up to date" in _dvc(project, tool_env, "status")

@@ -5,6 +5,7 @@ a slide that cannot be read is recorded and the others are staged."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -191,3 +192,41 @@ def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_pat
     assert staging_of_runs(summary, {model.key: {0: retrained.digest}})[0] is None
     table = staging_table(summary)
     assert "Joint/seed_0" in table and victim.slide_id in table
+
+
+def test_a_centre_is_staged_again_exactly_when_an_input_changed(centre, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from camelyon_proxyfl.params.staging import StagingParams
+    from proxyfl.staging.freshness import CentreInputs, inputs_path, record_inputs, stale_reason
+
+    root, _ = centre
+    model = staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0)
+    settings = StagingParams().centre_settings()
+
+    def inputs(models: dict[str, str] | None = None, **changed: object) -> CentreInputs:
+        return CentreInputs.now(0, {**settings, **changed}, models or {model.key: model.digest},
+                                root / "data", store_path(root / "stores", 0))  # fmt: skip
+
+    now = inputs()
+    calls = centre_dir(tmp_path, 0) / CALLS_FILE
+    assert stale_reason(tmp_path, now) == f"no {calls} yet"
+    write_centre(tmp_path, centre_calls(0, [], [], {model.key: model.digest}, [0.5]), [])
+    assert stale_reason(tmp_path, now).startswith("no readable record of its inputs")
+    record_inputs(tmp_path, now)
+    assert stale_reason(tmp_path, inputs()) is None  # the same inputs, computed again
+    # the record lies beside the centre's folder, which DVC hashes, not in it
+    assert inputs_path(tmp_path, 0).parent == tmp_path
+    assert not list(centre_dir(tmp_path, 0).rglob("*.inputs.json"))
+
+    assert stale_reason(tmp_path, inputs(**{"stage.thresholds": [0.7]})) == "its settings changed"
+    retrained = {model.key: "sha256:" + "1" * 64}
+    assert stale_reason(tmp_path, inputs(retrained)) == "its models changed"
+    slide = sorted((root / "data").rglob("*.tif"))[0]
+    times = slide.stat()
+    try:  # a slide copied or rewritten: its time changed
+        os.utime(slide, ns=(times.st_atime_ns, times.st_mtime_ns + 1_000_000_000))
+        assert stale_reason(tmp_path, inputs()) == "its slides changed"
+    finally:
+        os.utime(slide, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert stale_reason(tmp_path, inputs()) is None
+    calls.write_text(calls.read_text() + " ")  # the calls are not those staged
+    assert stale_reason(tmp_path, inputs()) == f"{calls} is not the file its record describes"
