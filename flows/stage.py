@@ -18,10 +18,10 @@ split: the test patients are staged, the training patients choose each model's l
 threshold. A centre whose models, slides, store, settings and code are those recorded
 when it was last staged is kept (:mod:`proxyfl.staging.freshness`). Every number comes
 from ``params.yaml``'s ``stage:`` section (the node rule's thresholds are Camelyon-17's),
-and every flag overrides one. A slide that cannot be read
-is recorded in its centre's calls (and the summary) and the rest are staged. Prints the
-staging table. Exits 1 when a run keeps no model or a store is missing, 2 on a bad
-parameter or a file that does not verify.
+and every flag overrides one. A slide that cannot be read is recorded in its centre's
+calls (and the summary) and the rest are staged. Prints the staging table. Exits 1 when
+a run keeps no model or a store is missing, 2 on a bad parameter or a file that does not
+verify.
 """
 
 from __future__ import annotations

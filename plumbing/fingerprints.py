@@ -14,9 +14,13 @@ of its package's source.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+from plumbing.atomic import write_json
 
 
 def file_identity(path: str | os.PathLike[str]) -> list[int]:
@@ -78,3 +82,32 @@ def packages_digest(*packages: Path) -> str:
     an artefact computed by several packages (the audit's and the staging's, ``proxyfl``
     and ``wsi``)."""
     return hashlib.sha256("".join(source_digest(p) for p in packages).encode()).hexdigest()
+
+
+def write_inputs_record(
+    record: str | os.PathLike[str], inputs: Mapping[str, Any], artefacts: Mapping[str, Path]
+) -> None:
+    """Write ``record``: ``inputs`` (JSON), and under each name of ``artefacts`` the
+    :func:`file_digest` of that file, just written from them."""
+    digests = {name: file_digest(path) for name, path in artefacts.items()}
+    write_json(record, {"inputs": dict(inputs), **digests}, sort_keys=True)
+
+
+def read_inputs_record(
+    record: str | os.PathLike[str], artefacts: Mapping[str, Path]
+) -> tuple[dict[str, Any], None] | tuple[None, str]:
+    """``(inputs, None)`` as ``record`` holds them, when each of ``artefacts`` is there and
+    is the file recorded under its name; else ``(None, why)``: the first reason to compute
+    the artefacts again."""
+    for path in artefacts.values():
+        if not Path(path).is_file():
+            return None, f"no {path} yet"
+    try:
+        document = json.loads(Path(record).read_text())
+        inputs, written = document["inputs"], {name: document[name] for name in artefacts}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"no readable record of its inputs ({record})"
+    for name, path in artefacts.items():
+        if written[name] != file_digest(path):
+            return None, f"{path} is not the file its record describes"
+    return inputs, None

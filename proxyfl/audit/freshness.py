@@ -36,8 +36,12 @@ from typing import Any
 
 import proxyfl
 import wsi
-from plumbing.atomic import write_json
-from plumbing.fingerprints import file_digest, file_digests, packages_digest
+from plumbing.fingerprints import (
+    file_digests,
+    packages_digest,
+    read_inputs_record,
+    write_inputs_record,
+)
 from plumbing.versions import library_versions
 from proxyfl.audit.options import AuditOptions
 from proxyfl.audit.record import inputs_path
@@ -97,7 +101,7 @@ class AuditInputs:
 def record_inputs(out: str | os.PathLike[str], inputs: AuditInputs) -> Path:
     """Record ``inputs`` as those of the audit file ``out`` just written."""
     record = inputs_path(out)
-    write_json(record, {"inputs": inputs.as_json(), "audit": file_digest(out)}, sort_keys=True)
+    write_inputs_record(record, inputs.as_json(), {"audit": Path(out)})
     return record
 
 
@@ -109,16 +113,9 @@ def forget_inputs(out: str | os.PathLike[str]) -> None:
 def stale_reason(out: str | os.PathLike[str], inputs: AuditInputs) -> str | None:
     """``None`` when the audit file ``out`` was computed from exactly ``inputs`` and is
     untouched since; otherwise why it must be computed again."""
-    out, record_file = Path(out), inputs_path(out)
-    if not out.is_file():
-        return f"no {out} yet"
-    try:
-        record = json.loads(record_file.read_text())
-        recorded, written = record["inputs"], record["audit"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"no readable record of its inputs ({record_file})"
-    if written != file_digest(out):
-        return f"{out} is not the file its record describes"
+    recorded, why = read_inputs_record(inputs_path(out), {"audit": Path(out)})
+    if recorded is None:
+        return why
     current = inputs.as_json()
     for key in ("options", "runs", "stores", "code", "libraries"):
         if recorded.get(key) != current[key]:

@@ -39,8 +39,7 @@ from typing import Any
 
 import proxyfl
 import wsi
-from plumbing.atomic import write_json
-from plumbing.fingerprints import file_digest, packages_digest
+from plumbing.fingerprints import packages_digest, read_inputs_record, write_inputs_record
 from plumbing.versions import library_versions
 from proxyfl.results import TRAINING_LIBRARIES
 from proxyfl.staging.centre import CALLS_FILE, centre_dir
@@ -53,6 +52,10 @@ from wsi.store.provenance import pixel_library_versions
 def staging_code_digest() -> str:
     """SHA-256 of the source of ``proxyfl`` and ``wsi``, as this process imported them."""
     return packages_digest(Path(proxyfl.__file__).parent, Path(wsi.__file__).parent)
+
+
+def _calls(staging_dir: str | os.PathLike[str], center: int) -> Path:
+    return centre_dir(staging_dir, center) / CALLS_FILE
 
 
 def inputs_path(staging_dir: str | os.PathLike[str], center: int) -> Path:
@@ -103,9 +106,8 @@ class CentreInputs:
 
 def record_inputs(staging_dir: str | os.PathLike[str], inputs: CentreInputs) -> Path:
     """Record ``inputs`` as those of the centre's staging just written."""
-    calls = centre_dir(staging_dir, inputs.center) / CALLS_FILE
     record = inputs_path(staging_dir, inputs.center)
-    write_json(record, {"inputs": inputs.as_json(), "calls": file_digest(calls)}, sort_keys=True)
+    write_inputs_record(record, inputs.as_json(), {"calls": _calls(staging_dir, inputs.center)})
     return record
 
 
@@ -118,17 +120,10 @@ def forget_inputs(staging_dir: str | os.PathLike[str], center: int) -> None:
 def stale_reason(staging_dir: str | os.PathLike[str], inputs: CentreInputs) -> str | None:
     """``None`` when the centre's staging was computed from exactly ``inputs`` and its
     ``calls.json`` is untouched since; otherwise why it must be staged again."""
-    calls = centre_dir(staging_dir, inputs.center) / CALLS_FILE
-    record_file = inputs_path(staging_dir, inputs.center)
-    if not calls.is_file():
-        return f"no {calls} yet"
-    try:
-        record = json.loads(record_file.read_text())
-        recorded, written = record["inputs"], record["calls"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"no readable record of its inputs ({record_file})"
-    if written != file_digest(calls):
-        return f"{calls} is not the file its record describes"
+    record = inputs_path(staging_dir, inputs.center)
+    recorded, why = read_inputs_record(record, {"calls": _calls(staging_dir, inputs.center)})
+    if recorded is None:
+        return why
     current = inputs.as_json()
     for key in ("settings", "models", "store", "code", "libraries", "slides"):
         if recorded.get(key) != current[key]:
