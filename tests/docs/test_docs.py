@@ -151,3 +151,15 @@ def test_types_read_as_a_parameters_file_writes_them() -> None:
     assert type_name(int | None) == "int | None"
     assert type_name(Annotated[int, F(ge=1)] | dict[int, int]) == "int | dict[int, int]"
     assert type_name(Path) == "path"
+
+
+def test_the_readmes_links_and_pictures_are_there() -> None:
+    """The README is not part of the site (whose --strict build checks its pages' links):
+    its relative links and pictures are checked here."""
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README links to what is not there: {missing}"
+    assert len(text.splitlines()) <= 200  # a front page
