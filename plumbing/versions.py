@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from collections.abc import Iterable
 
 
@@ -18,3 +19,9 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
     """The installed version of each distribution of ``names``, in order (``None`` for one
     that is not installed)."""
     return {name: distribution_version(name) for name in names}
+
+
+def runtime_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """The interpreter's version (``python``), then :func:`library_versions` of ``names``:
+    what a recorded result says it was computed with."""
+    return {"python": sys.version.split()[0], **library_versions(names)}

@@ -16,7 +16,6 @@ import csv
 import json
 import math
 import platform
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from plumbing import atomic
-from plumbing.versions import library_versions
+from plumbing.versions import runtime_versions
 
 SAMPLE_DP = "sample_dp"  # proxyfl.privacy.ledger's notions (kept import-free here for the report)
 LABEL_LDP = "label_ldp"
@@ -141,9 +140,7 @@ def read_metrics(path: Path) -> list[MetricRow]:
 def training_library_versions() -> dict[str, str | None]:
     """Versions of the interpreter, the MPI library and the packages training depends on
     (``None`` for one that is not installed): what decides a run's numbers."""
-    versions: dict[str, str | None] = {
-        "python": sys.version.split()[0], **library_versions(TRAINING_LIBRARIES)
-    }  # fmt: skip
+    versions = runtime_versions(TRAINING_LIBRARIES)
     try:
         from mpi4py import MPI
 

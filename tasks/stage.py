@@ -26,7 +26,7 @@ from proxyfl.staging.summary import write_summary
 from tasks.freshness import freshness_state
 from wsi.catalogue import check_dataset_root, scan_camelyon
 from wsi.heatmap import Predictor
-from wsi.store.schema import StoreError, rebuild_hint, store_path
+from wsi.store.schema import StoreError, store_path
 
 
 @task(name="staging models")
@@ -47,7 +47,7 @@ def staging_slides(params: StagingParams, center: int) -> list[StagingSlide]:
     try:
         return centre_slides(records, store_path(params.preprocess.out, center))
     except StoreError as error:  # the store decides the splits: say how to build it
-        raise StoreError(error.path, f"{error.reason}; {rebuild_hint(center)}") from None
+        raise error.with_rebuild_hint(center) from None
 
 
 @functools.lru_cache(maxsize=1)

@@ -64,9 +64,9 @@ def type_name(annotation: Any) -> str:
 
 
 def _default(info: FieldInfo) -> Any:
-    if info.default_factory is not None:
-        return info.default_factory()  # type: ignore[call-arg]
-    return None if info.default is PydanticUndefined else info.default
+    """The value a key left out of the file takes (None for a required one)."""
+    default = info.get_default(call_default_factory=True)
+    return None if default is PydanticUndefined else default
 
 
 def _shown(value: Any) -> str:

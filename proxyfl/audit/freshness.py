@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from plumbing.fingerprints import (
     read_inputs_record,
     write_inputs_record,
 )
-from plumbing.versions import library_versions
+from plumbing.versions import runtime_versions
 from proxyfl.audit.options import AuditOptions
 from proxyfl.audit.record import inputs_path
 from proxyfl.results import TRAINING_LIBRARIES
@@ -88,10 +87,7 @@ class AuditInputs:
             files={str(run): file_digests(run, [run]) for run in directories},
             stores={str(path): store_digest(path) for path in sorted(data.glob(STORE_GLOB))},
             code=audit_code_digest(),
-            libraries={
-                "python": sys.version.split()[0],
-                **library_versions((*TRAINING_LIBRARIES, *AUDIT_LIBRARIES)),
-            },
+            libraries=runtime_versions((*TRAINING_LIBRARIES, *AUDIT_LIBRARIES)),
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from proxyfl.config import TrainConfig, fingerprint_changes
 from proxyfl.kept import damaged_files
 from proxyfl.results import RUN_FILE, json_safe
 from wsi.store.digest import store_digest
-from wsi.store.schema import StoreError, rebuild_hint, store_path
+from wsi.store.schema import StoreError, store_path
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def run_inputs(config: TrainConfig) -> dict[str, str]:
         try:
             inputs[f"center_{center}"] = store_digest(store_path(data, center), center != public)
         except StoreError as error:
-            raise StoreError(error.path, f"{error.reason}; {rebuild_hint(center)}") from None
+            raise error.with_rebuild_hint(center) from None
     # a canary plan's path is in the fingerprint, its content here (one that does not
     # read is left to the ranks, which fail on it naming the file)
     if config.canaries is not None and Path(config.canaries).is_file():

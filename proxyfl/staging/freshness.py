@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 import proxyfl
 import wsi
 from plumbing.fingerprints import packages_digest, read_inputs_record, write_inputs_record
-from plumbing.versions import library_versions
+from plumbing.versions import runtime_versions
 from proxyfl.results import TRAINING_LIBRARIES
 from proxyfl.staging.centre import CALLS_FILE, centre_dir
 from wsi.catalogue import source_identities
@@ -93,11 +92,7 @@ class CentreInputs:
             slides=source_identities(data_root, center),
             store=store_digest(Path(store)),
             code=staging_code_digest(),
-            libraries={
-                "python": sys.version.split()[0],
-                **library_versions(TRAINING_LIBRARIES),
-                **pixel_library_versions(),
-            },
+            libraries={**runtime_versions(TRAINING_LIBRARIES), **pixel_library_versions()},
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -59,15 +59,15 @@ def slide_picture(
     figure.suptitle(title, fontsize=8)
     _slide_panel(axes[0], thumbnail, box, lesions, f"annotated: {truth}")
     for ax, panel in zip(axes[1 : 1 + len(panels)], panels, strict=True):
-        rows, cols = panel.probability.shape
-        cells = (0, cols * extent, rows * extent, 0)
+        cell_rows, cell_cols = panel.probability.shape
+        cells = (0, cell_cols * extent, cell_rows * extent, 0)
         _slide_panel(ax, thumbnail, box, lesions, "", outline="#ffffff")
         ax.imshow(np.ma.masked_invalid(panel.probability), extent=cells, cmap="coolwarm",
                   vmin=0.0, vmax=1.0, alpha=0.6, interpolation="nearest")  # fmt: skip
         found = np.nan_to_num(panel.probability, nan=0.0) >= panel.threshold
         if found.any() and not found.all():
-            centres_x = (np.arange(cols) + 0.5) * extent
-            centres_y = (np.arange(rows) + 0.5) * extent
+            centres_x = (np.arange(cell_cols) + 0.5) * extent
+            centres_y = (np.arange(cell_rows) + 0.5) * extent
             ax.contour(centres_x, centres_y, found.astype(float), levels=[0.5],
                        colors="#000000", linewidths=0.8)  # fmt: skip
         mark = "✓" if panel.predicted == truth else "✗"

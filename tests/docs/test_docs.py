@@ -43,7 +43,7 @@ def runnable_blocks() -> list[tuple[str, int, str]]:
 
 def test_pages_mark_commands_runnable() -> None:
     # the pages' own examples, not an empty parametrisation that would pass unseen
-    blocks = runnable_blocks()
+    blocks = BLOCKS
     assert len(blocks) >= 5
     assert {expected for _, expected, _ in blocks} == {0, 2}
     marked = sum(text.count("<!-- runnable") for text in (p.read_text() for p in PAGES))
@@ -55,9 +55,12 @@ def _git_status() -> str:
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
 
 
+BLOCKS = runnable_blocks()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("where", "expected", "commands"), runnable_blocks(),
-                         ids=[where for where, _, _ in runnable_blocks()])  # fmt: skip
+@pytest.mark.parametrize(("where", "expected", "commands"), BLOCKS,
+                         ids=[where for where, _, _ in BLOCKS])  # fmt: skip
 def test_a_runnable_block_runs_as_the_page_says(where: str, expected: int, commands: str) -> None:
     """Run from the repository's root with .venv's commands first on PATH, as a reader with
     the environment activated would; each block leaves the checkout as it found it."""

@@ -37,6 +37,11 @@ class StoreError(PipelineError):
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
         super().__init__(Path(path), reason)
 
+    def with_rebuild_hint(self, center: int) -> StoreError:
+        """This error, its reason followed by the commands that rebuild ``center``'s store
+        (:func:`rebuild_hint`): for a reader that knows which centre's store it read."""
+        return StoreError(self.path, f"{self.reason}; {rebuild_hint(center)}")
+
 
 def store_path(directory: str | os.PathLike[str], center: int) -> Path:
     """Where centre ``center``'s store lives inside ``directory``."""
