@@ -84,12 +84,23 @@ def packages_digest(*packages: Path) -> str:
     return hashlib.sha256("".join(source_digest(p) for p in packages).encode()).hexdigest()
 
 
+def artefact_digest(path: str | os.PathLike[str]) -> str:
+    """A file's :func:`file_digest`; a directory's, the SHA-256 of its files' relative
+    paths and digests (:func:`file_digests`): a file added, removed or changed below it
+    changes it."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    listing = json.dumps(file_digests(path, [path]), sort_keys=True)
+    return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
+
+
 def write_inputs_record(
     record: str | os.PathLike[str], inputs: Mapping[str, Any], artefacts: Mapping[str, Path]
 ) -> None:
-    """Write ``record``: ``inputs`` (JSON), and under each name of ``artefacts`` the
-    :func:`file_digest` of that file, just written from them."""
-    digests = {name: file_digest(path) for name, path in artefacts.items()}
+    """Write ``record``: ``inputs`` (JSON), and under each name of ``artefacts`` (files or
+    directories) its :func:`artefact_digest`, just written from them."""
+    digests = {name: artefact_digest(path) for name, path in artefacts.items()}
     write_json(record, {"inputs": dict(inputs), **digests}, sort_keys=True)
 
 
@@ -97,10 +108,10 @@ def read_inputs_record(
     record: str | os.PathLike[str], artefacts: Mapping[str, Path]
 ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     """``(inputs, None)`` as ``record`` holds them, when each of ``artefacts`` is there and
-    is the file recorded under its name; else ``(None, why)``: the first reason to compute
-    the artefacts again."""
+    is the file (or directory) recorded under its name, checked in order; else ``(None,
+    why)``: the first reason to compute the artefacts again."""
     for path in artefacts.values():
-        if not Path(path).is_file():
+        if not Path(path).exists():
             return None, f"no {path} yet"
     try:
         document = json.loads(Path(record).read_text())
@@ -108,6 +119,7 @@ def read_inputs_record(
     except (OSError, ValueError, KeyError, TypeError):
         return None, f"no readable record of its inputs ({record})"
     for name, path in artefacts.items():
-        if written[name] != file_digest(path):
-            return None, f"{path} is not the file its record describes"
+        if written[name] != artefact_digest(path):
+            kind = "directory" if Path(path).is_dir() else "file"
+            return None, f"{path} is not the {kind} its record describes"
     return inputs, None

@@ -14,7 +14,8 @@ written (:class:`CentreInputs`), the ones ``dvc.yaml``'s ``stage@{c}`` depends o
   :func:`wsi.store.digest.store_digest` (its splits decide who is tested);
 - the source of ``proxyfl`` and ``wsi`` and the versions of the libraries behind the maps.
 
-Every centre staged records them, with the SHA-256 of the ``calls.json`` it wrote, in
+Every centre staged records them, with the SHA-256 of the ``calls.json`` it wrote and of
+its whole folder (a map or picture deleted since is a reason to stage again), in
 ``STAGING/center_{c}.inputs.json``, beside the centre's folder and not in it: the slides'
 times differ in every clone, and the folder is what DVC hashes (``.dvcignore`` leaves
 ``center_*.inputs.json`` out of the summary stage's hash of ``STAGING``).
@@ -53,8 +54,11 @@ def staging_code_digest() -> str:
     return packages_digest(Path(proxyfl.__file__).parent, Path(wsi.__file__).parent)
 
 
-def _calls(staging_dir: str | os.PathLike[str], center: int) -> Path:
-    return centre_dir(staging_dir, center) / CALLS_FILE
+def _written(staging_dir: str | os.PathLike[str], center: int) -> dict[str, Path]:
+    """What a centre's staging writes, as its record names it: ``calls.json`` (checked
+    first), then the whole folder (the maps and pictures the calls name)."""
+    folder = centre_dir(staging_dir, center)
+    return {"calls": folder / CALLS_FILE, "folder": folder}
 
 
 def inputs_path(staging_dir: str | os.PathLike[str], center: int) -> Path:
@@ -102,7 +106,7 @@ class CentreInputs:
 def record_inputs(staging_dir: str | os.PathLike[str], inputs: CentreInputs) -> Path:
     """Record ``inputs`` as those of the centre's staging just written."""
     record = inputs_path(staging_dir, inputs.center)
-    write_inputs_record(record, inputs.as_json(), {"calls": _calls(staging_dir, inputs.center)})
+    write_inputs_record(record, inputs.as_json(), _written(staging_dir, inputs.center))
     return record
 
 
@@ -114,9 +118,10 @@ def forget_inputs(staging_dir: str | os.PathLike[str], center: int) -> None:
 
 def stale_reason(staging_dir: str | os.PathLike[str], inputs: CentreInputs) -> str | None:
     """``None`` when the centre's staging was computed from exactly ``inputs`` and its
-    ``calls.json`` is untouched since; otherwise why it must be staged again."""
+    folder (``calls.json``, maps, pictures) is untouched since; otherwise why it must be
+    staged again."""
     record = inputs_path(staging_dir, inputs.center)
-    recorded, why = read_inputs_record(record, {"calls": _calls(staging_dir, inputs.center)})
+    recorded, why = read_inputs_record(record, _written(staging_dir, inputs.center))
     if recorded is None:
         return why
     current = inputs.as_json()

@@ -228,5 +228,18 @@ def test_a_centre_is_staged_again_exactly_when_an_input_changed(centre, tmp_path
     finally:
         os.utime(slide, ns=(times.st_atime_ns, times.st_mtime_ns))
     assert stale_reason(tmp_path, inputs()) is None
+    # a map or picture of the folder gone (the report would refuse the staging, naming
+    # `camelyon-proxyfl stage` as the repair: that must stage the centre again)
+    picture = centre_dir(tmp_path, 0) / "pictures" / "patient_000_node_0.png"
+    assert picture.parent.is_dir()  # write_centre made it
+    picture.write_bytes(b"\x89PNG")
+    record_inputs(tmp_path, inputs())
+    assert stale_reason(tmp_path, inputs()) is None
+    picture.unlink()
+    assert stale_reason(tmp_path, inputs()) == (
+        f"{centre_dir(tmp_path, 0)} is not the directory its record describes"
+    )
+    picture.write_bytes(b"\x89PNG")
+    assert stale_reason(tmp_path, inputs()) is None
     calls.write_text(calls.read_text() + " ")  # the calls are not those staged
     assert stale_reason(tmp_path, inputs()) == f"{calls} is not the file its record describes"
