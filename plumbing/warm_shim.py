@@ -135,8 +135,9 @@ def _end_as(status: int) -> NoReturn:
     """Exit as a process with wait status ``status`` did: killed by its signal, or its code."""
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
-        os.kill(os.getpid(), number)
+        if number not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be handled:
+            signal.signal(number, signal.SIG_DFL)  # asking raises OSError (a rank killed
+        os.kill(os.getpid(), number)  # by the OOM killer was reported as the shim's SIGQUIT)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 

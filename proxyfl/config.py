@@ -91,7 +91,14 @@ class TrainOptions(BaseModel):
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
         description="torch.compile the DP engine's per-example function and the private "
-        "model's step (auto: on for CUDA; a CPU needs a C++ compiler)",
+        "model's step (auto: on for CUDA when the run's steps repay the compilation, "
+        "proxyfl/engine/compilation.py; a CPU needs a C++ compiler)",
+    )
+    compile_cache: str = Field(
+        ".cache/torch-compile",
+        description="directory of torch.compile's persistent cache (inductor's and "
+        "Triton's), relative to the working directory: the runs of a table compile once "
+        "per machine",
     )
     dp_chunk_size: int | None = Field(
         None,
@@ -119,6 +126,18 @@ class TrainOptions(BaseModel):
         None, gt=0, description="a client stops once its ε would exceed this"
     )
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
+    prefetch: int = Field(
+        2,
+        ge=0,
+        description="batches a thread of each rank reads, converts and pins ahead of the "
+        "step it is running (0: read each batch when the step needs it)",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op threads per rank (null: by placement, the cores of "
+        "its node over the ranks on it, or the cores a launcher bound it to)",
+    )
     keep_checkpoints: int = Field(2, ge=2, description="checkpoints kept per rank")
     # A finished run deletes its checkpoints (hundreds of MB per rank) unless asked to keep them.
     keep_final_checkpoints: bool = Field(
@@ -335,10 +354,6 @@ class TrainConfig(TrainOptions):
         """The private model's Adam learning rate: ``private_lr``, else ``lr``."""
         return self.lr if self.private_lr is None else self.private_lr
 
-    def compiled_on(self, device_type: str) -> bool:
-        """Does this run ``torch.compile`` on a device of ``device_type``?"""
-        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
-
     def autocast_on(self, device_type: str) -> bool:
         """Does the func engine's per-example forward run in bfloat16 on ``device_type``?"""
         if self.dp_engine != "func":
@@ -393,7 +408,7 @@ class TrainConfig(TrainOptions):
 WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
     "run_dir", "out", "data", "resume", "stop_after_round", "device", "loader_workers",
     "keep_checkpoints", "keep_final_checkpoints", "compile", "dp_chunk_size", "gpu_memory_gb",
-    "deterministic",
+    "deterministic", "compile_cache", "prefetch", "torch_threads",
 )  # fmt: skip
 
 

@@ -195,7 +195,10 @@ def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
         "memory_budget_gb": round(trainer.budget_bytes / 1e9, 3),
         "eval_batch_size": trainer.eval_batch_size,
         "dp_chunk_size": getattr(trainer.training, "chunk_size", None),
-        "compiled": trainer.config.compiled_on(trainer.runtime.device.type),
+        "compiled": trainer.compiled,
+        "compile_cache_served": trainer.graphs_cached if trainer.compiled else None,
+        "recompiles": trainer.recompiles,
+        "prefetch": trainer.config.prefetch,
         "deterministic": trainer.config.deterministic,
     }
 

@@ -405,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxyfl.trainer import ClientTrainer
 
     configure_torch(config.deterministic)  # before any CUDA work
-    runtime, error = run_phase(lambda: make_runtime(comm, config.device))
+    runtime, error = run_phase(lambda: make_runtime(comm, config.device, config.torch_threads))
     _fail_if_any(comm, error, label, run_dir)
     assert runtime is not None
     data, error = run_phase(lambda: open_client_data(config, plan))
@@ -511,11 +511,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def preflight(trainer: Any) -> tuple[float | None, str | None]:
     """Every rank's :meth:`~proxyfl.trainer.ClientTrainer.preflight` (a step at its largest
-    plausible batch, an evaluation batch): ``(compile seconds, error)``. Where the run
-    compiles, rank 0 compiles first and the others then find its kernels in inductor's
-    cache (one per user and machine), instead of four ranks compiling the same graphs."""
+    plausible batch, an evaluation batch): ``(compile seconds, error)``. Where a rank
+    compiles graphs its cache has not served before, rank 0 compiles first and the others
+    then find its kernels in the run's compile cache, instead of four ranks compiling the
+    same graphs at once; where every rank's cache serves it, they all start at once."""
+    from proxyfl.comm.control import allgather_json
+
     comm = trainer.runtime.comm
-    serial = trainer.config.compiled_on(trainer.runtime.device.type)
+    compiling = allgather_json(comm, [trainer.compiled, trainer.graphs_cached])
+    serial = any(compiled and not served for compiled, served in compiling)
     if serial and trainer.runtime.rank != 0:
         comm.Barrier()
     result = run_phase(trainer.preflight)

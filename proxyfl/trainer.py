@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from proxyfl.algorithms.dml import mutual_learning_loss
+from proxyfl.algorithms.dml import mutual_learning_loss, mutual_learning_losses
 from proxyfl.algorithms.privatekt.public_pool import PublicPool
 from proxyfl.algorithms.privatekt.strategy import (
     forget_state,
@@ -58,6 +58,7 @@ from proxyfl.comm.exchange import (
 )
 from proxyfl.comm.graphs import Schedule
 from proxyfl.config import TrainConfig
+from proxyfl.engine import compilation
 from proxyfl.engine.data import PatchDataset, prepare_images
 from proxyfl.engine.evaluate import Scores, evaluate_models, evaluate_with_probabilities
 from proxyfl.engine.local_training import PlainTraining, make_plain
@@ -72,15 +73,19 @@ from proxyfl.engine.memory import (
     reset_peaks,
 )
 from proxyfl.engine.models import build_model, count_parameters
-from proxyfl.engine.runtime import Runtime, derived_seed, seeded_generator
+from proxyfl.engine.prefetch import Prefetcher
+from proxyfl.engine.runtime import Runtime, derived_seed, kernel_set, seeded_generator
 from proxyfl.engine.timings import Timings
+from proxyfl.privacy.accounting import poisson_schedule
 from proxyfl.privacy.dp import PrivateTraining, check_dp_compatible, make_private
 from proxyfl.privacy.ldp import LDPLedger
 from proxyfl.privacy.ledger import DPSGDLedger, PrivacyLedger
 from proxyfl.privacy.per_sample import (
+    COMPILED_MEMORY_SHARE,
     PAD_MULTIPLE,
     FuncPrivateTraining,
     activation_bytes_per_example,
+    chunk_plan,
     chunk_size_for,
     compiled_chunk_size,
     cross_entropy,
@@ -114,6 +119,20 @@ class RoundLosses:
     empty_batches: int = 0
 
 
+class _DeviceSum:
+    """A running sum kept on the device: adding a step's loss does not wait for the
+    device; :meth:`mean` reads it once, at the end of the round."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+
+    def add(self, value: torch.Tensor) -> None:
+        self.total += value.detach().to(torch.float64)
+
+    def mean(self, count: int) -> float:
+        return float(self.total.item()) / count
+
+
 @dataclass
 class ClientTrainer:
     """One client's models, optimizers, accountant and loop state."""
@@ -139,6 +158,7 @@ class ClientTrainer:
         )
         self.active = True
         self.last_scores: dict[str, Scores] | None = None
+        self.graphs_before_training = 0  # torch._dynamo's count once the pre-run check ran
         proxy = self._build_proxy_model()
         self.private, self.private_optimizer = self._build_private_model()
         self.sampler_generator, self.noise_generator = self._build_generators()
@@ -146,8 +166,8 @@ class ClientTrainer:
         self.exchange = self.strategy.make_exchange(self.schedule, self._knowledge_transfer)
         self.proxy_parameters = count_parameters(self.training.model)
         self.private_parameters = count_parameters(self.private) if self.private else 0
-        self.private_forward = self._compiled_private()
         self.eval_batch_size = self._size_for_memory()
+        self.private_forward = self._compiled_private()
 
     # -- set-up, in __post_init__'s order ---------------------------------------------------
     def _build_proxy_model(self) -> nn.Module:
@@ -199,12 +219,13 @@ class ClientTrainer:
             return plain, LDPLedger(cfg.ldp_epsilon)
         optimizer = torch.optim.Adam(proxy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         device_type = self.runtime.device.type
+        # compiled or not is decided once the memory is known (_size_for_memory)
         private = make_private(
             proxy, optimizer, self.data.train, batch_size=cfg.batch_size, sigma=cfg.sigma,
             clip=cfg.clip, sampler_generator=self.sampler_generator,
             noise_generator=self.noise_generator, loader_workers=cfg.loader_workers,
-            engine=cfg.dp_engine, chunk_size=cfg.dp_chunk_size,
-            compiled=cfg.compiled_on(device_type), autocast=cfg.autocast_on(device_type),
+            engine=cfg.dp_engine, chunk_size=cfg.dp_chunk_size, compiled=False,
+            autocast=cfg.autocast_on(device_type),
         )  # fmt: skip
         ledger = DPSGDLedger(
             private.accountant, sigma=cfg.sigma, sample_rate=private.sample_rate,
@@ -213,16 +234,18 @@ class ClientTrainer:
         return private, ledger
 
     def _compiled_private(self) -> nn.Module | None:
-        """The private model's forward, through ``torch.compile`` when the run compiles
-        (dynamic shapes: Poisson batches vary in size); the model itself otherwise."""
-        if self.private is None or not self.config.compiled_on(self.runtime.device.type):
+        """The private model's forward, through ``torch.compile`` when the run compiles,
+        with static shapes: it runs on the DP engine's chunks (:meth:`private_chunks`),
+        whose two sizes the pre-run check compiles; the model itself otherwise."""
+        if self.private is None or not self.compiled:
             return self.private
-        return torch.compile(self.private, dynamic=True)  # type: ignore[return-value]
+        return torch.compile(self.private, dynamic=False)  # type: ignore[return-value]
 
     def _size_for_memory(self) -> int:
         """Size the func engine's chunks of per-example gradients (unless ``dp_chunk_size``
         says) and the evaluation batch from this rank's memory budget
-        (:mod:`proxyfl.engine.memory`); returns the evaluation batch."""
+        (:mod:`proxyfl.engine.memory`), deciding on the way whether the run compiles
+        (:meth:`_decide_compilation`); returns the evaluation batch."""
         cfg, device = self.config, self.runtime.device
         self.budget_bytes = rank_budget_bytes(device, self.runtime.ranks_on_device,
                                               cfg.gpu_memory_gb)  # fmt: skip
@@ -236,11 +259,62 @@ class ClientTrainer:
 
         per_example, per_image = self._guarded("one example's forward pass", 1, probe)
         training = self.training
-        if isinstance(training, FuncPrivateTraining) and cfg.dp_chunk_size is None:
-            fits = chunk_size_for(0.5 * self.budget_bytes, per_example, self.largest_batch)
-            training.chunk_size = (compiled_chunk_size(self.expected_batch, fits)
-                                   if training.compiled else fits)  # fmt: skip
+        share = 0.5 * self.budget_bytes
+        eager_chunk = compiled_chunk = self.expected_batch
+        if isinstance(training, FuncPrivateTraining):
+            eager_chunk = cfg.dp_chunk_size or chunk_size_for(share, per_example,
+                                                              self.largest_batch)  # fmt: skip
+            compiled_chunk = cfg.dp_chunk_size or compiled_chunk_size(
+                self.expected_batch,
+                chunk_size_for(share / COMPILED_MEMORY_SHARE, per_example, self.largest_batch),
+            )
+        elif self.private is not None:  # Opacus' proxy: the private model alone is chunked
+            compiled_chunk = compiled_chunk_size(self.expected_batch, self.largest_batch)
+        self.compiled = self._decide_compilation(compiled_chunk)
+        self.chunk_size = compiled_chunk if self.compiled else eager_chunk
+        if isinstance(training, FuncPrivateTraining):
+            training.compiled, training.chunk_size = self.compiled, self.chunk_size
         return batch_within(self.budget_bytes, per_image, cfg.eval_batch_size)
+
+    # -- compilation ---------------------------------------------------------------------
+    def _decide_compilation(self, chunk_size: int) -> bool:
+        """Does this rank compile (``compile``: on, off, or auto: on a GPU when the run's
+        steps repay it, :func:`proxyfl.engine.compilation.compile_pays`)? What can be
+        compiled: the func engine's per-example function and the private model."""
+        cfg, device = self.config, self.runtime.device
+        compilable = self.strategy.dp_training and (
+            isinstance(self.training, FuncPrivateTraining) or self.private is not None
+        )
+        self.compile_key = self.compile_cache = None
+        self.compile_facts: dict[str, Any] = {}
+        self.graphs_cached = False  # the cache has served these graphs before
+        if not compilable or cfg.compile == "off" or (cfg.compile == "auto"
+                                                      and device.type != "cuda"):  # fmt: skip
+            return False
+        self.compile_cache = compilation.use_compile_cache(cfg.compile_cache)
+        self.compile_facts = {
+            "kernels": kernel_set(device).split(",")[0], "proxy": cfg.proxy_model,
+            "private": cfg.private_model_for(self.data.client) if self.private else None,
+            "engine": cfg.dp_engine, "autocast": cfg.autocast_on(device.type),
+            "input_size": self.input_size, "classes": self.data.n_classes,
+            "chunks": [chunk_size, PAD_MULTIPLE], "clip": cfg.clip,
+            "dml": [cfg.dml_alpha, cfg.dml_beta] if self.private else None,
+        }  # fmt: skip
+        self.compile_key = compilation.graph_key(**self.compile_facts)
+        self.graphs_cached = compilation.cache_serves(self.compile_cache, self.compile_key)
+        if cfg.compile == "on":
+            return True
+        n_train = len(self.data.train)
+        steps = cfg.rounds * cfg.local_epochs * poisson_schedule(n_train, cfg.batch_size)[1]
+        return compilation.compile_pays(
+            steps, self.expected_batch * self.input_size**2,
+            mutual_learning=self.private is not None, cache_serves=self.graphs_cached,
+        )  # fmt: skip
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs compiled since the pre-run check: 0 unless a shape changed mid-run."""
+        return compilation.graphs_compiled() - self.graphs_before_training
 
     @property
     def expected_batch(self) -> int:
@@ -291,11 +365,18 @@ class ClientTrainer:
         return self.ledger.epsilon_after_next_round() <= self.config.epsilon_budget
 
     # -- one round -----------------------------------------------------------------------
+    def batches(self, source: Any) -> Prefetcher:
+        """``source``'s batches read ahead by a thread (``prefetch`` of them), pinned for
+        a GPU (:mod:`proxyfl.engine.prefetch`)."""
+        return Prefetcher(source, self.config.prefetch, pin=self.runtime.device.type == "cuda")
+
     def train_round(self) -> RoundLosses:
-        """``local_epochs`` epochs of Poisson batches; both models step on every batch."""
+        """``local_epochs`` epochs of Poisson batches; both models step on every batch.
+        The next batch is read while the current step runs, and the losses are summed on
+        the device and read once, at the end: no step waits for the device."""
         device = self.runtime.device
         losses = RoundLosses()
-        shared_sum = private_sum = 0.0
+        shared_sum, private_sum = _DeviceSum(device), _DeviceSum(device)
         training = self.training
         if self.knowledge_transfer and self.config.kt_optimizer_state == "fresh":
             forget_state(training.optimizer)  # Θ_t is new each round: so are its moments
@@ -303,22 +384,25 @@ class ClientTrainer:
         if self.private is not None:
             self.private.train()
         for _ in range(self.local_epochs):
-            for images, labels in training.loader:
+            batches = self.batches(training.loader)
+            for images, labels in batches:
                 if labels.shape[0] == 0:  # only Poisson (DP) batches can be empty
                     assert not isinstance(training, PlainTraining)
                     training.noise_only_step()
                     losses.empty_batches += 1
                     continue
                 x = prepare_images(images, device, self.input_size)
-                y = labels.to(device)
+                y = labels.to(device, non_blocking=True)
                 shared_loss, private_loss = self._step(x, y)
-                shared_sum += shared_loss
-                private_sum += private_loss or 0.0
+                shared_sum.add(shared_loss)
+                if private_loss is not None:
+                    private_sum.add(private_loss)
                 losses.steps += 1
+            self.timings.data_wait_seconds += batches.wait_seconds
         if losses.steps:
-            losses.shared = shared_sum / losses.steps
+            losses.shared = shared_sum.mean(losses.steps)
             if self.private is not None:
-                losses.private = private_sum / losses.steps
+                losses.private = private_sum.mean(losses.steps)
         return losses
 
     def proxy_objective(
@@ -330,23 +414,70 @@ class ClientTrainer:
             return cross_entropy(logits, targets)
         return mutual_learning_loss(logits, partner, targets, self.config.dml_beta)
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float | None]:
-        """Both models' step on one batch (DML: each model's loss takes the other's logits,
-        detached, computed before either stepped); ``(shared loss, private loss)``."""
-        cfg = self.config
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Both models' step on one batch; ``(shared loss, private loss)``, detached, on
+        the device.
+
+        DML: each model's loss takes the other's logits, detached, computed before either
+        stepped. In this order, so that one model's activations are never held while the
+        other trains: the private model's logits without gradients (its forward pass,
+        kept for nothing), the proxy's DP step (which gives the proxy's logits), then the
+        private model's forward and backward pass and its step. The price is a second
+        forward pass of the private model, a third of its step; the gain, a DML step's peak
+        memory is the larger of the two models' steps, not their sum."""
         if self.private is None or self.private_optimizer is None:
             shared_loss, _ = self.training.step(x, y)
             return shared_loss, None
-        assert self.private_forward is not None
-        self.private_optimizer.zero_grad(set_to_none=True)
-        private_logits = self.private_forward(x)
-        shared_loss, shared_logits = self.training.step(
-            x, y, self.proxy_objective, private_logits.detach()
-        )
-        private_loss = mutual_learning_loss(private_logits, shared_logits, y, cfg.dml_alpha)
-        private_loss.backward()
+        partner = self.private_logits(x)
+        shared_loss, shared_logits = self.training.step(x, y, self.proxy_objective, partner)
+        private_loss = self.private_backward(x, y, shared_logits)
         self.private_optimizer.step()
-        return shared_loss, float(private_loss.detach())
+        return shared_loss, private_loss
+
+    def private_chunks(self, n: int) -> list[tuple[int, int, int]]:
+        """How the private model takes a batch of ``n``: whole, or (compiled) in the DP
+        engine's padded chunks, whose two sizes are its two graphs
+        (:func:`proxyfl.privacy.per_sample.chunk_plan`)."""
+        if not self.compiled:
+            return [(0, n, n)]
+        return chunk_plan(n, self.chunk_size, padded=True)
+
+    @staticmethod
+    def _rows(start: int, real: int, size: int, device: torch.device) -> torch.Tensor:
+        """A chunk's rows, padded with copies of its own rows up to ``size``."""
+        rows = torch.arange(start, start + real, device=device)
+        return rows[torch.arange(size, device=device) % real] if size > real else rows
+
+    def private_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The private model's logits of ``x``, without gradients (the proxy's partner)."""
+        assert self.private_forward is not None
+        with torch.no_grad():
+            parts = [self.private_forward(x[self._rows(start, real, size, x.device)])[:real]
+                     for start, real, size in self.private_chunks(x.shape[0])]  # fmt: skip
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def private_backward(
+        self, x: torch.Tensor, y: torch.Tensor, partner: torch.Tensor
+    ) -> torch.Tensor:
+        """The private model's DML loss against ``partner`` (the proxy's logits), its
+        gradient accumulated chunk by chunk (padding rows weigh 0); the loss, detached."""
+        assert self.private_forward is not None and self.private_optimizer is not None
+        alpha, n = self.config.dml_alpha, x.shape[0]
+        self.private_optimizer.zero_grad(set_to_none=True)
+        total = None
+        for start, real, size in self.private_chunks(n):
+            if size == real == n:  # the whole batch: the batch's mean loss
+                loss = mutual_learning_loss(self.private_forward(x), partner, y, alpha)
+            else:
+                rows = self._rows(start, real, size, x.device)
+                keep = (torch.arange(size, device=x.device) < real).to(x.dtype)
+                terms = mutual_learning_losses(self.private_forward(x[rows]), partner[rows],
+                                               y[rows], alpha)  # fmt: skip
+                loss = (terms * keep).sum() / n
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None
+        return total
 
     # -- before round 1 ------------------------------------------------------------------
     def preflight(self) -> float:
@@ -357,7 +488,7 @@ class ClientTrainer:
         call's time less the second's)."""
         device = self.runtime.device
         reset_peaks(device)
-        rounds = 2 if self.config.compiled_on(device.type) else 1
+        rounds = 2 if self.compiled else 1
         seconds = []
         # a compiled engine's two chunk sizes (per_sample.chunk_plan) both compile here
         batches = [self.largest_batch] + ([PAD_MULTIPLE] if rounds == 2 else [])
@@ -369,25 +500,29 @@ class ClientTrainer:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - started)
+        self.graphs_before_training = compilation.graphs_compiled()
+        if self.compiled and self.compile_cache is not None and self.compile_key is not None:
+            compilation.mark_cached(self.compile_cache, self.compile_key, self.compile_facts)
         return max(0.0, seconds[0] - seconds[-1]) if rounds == 2 else 0.0
 
     def _dry_step(self, batch: int) -> None:
-        """A training step's memory at ``batch``, its gradients then dropped."""
+        """A training step's memory at ``batch``, in the order and the shapes (chunks)
+        training runs (:meth:`_step`), its gradients then dropped."""
         device, size = self.runtime.device, self.input_size
         x = torch.zeros(batch, 3, size, size, device=device)
         y = torch.zeros(batch, dtype=torch.long, device=device)
-        partner = None
-        if self.private is not None and self.private_forward is not None:
-            private_logits = self.private_forward(x)
-            private_logits.sum().backward()
-            partner = private_logits.detach()
-            self.private.zero_grad(set_to_none=True)
+        partner = self.private_logits(x) if self.private is not None else None
         training = self.training
         if isinstance(training, FuncPrivateTraining):
-            training.clipped_sum(x, y, self.proxy_objective, partner)
+            _, _, logits = training.clipped_sum(x, y, self.proxy_objective, partner)
         else:
-            training.module(x).sum().backward()
+            logits = training.module(x)
+            self.proxy_objective(logits, y, partner).backward()
             training.optimizer.zero_grad(set_to_none=True)
+            logits = logits.detach()
+        if self.private is not None:
+            self.private_backward(x, y, logits)
+            self.private.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -462,7 +597,8 @@ class ClientTrainer:
     def _evaluation(self, primary_only: bool = False) -> tuple[Any, ...]:
         """The models, test splits and settings every evaluation of this client takes."""
         return (self.evaluated_models(primary_only), self.data.test_splits, self.data.n_classes,
-                self.runtime.device, self.input_size, self.eval_batch_size)  # fmt: skip
+                self.runtime.device, self.input_size, self.eval_batch_size,
+                self.config.prefetch)  # fmt: skip
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, round_number: int) -> dict[str, Any]:

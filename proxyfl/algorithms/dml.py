@@ -36,6 +36,23 @@ def mutual_learning_loss(
     return (1.0 - weight) * cross_entropy + weight * distillation_kl(own_logits, other_logits)
 
 
+def mutual_learning_losses(
+    own_logits: torch.Tensor, other_logits: torch.Tensor, targets: torch.Tensor, weight: float
+) -> torch.Tensor:
+    """Each example's ``(1 - weight) · CE + weight · KL(other ‖ own)``, shape (n,): their
+    mean is :func:`mutual_learning_loss` (``batchmean`` is the sum over classes and
+    examples over n). A batch cut in chunks sums its chunks' terms and divides by n."""
+    cross_entropy = F.cross_entropy(own_logits, targets, reduction="none")
+    if weight == 0.0:
+        return cross_entropy
+    kl = F.kl_div(
+        F.log_softmax(own_logits, dim=-1),
+        F.softmax(other_logits.detach(), dim=-1),
+        reduction="none",
+    ).sum(dim=-1)
+    return (1.0 - weight) * cross_entropy + weight * kl
+
+
 def dml_losses(
     private_logits: torch.Tensor,
     proxy_logits: torch.Tensor,

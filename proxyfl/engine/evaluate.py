@@ -7,6 +7,10 @@ With the confusion counts ``M[c, p]`` (true class c predicted as p) over the tes
 
 (the mean per-class recall, i.e. balanced accuracy; classes absent from the test set are
 left out of the mean).
+
+The test batches are read ahead by a thread (:mod:`proxyfl.engine.prefetch`, ``prefetch``
+of them) and the predictions (and probabilities) stay on the device until the pass ends:
+one transfer, no batch waits for the device.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from torch import nn
 
 from proxyfl.engine.data import iterate_batches, prepare_images
+from proxyfl.engine.prefetch import Prefetcher
 from wsi.store.reader import PatchSplitReader
 
 
@@ -60,9 +65,11 @@ def evaluate_models(
     device: torch.device,
     input_size: int | None,
     batch_size: int = 64,
+    prefetch: int = 2,
 ) -> dict[str, Scores]:
     """Score every model in ``models`` on the concatenation of ``test_splits`` (read once)."""
-    scores, _ = _evaluate(models, test_splits, n_classes, device, input_size, batch_size, False)
+    scores, _ = _evaluate(models, test_splits, n_classes, device, input_size, batch_size,
+                          False, prefetch)  # fmt: skip
     return scores
 
 
@@ -73,12 +80,13 @@ def evaluate_with_probabilities(
     device: torch.device,
     input_size: int | None,
     batch_size: int = 64,
+    prefetch: int = 2,
 ) -> tuple[dict[str, Scores], dict[str, np.ndarray]]:
     """:func:`evaluate_models`, and each model's softmax probabilities ``p[i, c]`` of every
     test patch i (in the order of ``test_splits``, then rows) and class c, from the same
     pass: the final round's per-patch record (sensitivity, specificity, AUC)."""
     scores, probabilities = _evaluate(
-        models, test_splits, n_classes, device, input_size, batch_size, True
+        models, test_splits, n_classes, device, input_size, batch_size, True, prefetch
     )
     assert probabilities is not None
     return scores, probabilities
@@ -93,27 +101,41 @@ def _evaluate(
     input_size: int | None,
     batch_size: int,
     keep_probabilities: bool,
+    prefetch: int = 2,
 ) -> tuple[dict[str, Scores], dict[str, np.ndarray] | None]:
-    confusions = {name: np.zeros((n_classes, n_classes), dtype=np.int64) for name in models}
-    kept: dict[str, list[np.ndarray]] = {name: [] for name in models}
+    predicted: dict[str, list[torch.Tensor]] = {name: [] for name in models}
+    kept: dict[str, list[torch.Tensor]] = {name: [] for name in models}
+    targets: list[np.ndarray] = []
     modes = {name: model.training for name, model in models.items()}
     for model in models.values():
         model.eval()
+    batches = Prefetcher(iterate_batches(test_splits, batch_size), prefetch,
+                         pin=device.type == "cuda")  # fmt: skip
     try:
-        for images, labels in iterate_batches(test_splits, batch_size):
+        for images, labels in batches:
             x = prepare_images(images, device, input_size)
-            targets = labels.numpy()
+            targets.append(labels.numpy())
             for name, model in models.items():
                 logits = model(x)
-                predictions = logits.argmax(dim=-1).cpu().numpy()
-                confusions[name] += confusion_matrix(predictions, targets, n_classes)
+                predicted[name].append(logits.argmax(dim=-1))
                 if keep_probabilities:
-                    kept[name].append(torch.softmax(logits.double(), dim=-1).cpu().numpy())
+                    kept[name].append(torch.softmax(logits.double(), dim=-1))
     finally:
         for name, model in models.items():
             model.train(modes[name])
-    scores = {name: scores_from_confusion(confusion) for name, confusion in confusions.items()}
+    truth = np.concatenate(targets) if targets else np.zeros(0, dtype=np.int64)
+    scores = {
+        name: scores_from_confusion(confusion_matrix(_on_host(parts, (0,)), truth, n_classes))
+        for name, parts in predicted.items()
+    }
     if not keep_probabilities:
         return scores, None
-    empty = np.zeros((0, n_classes))
-    return scores, {name: np.concatenate(parts) if parts else empty for name, parts in kept.items()}
+    return scores, {name: _on_host(parts, (0, n_classes)) for name, parts in kept.items()}
+
+
+def _on_host(parts: list[torch.Tensor], empty_shape: tuple[int, ...]) -> np.ndarray:
+    """The device's pieces joined and copied to the host once (an empty array of
+    ``empty_shape`` when there are none)."""
+    if not parts:
+        return np.zeros(empty_shape)
+    return torch.cat(parts).cpu().numpy()

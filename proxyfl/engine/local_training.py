@@ -45,14 +45,15 @@ class PlainTraining:
         y: torch.Tensor,
         objective: Objective = cross_entropy,
         partner: torch.Tensor | None = None,
-    ) -> tuple[float, torch.Tensor]:
-        """One plain step of ``objective`` on the batch; ``(loss, logits)``, detached."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One plain step of ``objective`` on the batch; ``(loss, logits)``, detached, on
+        the device."""
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.model(x)
         loss = objective(logits, y, partner)
         loss.backward()
         self.optimizer.step()
-        return float(loss.detach()), logits.detach()
+        return loss.detach(), logits.detach()
 
 
 def make_plain(

@@ -1,8 +1,10 @@
 """A rank's memory: its budget, the sizes taken from it, its peaks, and what an
 out-of-memory error tells the user.
 
-Budget: ``gpu_memory_gb`` when set, else the device's memory over the ranks that share it
-(four ranks on one 80 GB card: 20 GB each; on a CPU the node's memory over its ranks). The
+Budget: ``gpu_memory_gb`` when set, else the device's memory over the ranks that share it,
+at most :data:`SHARED_GPU_RANK_GB` on a GPU that several ranks share (four ranks on one
+80 GB card: 6 GB each, not 20: ranks that time-slice one card go no faster for holding
+more; on a CPU the node's memory over its ranks). The
 func engine's chunks of per-example gradients and the evaluation batch are sized so that
 their estimated need (:func:`proxyfl.privacy.per_sample.estimated_bytes_per_example`) stays
 within :data:`BUDGET_SHARE` of it, leaving the rest to the models, the optimizers' state,
@@ -21,6 +23,8 @@ import torch
 from plumbing.errors import PipelineError
 
 GB = 1e9
+# a rank's budget on a GPU it shares with other ranks (the GPU bench's target, docs/gpu.md)
+SHARED_GPU_RANK_GB = 6.0
 # of a rank's budget, what its chunk of per-example gradients (or an evaluation batch) may take
 BUDGET_SHARE = 0.5
 # what an allocator's message says it tried to allocate (CUDA: "Tried to allocate 2.00 GiB";
@@ -50,10 +54,14 @@ def device_memory_bytes(device: torch.device) -> int:
 def rank_budget_bytes(
     device: torch.device, ranks_on_device: int, gpu_memory_gb: float | None
 ) -> float:
-    """One rank's memory budget: ``gpu_memory_gb``, or its share of the device's memory."""
+    """One rank's memory budget: ``gpu_memory_gb``, or its share of the device's memory
+    (at most :data:`SHARED_GPU_RANK_GB` on a shared GPU)."""
     if gpu_memory_gb is not None:
         return gpu_memory_gb * GB
-    return device_memory_bytes(device) / max(1, ranks_on_device)
+    share = device_memory_bytes(device) / max(1, ranks_on_device)
+    if device.type == "cuda" and ranks_on_device > 1:
+        return min(share, SHARED_GPU_RANK_GB * GB)
+    return share
 
 
 def batch_within(budget_bytes: float, bytes_per_example: float, wanted: int) -> int:

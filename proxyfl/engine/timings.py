@@ -3,7 +3,7 @@
 other ranks, and PrivateKT's server work (rank 0 only).
 
 A rank's life from its process's creation to its last record is, up to the few
-statements between the timed blocks,
+statements between the timed blocks (``data_wait`` is part of ``train``, not added to it),
 
     process seconds = startup + setup + compile + train + eval + comm + checkpoint
                       + records + wait + server (fine-tune, self-train, sampling)
@@ -40,6 +40,8 @@ class Timings:
     server_sampling_seconds: float = 0.0  # PrivateKT: scoring the pool for Eq. 4
     startup_seconds: float = 0.0  # process created -> the rank's clock (process_age)
     compile_seconds: float = 0.0  # torch.compile's first calls, in the pre-run check
+    # inside train: the loop waiting for its next batch (what prefetching did not hide)
+    data_wait_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dict(vars(self))

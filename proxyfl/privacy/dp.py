@@ -98,16 +98,16 @@ class PrivateTraining:
         y: torch.Tensor,
         objective: Objective = cross_entropy,
         partner: torch.Tensor | None = None,
-    ) -> tuple[float, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One DP-SGD step on the batch's ``objective`` (against the ``partner`` logits,
-        if any); ``(mean loss, logits)``, detached."""
+        if any); ``(mean loss, logits)``, detached, on the device."""
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.module(x)
         loss = objective(logits, y, partner)
         with quiet_opacus():
             loss.backward()
         self.optimizer.step()
-        return float(loss.detach()), logits.detach()
+        return loss.detach(), logits.detach()
 
     def noise_only_step(self) -> None:
         """The step of an empty Poisson batch (:func:`noise_only_step`)."""

@@ -167,6 +167,37 @@ def explain(result: subprocess.CompletedProcess[str]) -> str:
     )
 
 
+def one_client(tmp_path: Path, **options: Any) -> Any:
+    """One ProxyFL client in-process (cnn1 proxy, mlp private; one torch thread, as a test
+    process had before) on a 30-patch store."""
+    from mpi4py import MPI
+
+    from proxyfl.algorithms.strategies import strategy_for
+    from proxyfl.comm.graphs import parse_schedule_spec
+    from proxyfl.config import TrainConfig
+    from proxyfl.engine.data import PatchDataset, open_split
+    from proxyfl.engine.runtime import make_runtime
+    from proxyfl.trainer import ClientData, ClientTrainer
+
+    stores = tmp_path / "stores"
+    if not stores.exists():
+        write_stores(stores, centers=(0,), n_train=30, n_test=4)
+    settings: dict[str, Any] = {"batch_size": 1, "proxy_model": "cnn1",
+                                "private_model": ["mlp"], "torch_threads": 1}  # fmt: skip
+    settings.update(options)
+    config = TrainConfig(algorithm="ProxyFL", data=stores, run_dir=tmp_path / "run",
+                         device="cpu", **settings)  # fmt: skip
+    data = ClientData(
+        client=0, center=0, train=PatchDataset([open_split(stores, 0, "train")]),
+        test_splits=[open_split(stores, 0, "test")], n_classes=2, patch_size=PATCH,
+    )  # fmt: skip
+    return ClientTrainer(
+        config=config, runtime=make_runtime(MPI.COMM_WORLD, "cpu", config.torch_threads),
+        strategy=strategy_for("ProxyFL"), data=data,
+        schedule=parse_schedule_spec("exponential"), run_dir=tmp_path / "run",
+    )  # fmt: skip
+
+
 class Helpers:
     """The helpers above, for tests (``--import-mode=importlib`` cannot import conftest)."""
 
@@ -176,6 +207,7 @@ class Helpers:
     explain = staticmethod(explain)
     write_stores = staticmethod(write_stores)
     dvc_hashed_files = staticmethod(dvc_hashed_files)
+    one_client = staticmethod(one_client)
     repo = REPO
 
 

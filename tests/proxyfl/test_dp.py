@@ -167,44 +167,19 @@ def test_planned_accountant_is_the_accountant_after_the_steps() -> None:
     assert other.history == [(1.0, q, steps), (2.0, q, 1)]
 
 
-def _one_client(tmp_path: Path, helpers: Any, **options: Any):
-    """One ProxyFL client in-process (cnn1 proxy, mlp private) on a 30-patch store."""
-    from mpi4py import MPI
-
-    from proxyfl.algorithms.strategies import strategy_for
-    from proxyfl.comm.graphs import parse_schedule_spec
-    from proxyfl.config import TrainConfig
-    from proxyfl.engine.data import PatchDataset, open_split
-    from proxyfl.engine.runtime import make_runtime
-    from proxyfl.trainer import ClientData, ClientTrainer
-
-    stores = tmp_path / "stores"
-    if not stores.exists():
-        helpers.write_stores(stores, centers=(0,), n_train=30, n_test=4)
-    settings = {"batch_size": 1, "proxy_model": "cnn1", "private_model": ["mlp"]}
-    settings.update(options)
-    config = TrainConfig(algorithm="ProxyFL", data=stores, run_dir=tmp_path / "run",
-                         device="cpu", **settings)  # fmt: skip
-    data = ClientData(
-        client=0, center=0, train=PatchDataset([open_split(stores, 0, "train")]),
-        test_splits=[open_split(stores, 0, "test")], n_classes=2, patch_size=16,
-    )  # fmt: skip
-    return ClientTrainer(
-        config=config, runtime=make_runtime(MPI.COMM_WORLD, "cpu"),
-        strategy=strategy_for("ProxyFL"), data=data,
-        schedule=parse_schedule_spec("exponential"), run_dir=tmp_path / "run",
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("engine", ["func", "opacus"])
 def test_private_model_sees_exactly_the_proxy_batches(
     tmp_path: Path, helpers: Any, engine: str
 ) -> None:
-    """Train one ProxyFL client in-process with tiny Poisson batches (many are empty)."""
-    trainer = _one_client(tmp_path, helpers, dp_engine=engine)
-    seen: dict[str, list[np.ndarray]] = {"private": [], "proxy": []}
+    """Train one ProxyFL client in-process with tiny Poisson batches (many are empty). The
+    private model sees each batch twice: for the proxy's partner logits (no gradient),
+    then for its own step."""
+    trainer = helpers.one_client(tmp_path, dp_engine=engine)
+    seen: dict[str, list[np.ndarray]] = {"private": [], "partner": [], "proxy": []}
     trainer.private.register_forward_hook(
-        lambda m, args, out: seen["private"].append(args[0].detach().numpy().copy())
+        lambda m, args, out: seen["private" if out.requires_grad else "partner"].append(
+            args[0].detach().numpy().copy()
+        )
     )
     step = trainer.dp.step  # what the proxy's step is given (under vmap, no hook sees it)
 
@@ -218,9 +193,10 @@ def test_private_model_sees_exactly_the_proxy_batches(
     losses = trainer.train_round()
     assert losses.empty_batches > 0  # q = 1/30: about a third of the batches are empty
     assert losses.steps + losses.empty_batches == trainer.steps_per_round == 30
-    assert len(seen["private"]) == len(seen["proxy"]) == losses.steps
-    for a, b in zip(seen["private"], seen["proxy"], strict=True):
+    assert len(seen["private"]) == len(seen["partner"]) == len(seen["proxy"]) == losses.steps
+    for a, b, c in zip(seen["private"], seen["partner"], seen["proxy"], strict=True):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
         assert len(a) > 0
     # The DP model took one accounted step per batch, empty ones included.
     assert trainer.dp.accountant.history == [(trainer.config.sigma, 1 / 30, 30)]
@@ -313,7 +289,7 @@ def test_func_clipped_noisy_step_is_opacus_step(name: str) -> None:
         assert applied[0].norm() > 0
         relative = ((applied[0] - applied[1]).norm() / applied[0].norm()).item()
         assert relative <= 1e-5, (name, sigma, relative)
-        assert loss_f == pytest.approx(loss_o, rel=1e-5)
+        assert float(loss_f) == pytest.approx(float(loss_o), rel=1e-5)
         torch.testing.assert_close(logits_f, logits_o, rtol=1e-5, atol=1e-6)
         assert func.expected_batch_size == opacus.optimizer.expected_batch_size
         assert func.accountant.history == opacus.accountant.history == [(sigma, 1 / 3, 1)]
@@ -391,7 +367,7 @@ def test_both_engines_train_one_client_alike(tmp_path: Path, helpers: Any) -> No
     """A round of one ProxyFL client under each engine from the same seeds: the same
     accountant history and ε, the same batches, and losses and weights that agree to
     float rounding (the engines sum in another order)."""
-    trainers = {engine: _one_client(tmp_path / engine, helpers, dp_engine=engine, batch_size=8)
+    trainers = {engine: helpers.one_client(tmp_path / engine, dp_engine=engine, batch_size=8)
                 for engine in ("func", "opacus")}  # fmt: skip
     losses = {engine: trainer.train_round() for engine, trainer in trainers.items()}
     func, opacus = trainers["func"], trainers["opacus"]
@@ -423,15 +399,15 @@ def test_largest_plausible_batch_is_the_binomial_quantile(n: int, q: float) -> N
     reason="torch.compile on a CPU needs a C++ compiler",
 )
 def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -> None:
-    """``compile: on`` (CUDA's default) on a CPU: the private model's forward and the func
-    engine's padded chunk function compiled; a round from the same seeds gives the same
-    batches, accountant and (to float rounding) weights as the eager round, and Poisson
-    batches of every size run without a recompilation of the chunk function."""
+    """``compile: on`` on a CPU: the private model's forward and the func engine's padded
+    chunk function compiled; a round from the same seeds gives the same batches, accountant
+    and (to float rounding) weights as the eager round, and Poisson batches of every size
+    run without a recompilation after the pre-run check."""
     import torch._dynamo
 
     trainers = {
-        setting: _one_client(
-            tmp_path / setting, helpers, batch_size=8, compile=setting, dp_chunk_size=4
+        setting: helpers.one_client(
+            tmp_path / setting, batch_size=8, compile=setting, dp_chunk_size=4
         )
         for setting in ("off", "on")
     }
@@ -447,10 +423,12 @@ def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -
     for a, b in zip(compiled.dp.model.parameters(), trainers["off"].dp.model.parameters(),
                     strict=True):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
-    # one graph for the padded chunks of every batch size (the private model's is dynamic)
+    # every graph compiled in the pre-run check, none after: for the one chunk size (4),
+    # the chunk function and the private model's forward with and without gradients
     counters = torch._dynamo.utils.counters
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
-    assert not counters["recompiles"], dict(counters["recompiles"])
+    assert compiled.graphs_before_training == 3, dict(counters["stats"])
+    assert compiled.recompiles == 0, dict(counters["stats"])
+    assert counters["stats"]["unique_graphs"] == 3
 
 
 @pytest.mark.parametrize("n", range(0, 70))

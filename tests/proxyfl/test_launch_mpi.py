@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from proxyfl.config import TrainConfig
+from proxyfl.engine.runtime import threads_by_placement, usable_cores
 from proxyfl.engine.trained import ModelCard, load_trained, predict_tumor, read_card
 from proxyfl.engine.validation import read_failures
 from proxyfl.kept import trained_path
@@ -64,6 +65,15 @@ def _job(
     return TrainingJob(config, placement or Placement())
 
 
+def _rank_records(job: TrainingJob) -> list[dict[str, Any]]:
+    return json.loads((job.run_dir / "machine.json").read_text())["ranks"]
+
+
+def _threads(ranks: int) -> int:
+    """What each of ``ranks`` ranks on this machine runs: the cores over the ranks."""
+    return threads_by_placement(ranks, *usable_cores())
+
+
 def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Path) -> None:
     lines: list[str] = []
     job = _job(stores, tmp_path / "run")
@@ -78,6 +88,13 @@ def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Pat
     # would list Triton's objects as "leaked", a hundred lines a rank
     assert not [line for line in lines if "nanobind" in line or "leaked" in line]
     assert not (job.run_dir / "checkpoints").exists()  # a finished run keeps no checkpoints
+    # the fork launcher sets no MPI_LOCALNRANKS: each rank still takes its share of cores,
+    # in deterministic mode without its fill, and compiles nothing here (a CPU, auto)
+    for rank in _rank_records(job):
+        assert rank["torch_threads"] == _threads(2)
+        assert rank["fill_uninitialized_memory"] is False and rank["deterministic"]
+        assert rank["compiled"] is False and rank["recompiles"] == 0
+        assert 0 <= rank["timings"]["data_wait_seconds"] < rank["timings"]["train_seconds"]
 
 
 def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
@@ -109,6 +126,13 @@ def test_joint_runs_as_one_rank(stores: Path, tmp_path: Path) -> None:
     assert job.command()[1:3] == ["-n", "1"] and job.ranks == 1
     run_job(job, on_line=lambda _: None)
     assert json.loads((job.run_dir / "run.json").read_text())["world_size"] == 1
+    (rank,) = _rank_records(job)
+    assert rank["torch_threads"] == _threads(1)  # every core of this machine (2 on CI's)
+    # train.options.torch_threads overrides the placement
+    job = _job(stores, tmp_path / "one_thread", algorithm="Joint")
+    job = TrainingJob(job.config.model_copy(update={"torch_threads": 1}), job.placement)
+    run_job(job, on_line=lambda _: None)
+    assert [rank["torch_threads"] for rank in _rank_records(job)] == [1]
 
 
 def _corrupt_training_images(store: Path) -> None:
@@ -207,6 +231,8 @@ def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: P
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
     assert beyond_loopback, sockets.listening
+    # hydra sets MPI_LOCALNRANKS (torch alone would then take one thread): the same rule
+    assert [rank["torch_threads"] for rank in _rank_records(job)] == [_threads(2)] * 2
 
 
 def test_a_rank_killed_under_hydra_fails_the_job_by_its_exit_code(
@@ -481,7 +507,8 @@ def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -
                                      timings["startup_seconds_per_rank"], strict=True):  # fmt: skip
         # imports of numpy, pydantic and mpi4py before the rank's clock take a while
         assert phases["startup_seconds"] == startup > 0.1
-        accounted = sum(phases.values())
+        # waiting for batches is a part of training, not a phase of its own
+        accounted = sum(phases.values()) - phases["data_wait_seconds"]
         assert abs(life - accounted) <= 0.5 + 0.05 * life, (life, phases)
     launcher = timings["launcher"]
     assert launcher["slowest_rank_process_seconds"] == max(lives)

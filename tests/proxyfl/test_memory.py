@@ -110,7 +110,8 @@ def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() ->
         "configure_torch(sys.argv[1] == 'on')\n"
         "print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'),"
         " os.environ.get('CUBLAS_WORKSPACE_CONFIG'),"
-        " torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)\n"
+        " torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,"
+        " torch.utils.deterministic.fill_uninitialized_memory)\n"
     )
     clean = {k: v for k, v in __import__("os").environ.items()
              if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")}  # fmt: skip
@@ -120,8 +121,9 @@ def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() ->
                               text=True, check=True, env={**clean, **extra})  # fmt: skip
         return done.stdout.strip()
 
-    assert run("on") == "expandable_segments:True :4096:8 True False"
-    assert run("off") == "expandable_segments:True None False False"
+    # deterministic, without torch's fill of fresh memory (proxyfl.engine.runtime)
+    assert run("on") == "expandable_segments:True :4096:8 True False False"
+    assert run("off") == "expandable_segments:True None False False False"
     assert run("on", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128").startswith(
         "max_split_size_mb:128 "
     )
