@@ -1,6 +1,7 @@
 """Every GPU figure in one command, without internet, Prefect or DVC.
 
     python -m bench gpu [--smoke] [--work DIR] [--json PATH] [--skip-determinism]
+                        [--all-variants]
 
 On a machine with one or more GPUs and the project's Python dependencies (Prefect and DVC
 may be absent: only ``wsi`` and ``proxyfl`` are imported), it
@@ -10,9 +11,11 @@ may be absent: only ``wsi`` and ``proxyfl`` are imported), it
    4 centres x 3 patients: ~300-390 tumour candidates a centre) through the ``wsi``
    functions the preprocess flow calls, slides in a process pool;
 2. (a) times one training step of the paper's model (GN-ResNet-18, 512 px, batch 32): the
-   plain step (eager and compiled) and the DP step per engine, precision and compilation,
-   and the DML step (private + DP proxy) as a run takes it: ms, samples/s, peak memory,
-   compile seconds;
+   plain step (eager and compiled), and the DML step (private + DP proxy) as a run takes
+   it, a client's own :meth:`~proxyfl.trainer.ClientTrainer._step` on the store's patches,
+   eager and (on a GPU) compiled: ms, samples/s, peak memory, compile seconds, graphs
+   compiled after the pre-run check. ``--all-variants`` adds the DP step per engine,
+   precision and compilation;
 3. (b) runs a 3-round ProxyFL job of 4 ranks through the launcher ``flows.train`` uses
    (:func:`proxyfl.launch.job.run_job`, its ranks forked from the warm server): wall,
    per-phase seconds, peak memory per rank, GPU utilisation (nvidia-smi, when present);
@@ -22,9 +25,13 @@ may be absent: only ``wsi`` and ``proxyfl`` are imported), it
    size on this card, from (a) and (b);
 6. (e) the message a batch that does not fit gets.
 
-Its figures go to ``WORK/gpu.json``. ``--smoke`` runs the same code on a CPU in tiny sizes
-(2 centres of 2 patients, 32 px patches, the demo's cnn models, 2 ranks): ``make test``
-runs it, so that it cannot rot.
+Its figures go to ``WORK/gpu.json``, written again after each part, so that a bench cut
+short keeps what it measured. Compiled graphs go to the project's persistent cache
+(``train.options.compile_cache``): (a)'s compiled DML step compiles the graphs that (b)'s
+compiled job then finds there, and a second bench compiles nothing. One H100 should take
+at most 6 minutes in all (docs/gpu.md). ``--smoke`` runs the same code on a CPU in tiny
+sizes (2 centres of 2 patients, 32 px patches, the demo's cnn models, 2 ranks), every part
+included: ``make test`` runs it, so that it cannot rot.
 """
 
 from __future__ import annotations
@@ -41,9 +48,11 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from plumbing.atomic import write_text
 
 IN_DEFAULT_RUN = False  # a GPU's figures (its --smoke is in make test)
 
@@ -78,10 +87,9 @@ class Sizes:
     oom_batch: int = 32
     oom_input: int = 8192
     device: str = "cuda"
-    step_variants: tuple[str, ...] = (
-        "plain", "plain compiled", "opacus fp32", "func fp32", "func bf16",
-        "func bf16 compiled", "func fp32 compiled",
-    )  # fmt: skip
+    # the step table's variants by default: the plain step, eager and compiled (the DML
+    # step as a run takes it always follows); ALL_VARIANTS with --all-variants
+    step_variants: tuple[str, ...] = ("plain", "plain compiled")
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
@@ -91,6 +99,10 @@ SMOKE = Sizes(
     private_model="cnn2", proxy_model="cnn1", rounds=2, step_repeats=3, device="cpu",
     oom_batch=32, oom_input=1_000_000,  # on a CPU: 12 TB for one 1,000,000² px image
     step_variants=("plain", "opacus fp32", "func fp32"), workers=2,
+)  # fmt: skip
+ALL_VARIANTS = (
+    "plain", "plain compiled", "opacus fp32", "func fp32", "func bf16", "func bf16 compiled",
+    "func fp32 compiled",
 )  # fmt: skip
 
 
@@ -216,7 +228,6 @@ def step_table(sizes: Sizes) -> list[dict[str, Any]]:
     import torch
     from torch.utils.data import TensorDataset
 
-    from proxyfl.algorithms.dml import mutual_learning_loss
     from proxyfl.engine.memory import memory_peaks, reset_peaks
     from proxyfl.engine.models import build_model
     from proxyfl.privacy.dp import make_private
@@ -273,29 +284,55 @@ def step_table(sizes: Sizes) -> list[dict[str, Any]]:
             "compile_s": round(first - median, 1) if compiled else None,
             **memory_peaks(device),
         })  # fmt: skip
-    # the DML step as a run takes it: private (plain Adam) and proxy (the run's DP engine)
-    cuda = device.type == "cuda"
-    private = build_model(sizes.private_model, 2, size).to(device)
-    private_optimizer = torch.optim.Adam(private.parameters(), lr=1e-3)
-    private_forward = torch.compile(private, dynamic=True) if cuda else private
-    training = dp("func", cuda, cuda)
+    return rows
 
-    def objective(logits: torch.Tensor, targets: torch.Tensor, partner: Any) -> torch.Tensor:
-        return mutual_learning_loss(logits, partner, targets, 0.3)
 
-    def dml_step() -> None:
-        private_optimizer.zero_grad(set_to_none=True)
-        private_logits = private_forward(x)
-        _, proxy_logits = training.step(x, y, objective, private_logits.detach())
-        mutual_learning_loss(private_logits, proxy_logits, y, 0.3).backward()
-        private_optimizer.step()
+def dml_step_rows(sizes: Sizes, stores: Path) -> list[dict[str, Any]]:
+    """The DML step as a run takes it: a ProxyFL client of centre 0 built in this process
+    as a rank builds it, its pre-run check (which compiles, where it compiles), then its
+    own step on a batch of the store's patches; eager, and compiled on a GPU."""
+    import torch
+    from mpi4py import MPI
 
-    reset_peaks(device)
-    first, median = _timed(dml_step, device, sizes.step_repeats)
-    rows.append({"variant": "DML step (private + func DP proxy, the run's setting)",
-                 "ms": round(median * 1e3, 2), "samples_per_s": round(batch / median, 1),
-                 "compile_s": round(first - median, 1) if cuda else None,
-                 **memory_peaks(device)})  # fmt: skip
+    from proxyfl.algorithms.strategies import strategy_for
+    from proxyfl.comm.graphs import parse_schedule_spec
+    from proxyfl.config import TrainConfig
+    from proxyfl.engine.data import PatchDataset, open_split, prepare_images
+    from proxyfl.engine.memory import memory_peaks, reset_peaks
+    from proxyfl.engine.runtime import make_runtime
+    from proxyfl.trainer import ClientData, ClientTrainer
+
+    device = torch.device(sizes.device)
+    runtime = make_runtime(MPI.COMM_WORLD, sizes.device)
+    train = PatchDataset([open_split(stores, 0, "train")])
+    data = ClientData(client=0, center=0, train=train,
+                      test_splits=[open_split(stores, 0, "test")], n_classes=2,
+                      patch_size=train.patch_size)  # fmt: skip
+    images, labels = zip(*train.__getitems__(list(range(sizes.batch))), strict=True)
+    x = prepare_images(torch.stack(images), device)
+    y = torch.stack(labels).to(device)
+    rows = []
+    for compiled in (False, True) if device.type == "cuda" else (False,):
+        config = TrainConfig(
+            algorithm="ProxyFL", data=stores, run_dir=stores.parent / "step", centers=[0],
+            batch_size=sizes.batch, private_model=[sizes.private_model],
+            proxy_model=sizes.proxy_model, device=sizes.device,
+            compile="on" if compiled else "off",
+        )  # fmt: skip
+        trainer = ClientTrainer(config=config, runtime=runtime, strategy=strategy_for("ProxyFL"),
+                                data=data, schedule=parse_schedule_spec("exponential"),
+                                run_dir=stores.parent / "step")  # fmt: skip
+        reset_peaks(device)
+        compile_seconds = trainer.preflight()
+        _, median = _timed(lambda trainer=trainer: trainer._step(x, y), device,
+                           sizes.step_repeats)  # fmt: skip
+        rows.append({
+            "variant": f"DML step as a run takes it, {'compiled' if compiled else 'eager'}",
+            "ms": round(median * 1e3, 2), "samples_per_s": round(sizes.batch / median, 1),
+            "compile_s": round(compile_seconds, 1) if compiled else None,
+            "chunk": trainer.chunk_size, "recompiles": trainer.recompiles,
+            **memory_peaks(device),
+        })  # fmt: skip
     return rows
 
 
@@ -374,8 +411,14 @@ def run_training(name: str, work: Path, stores: Path, sizes: Sizes, **options: A
         ranks.append({"rank": record["rank"], "memory": record.get("memory"),
                       "timings": record.get("timings"),
                       "dp_chunk_size": record.get("dp_chunk_size"),
-                      "eval_batch_size": record.get("eval_batch_size")})  # fmt: skip
+                      "eval_batch_size": record.get("eval_batch_size"),
+                      **{key: record.get(key) for key in RANK_FACTS}})  # fmt: skip
     return JobOutcome(name, round(wall, 1), ok, message, ranks, utilisation)
+
+
+# what each rank of a job says of its set-up, beside its timings and memory
+RANK_FACTS = ("torch_threads", "compiled", "compile_cache_served", "recompiles",
+              "fill_uninitialized_memory", "prefetch")  # fmt: skip
 
 
 def metrics_of(work: Path, name: str) -> list[dict[str, Any]]:
@@ -427,8 +470,12 @@ def project(job: JobOutcome, steps: list[dict[str, Any]], counts: dict[str, Any]
     by_variant = {row["variant"]: row for row in steps if "ms" in row}
     dml = next(row for name, row in by_variant.items() if name.startswith("DML"))
     dp_name = "func bf16 compiled" if sizes.device == "cuda" else "func fp32"
-    dp = by_variant.get(dp_name, dml)
-    dp_share = dp["ms"] / dml["ms"]
+    if dp_name in by_variant:
+        dp_share = by_variant[dp_name]["ms"] / dml["ms"]
+    else:  # the DML step less its private model's (a step and a forward pass: 4/3 of one)
+        dp_name = "DML step less 4/3 of the plain step"
+        dp_share = max(0.25, 1 - 4 / 3 * by_variant["plain"]["ms"] / dml["ms"])
+    dp = {"ms": dml["ms"] * dp_share}
     dp_only_run = fixed + PAPER_ROUNDS * (per_patch * max(TABLE1_TRAIN) * dp_share
                                           + eval_per_patch * TABLE1_TEST + other)  # fmt: skip
     joint_run = fixed + PAPER_ROUNDS * (sum(TABLE1_TRAIN) / sizes.batch * dp["ms"] / 1e3
@@ -463,9 +510,11 @@ def _job_lines(job: JobOutcome) -> list[str]:
             f"  rank {rank['rank']}: setup {t.get('setup_seconds', 0):.1f} s, compile "
             f"{t.get('compile_seconds', 0):.1f} s, train {t.get('train_seconds', 0):.1f} s, "
             f"eval {t.get('eval_seconds', 0):.1f} s, comm {t.get('comm_seconds', 0):.2f} s, "
-            f"wait {t.get('wait_seconds', 0):.1f} s; peak "
+            f"wait {t.get('wait_seconds', 0):.1f} s, waiting for data "
+            f"{t.get('data_wait_seconds', 0):.2f} s; peak "
             + ", ".join(f"{k.removeprefix('peak_')} {v} GB" for k, v in m.items())
-            + f"; chunk {rank['dp_chunk_size']}, eval batch {rank['eval_batch_size']}"
+            + f"; chunk {rank['dp_chunk_size']}, eval batch {rank['eval_batch_size']}, "
+            + ", ".join(f"{key} {rank.get(key)}" for key in RANK_FACTS)
         )
     if job.message:
         lines.append(f"  {job.message}")
@@ -480,9 +529,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--skip-determinism", action="store_true", help="no (c)")
+    parser.add_argument(
+        "--all-variants",
+        action="store_true",
+        help="(a) times the DP step per engine, precision and compilation too",
+    )
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
+    if args.all_variants:
+        sizes = replace(sizes, step_variants=ALL_VARIANTS)
     import torch
+
+    from proxyfl.config import TrainOptions
+    from proxyfl.engine.compilation import use_compile_cache
 
     if not args.smoke and not torch.cuda.is_available():
         say("bench gpu: no CUDA GPU visible; `python -m bench gpu --smoke` runs it on a CPU")
@@ -492,6 +551,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures: dict[str, Any] = {"sizes": asdict(sizes)}
     started = time.perf_counter()
 
+    def save(part: str) -> None:
+        """gpu.json as measured so far, after each part: a bench cut short keeps it."""
+        figures["seconds"] = round(time.perf_counter() - started, 1)
+        figures["parts_done"] = [*figures.get("parts_done", []), part]
+        text = json.dumps(figures, indent=1, default=str) + "\n"
+        for path in (work / "gpu.json", args.json):
+            if path is not None:
+                write_text(path, text)
+        say(f"-- {part} done at {figures['seconds']} s; figures in {work / 'gpu.json'}")
+
+    # the compiled graphs of (a) and (b) in the project's persistent cache (a run's default)
+    figures["compile_cache"] = str(use_compile_cache(TrainOptions().compile_cache))
     figures["environment"] = environment()
     say("== environment ==\n" + json.dumps(figures["environment"], indent=1))
 
@@ -502,9 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{stores['slides_failed']} slides failed")  # fmt: skip
     for center, counts in stores["counts"].items():
         say(f"  center_{center}: train {counts['train']}, test {counts['test']}")
+    save("stores")
+    stores_dir = Path(stores["directory"])
 
     say(f"== (a) one step, batch {sizes.batch}, {sizes.patch_size} px, {sizes.proxy_model} ==")
-    steps = step_table(sizes)
+    steps = step_table(sizes) + dml_step_rows(sizes, stores_dir)
     figures["steps"] = steps
     plain = next((row["ms"] for row in steps if row.get("variant") == "plain compiled"
                   and "ms" in row), None) or next(row["ms"] for row in steps
@@ -512,14 +585,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in steps:
         if "ms" in row:
             row["x_plain"] = round(row["ms"] / plain, 2)
-    say(_table(steps, ["variant", "ms", "x_plain", "samples_per_s", "compile_s",
-                       "peak_gpu_allocated_gb", "peak_rss_gb", "error"]))  # fmt: skip
+    say(_table(steps, ["variant", "ms", "x_plain", "samples_per_s", "compile_s", "chunk",
+                       "recompiles", "peak_gpu_allocated_gb", "peak_rss_gb", "error"]))  # fmt: skip
+    save("(a)")
 
     say(f"== (b) ProxyFL, {sizes.centers} ranks, {sizes.rounds} rounds ==")
-    stores_dir = Path(stores["directory"])
     base = run_training("base", work, stores_dir, sizes)
     figures["job"] = asdict(base)
     say("\n".join(_job_lines(base)))
+    if sizes.device == "cuda":  # the paper's runs compile: the same job, its graphs cached by (a)
+        compiled = run_training("compiled", work, stores_dir, sizes, compile="on")
+        figures["job_compiled"] = asdict(compiled)
+        say("\n".join(_job_lines(compiled)))
+    save("(b)")
 
     if not args.skip_determinism and base.ok:
         say("== (c) determinism ==")
@@ -534,11 +612,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         for name in ("two_runs", "stop_and_resume"):
             say(f"{name}: {json.dumps(figures['determinism'][name])}")
+        save("(c)")
 
     if base.ok:
         say("== (d) projected at Table 1's size, 30 rounds ==")
         figures["projection"] = project(base, steps, stores["counts"], sizes)
         say(json.dumps(figures["projection"], indent=1))
+        save("(d)")
 
     say("== (e) a batch that does not fit ==")
     options: dict[str, Any] = {"batch_size": sizes.oom_batch, "rounds": 1,
@@ -547,11 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     oom = run_training("too_large", work, stores_dir, sizes, **options)
     figures["out_of_memory"] = asdict(oom)
     say(f"exit ok={oom.ok} after {oom.wall_s} s:\n{oom.message}")
-
-    figures["seconds"] = round(time.perf_counter() - started, 1)
-    (work / "gpu.json").write_text(json.dumps(figures, indent=1, default=str) + "\n")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1, default=str) + "\n")
+    save("(e)")
     say(f"== bench gpu: {figures['seconds']} s; figures in {work / 'gpu.json'} ==")
     failed = not base.ok or oom.ok
     return 1 if failed else 0

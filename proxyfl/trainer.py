@@ -420,18 +420,18 @@ class ClientTrainer:
 
         DML: each model's loss takes the other's logits, detached, computed before either
         stepped. In this order, so that one model's activations are never held while the
-        other trains: the private model's logits without gradients (its forward pass,
-        kept for nothing), the proxy's DP step (which gives the proxy's logits), then the
-        private model's forward and backward pass and its step. The price is a second
-        forward pass of the private model, a third of its step; the gain, a DML step's peak
-        memory is the larger of the two models' steps, not their sum."""
+        other trains: the proxy's logits without gradients (a forward pass that keeps
+        nothing), the private model's forward and backward pass (which gives its logits)
+        and its step, then the proxy's DP step against those logits. The price is a second
+        forward pass of the proxy, a third of a plain step (the proxy is the smaller model
+        where the two differ); the gain, a DML step's peak memory is the larger of the two
+        models' steps, not their sum."""
         if self.private is None or self.private_optimizer is None:
             shared_loss, _ = self.training.step(x, y)
             return shared_loss, None
-        partner = self.private_logits(x)
-        shared_loss, shared_logits = self.training.step(x, y, self.proxy_objective, partner)
-        private_loss = self.private_backward(x, y, shared_logits)
+        private_loss, partner = self.private_backward(x, y, self.shared_logits(x))
         self.private_optimizer.step()
+        shared_loss, _ = self.training.step(x, y, self.proxy_objective, partner)
         return shared_loss, private_loss
 
     def private_chunks(self, n: int) -> list[tuple[int, int, int]]:
@@ -448,36 +448,39 @@ class ClientTrainer:
         rows = torch.arange(start, start + real, device=device)
         return rows[torch.arange(size, device=device) % real] if size > real else rows
 
-    def private_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The private model's logits of ``x``, without gradients (the proxy's partner)."""
-        assert self.private_forward is not None
-        with torch.no_grad():
-            parts = [self.private_forward(x[self._rows(start, real, size, x.device)])[:real]
-                     for start, real, size in self.private_chunks(x.shape[0])]  # fmt: skip
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    def shared_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared model's logits of ``x``, without gradients (the private model's
+        partner), in the precision its DP step's forward pass takes."""
+        device_type = self.runtime.device.type
+        autocast = self.config.autocast_on(device_type)
+        with torch.no_grad(), torch.autocast(device_type, torch.bfloat16, enabled=autocast):
+            return self.training.model(x).float()
 
     def private_backward(
         self, x: torch.Tensor, y: torch.Tensor, partner: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The private model's DML loss against ``partner`` (the proxy's logits), its
-        gradient accumulated chunk by chunk (padding rows weigh 0); the loss, detached."""
+        gradient accumulated chunk by chunk (padding rows weigh 0); ``(loss, logits)``,
+        detached (the logits of the model before it steps: the proxy's partner)."""
         assert self.private_forward is not None and self.private_optimizer is not None
         alpha, n = self.config.dml_alpha, x.shape[0]
         self.private_optimizer.zero_grad(set_to_none=True)
-        total = None
+        losses, logits = [], []
         for start, real, size in self.private_chunks(n):
             if size == real == n:  # the whole batch: the batch's mean loss
-                loss = mutual_learning_loss(self.private_forward(x), partner, y, alpha)
+                output = self.private_forward(x)
+                loss = mutual_learning_loss(output, partner, y, alpha)
             else:
                 rows = self._rows(start, real, size, x.device)
                 keep = (torch.arange(size, device=x.device) < real).to(x.dtype)
-                terms = mutual_learning_losses(self.private_forward(x[rows]), partner[rows],
-                                               y[rows], alpha)  # fmt: skip
+                output = self.private_forward(x[rows])
+                terms = mutual_learning_losses(output, partner[rows], y[rows], alpha)
                 loss = (terms * keep).sum() / n
             loss.backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        assert total is not None
-        return total
+            losses.append(loss.detach())
+            logits.append(output.detach()[:real])
+        total = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+        return total, logits[0] if len(logits) == 1 else torch.cat(logits)
 
     # -- before round 1 ------------------------------------------------------------------
     def preflight(self) -> float:
@@ -511,18 +514,16 @@ class ClientTrainer:
         device, size = self.runtime.device, self.input_size
         x = torch.zeros(batch, 3, size, size, device=device)
         y = torch.zeros(batch, dtype=torch.long, device=device)
-        partner = self.private_logits(x) if self.private is not None else None
+        partner = None
+        if self.private is not None:
+            _, partner = self.private_backward(x, y, self.shared_logits(x))
+            self.private.zero_grad(set_to_none=True)
         training = self.training
         if isinstance(training, FuncPrivateTraining):
-            _, _, logits = training.clipped_sum(x, y, self.proxy_objective, partner)
+            training.clipped_sum(x, y, self.proxy_objective, partner)
         else:
-            logits = training.module(x)
-            self.proxy_objective(logits, y, partner).backward()
+            self.proxy_objective(training.module(x), y, partner).backward()
             training.optimizer.zero_grad(set_to_none=True)
-            logits = logits.detach()
-        if self.private is not None:
-            self.private_backward(x, y, logits)
-            self.private.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 

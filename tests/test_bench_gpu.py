@@ -26,15 +26,23 @@ def test_bench_gpu_smoke_measures_every_figure(tmp_path: Path) -> None:
     # stores from synthetic slides, through wsi's functions
     counts = figures["stores"]["counts"]
     assert set(counts) == {"0", "1"} and all(sum(c["train"].values()) > 0 for c in counts.values())
-    # (a) every step variant timed, against the plain step
+    # gpu.json was written after every part: a bench cut short keeps what it measured
+    assert figures["parts_done"] == ["stores", "(a)", "(b)", "(c)", "(d)", "(e)"]
+    # (a) every step variant timed, against the plain step, and the DML step as a run
+    # takes it (a client's own step, after its pre-run check: no graph compiled after it)
     steps = {row["variant"]: row for row in figures["steps"]}
-    assert {"plain", "opacus fp32", "func fp32"} <= set(steps)
+    assert {"plain", "opacus fp32", "func fp32", "DML step as a run takes it, eager"} <= set(steps)
     assert all(row["ms"] > 0 and row["x_plain"] > 0 for row in steps.values())
-    # (b) a job of two ranks through the launcher, with each rank's phases and memory
+    assert steps["DML step as a run takes it, eager"]["recompiles"] == 0
+    # (b) a job of two ranks through the launcher, with each rank's phases, memory, threads
+    # and the time it waited for its batches
     job = figures["job"]
     assert job["ok"] and len(job["ranks"]) == 2
     for rank in job["ranks"]:
         assert rank["timings"]["train_seconds"] > 0 and rank["memory"]["peak_rss_gb"] > 0
+        assert 0 <= rank["timings"]["data_wait_seconds"] < rank["timings"]["train_seconds"]
+        assert rank["torch_threads"] >= 1 and rank["recompiles"] == 0
+        assert rank["fill_uninitialized_memory"] is False
     # (c) on a CPU two runs and a stopped-and-resumed one are identical
     determinism = figures["determinism"]
     assert determinism["two_runs"]["identical"] and determinism["two_runs"]["rows"] > 0

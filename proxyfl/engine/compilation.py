@@ -68,17 +68,15 @@ def compile_pays(
 
 
 def use_compile_cache(directory: str | os.PathLike[str]) -> Path:
-    """Point inductor's and Triton's caches at ``directory`` (made absolute; created),
-    unless the user set ``TORCHINDUCTOR_CACHE_DIR`` themselves; returns the one in use.
-    Called before the first compilation: both are read from the environment when used."""
-    if os.environ.get(CACHE_ENV):
-        root = Path(os.environ[CACHE_ENV])
-    else:
-        root = Path(directory).resolve() / "inductor"
-        os.environ[CACHE_ENV] = str(root)
-        os.environ.setdefault(TRITON_CACHE_ENV, str(root.parent / "triton"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    """Point inductor's and Triton's caches at ``directory``/inductor and /triton (made
+    absolute; created) by their environment variables, which both read when they use them;
+    returns inductor's. The run's option decides, not a ``TORCHINDUCTOR_CACHE_DIR`` found in
+    the environment: inductor writes its default there itself once it has looked."""
+    root = Path(directory).resolve()
+    os.environ[CACHE_ENV] = str(root / "inductor")
+    os.environ[TRITON_CACHE_ENV] = str(root / "triton")
+    (root / "inductor").mkdir(parents=True, exist_ok=True)
+    return root / "inductor"
 
 
 def graph_key(**decided_by: Any) -> str:

@@ -172,15 +172,20 @@ def test_private_model_sees_exactly_the_proxy_batches(
     tmp_path: Path, helpers: Any, engine: str
 ) -> None:
     """Train one ProxyFL client in-process with tiny Poisson batches (many are empty). The
-    private model sees each batch twice: for the proxy's partner logits (no gradient),
-    then for its own step."""
+    proxy's model sees each batch twice: for its logits without gradients (the private
+    model's partner), then in its DP step."""
     trainer = helpers.one_client(tmp_path, dp_engine=engine)
     seen: dict[str, list[np.ndarray]] = {"private": [], "partner": [], "proxy": []}
     trainer.private.register_forward_hook(
-        lambda m, args, out: seen["private" if out.requires_grad else "partner"].append(
-            args[0].detach().numpy().copy()
-        )
+        lambda m, args, out: seen["private"].append(args[0].detach().numpy().copy())
     )
+    shared_logits = trainer.shared_logits
+
+    def recorded_logits(x: torch.Tensor) -> torch.Tensor:
+        seen["partner"].append(x.detach().numpy().copy())
+        return shared_logits(x)
+
+    trainer.shared_logits = recorded_logits
     step = trainer.dp.step  # what the proxy's step is given (under vmap, no hook sees it)
 
     def recorded_step(x: torch.Tensor, *args: Any) -> Any:
@@ -407,7 +412,10 @@ def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -
 
     trainers = {
         setting: helpers.one_client(
-            tmp_path / setting, batch_size=8, compile=setting, dp_chunk_size=4
+            tmp_path / setting,
+            batch_size=16,
+            compile=setting,
+            compile_cache=str(tmp_path / "compile-cache"),
         )
         for setting in ("off", "on")
     }
@@ -423,12 +431,14 @@ def test_compiled_training_is_the_eager_training(tmp_path: Path, helpers: Any) -
     for a, b in zip(compiled.dp.model.parameters(), trainers["off"].dp.model.parameters(),
                     strict=True):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
-    # every graph compiled in the pre-run check, none after: for the one chunk size (4),
-    # the chunk function and the private model's forward with and without gradients
+    # every graph compiled in the pre-run check, none after: for each of the two chunk
+    # sizes (E|B| = 15 rounded up to 16, and 8), the chunk function and the private model
     counters = torch._dynamo.utils.counters
-    assert compiled.graphs_before_training == 3, dict(counters["stats"])
+    assert compiled.chunk_size == 16 and compiled.dp.chunk_size == 16
+    assert compiled.graphs_before_training == 4, dict(counters["stats"])
     assert compiled.recompiles == 0, dict(counters["stats"])
-    assert counters["stats"]["unique_graphs"] == 3
+    assert counters["stats"]["unique_graphs"] == 4
+    assert (tmp_path / "compile-cache" / "inductor").is_dir() and compiled.compile_cache
 
 
 @pytest.mark.parametrize("n", range(0, 70))
