@@ -176,6 +176,8 @@ def test_help_shows_each_value_once_and_no_internals(module: str) -> None:
     text = result.stdout
     assert "PydanticUndefined" not in text and "(default: None)" not in text
     assert "default: params.yaml, else" not in text
+    # argparse's own formatting never leaks: a bare % in a help text printed the action
+    assert "'option_strings'" not in text and "%(" not in text and "%%" not in text
 
 
 @pytest.mark.slow
@@ -186,6 +188,7 @@ def test_the_console_command_runs_every_subcommand() -> None:
         result = subprocess.run([sys.executable, "-m", "camelyon_proxyfl.cli", name, "--help"],
                                 cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert result.returncode == 0 and "usage:" in result.stdout, (name, result.stderr)
+        assert "'option_strings'" not in result.stdout and "%(" not in result.stdout, name
     unknown = subprocess.run([sys.executable, "-m", "camelyon_proxyfl.cli", "trian"],
                              cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert unknown.returncode == 2 and "unknown command 'trian'" in unknown.stderr
