@@ -110,7 +110,8 @@ class TrainOptions(BaseModel):
         None,
         gt=0,
         description="memory budget of one rank in GB, for the per-example chunks and the "
-        "evaluation batch (null: the device's memory over the ranks that share it)",
+        "evaluation batch (null: the device's memory over the ranks that share it, at most "
+        "6 GB on a GPU that several ranks share)",
     )
     deterministic: bool = Field(
         True,
