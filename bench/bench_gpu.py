@@ -298,7 +298,7 @@ def dml_step_rows(sizes: Sizes, stores: Path) -> list[dict[str, Any]]:
     from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.config import TrainConfig
     from proxyfl.engine.data import PatchDataset, open_split, prepare_images
-    from proxyfl.engine.memory import memory_peaks, reset_peaks
+    from proxyfl.engine.memory import SHARED_GPU_RANK_GB, memory_peaks, reset_peaks
     from proxyfl.engine.runtime import make_runtime
     from proxyfl.trainer import ClientData, ClientTrainer
 
@@ -311,6 +311,9 @@ def dml_step_rows(sizes: Sizes, stores: Path) -> list[dict[str, Any]]:
     images, labels = zip(*train.__getitems__(list(range(sizes.batch))), strict=True)
     x = prepare_images(torch.stack(images), device)
     y = torch.stack(labels).to(device)
+    # the budget a rank of (b) has, so that the chunks, and the compiled graphs (b) then
+    # finds in the cache, are that rank's
+    shared = device.type == "cuda" and sizes.centers > torch.cuda.device_count()
     rows = []
     for compiled in (False, True) if device.type == "cuda" else (False,):
         config = TrainConfig(
@@ -318,6 +321,7 @@ def dml_step_rows(sizes: Sizes, stores: Path) -> list[dict[str, Any]]:
             batch_size=sizes.batch, private_model=[sizes.private_model],
             proxy_model=sizes.proxy_model, device=sizes.device,
             compile="on" if compiled else "off",
+            gpu_memory_gb=SHARED_GPU_RANK_GB if shared else None,
         )  # fmt: skip
         trainer = ClientTrainer(config=config, runtime=runtime, strategy=strategy_for("ProxyFL"),
                                 data=data, schedule=parse_schedule_spec("exponential"),
