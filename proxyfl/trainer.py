@@ -86,6 +86,7 @@ from proxyfl.privacy.per_sample import (
     FuncPrivateTraining,
     activation_bytes_per_example,
     chunk_plan,
+    chunk_rows,
     chunk_size_for,
     compiled_chunk_size,
     cross_entropy,
@@ -442,12 +443,6 @@ class ClientTrainer:
             return [(0, n, n)]
         return chunk_plan(n, self.chunk_size, padded=True)
 
-    @staticmethod
-    def _rows(start: int, real: int, size: int, device: torch.device) -> torch.Tensor:
-        """A chunk's rows, padded with copies of its own rows up to ``size``."""
-        rows = torch.arange(start, start + real, device=device)
-        return rows[torch.arange(size, device=device) % real] if size > real else rows
-
     def shared_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The shared model's logits of ``x``, without gradients (the private model's
         partner), in the precision its DP step's forward pass takes."""
@@ -471,8 +466,7 @@ class ClientTrainer:
                 output = self.private_forward(x)
                 loss = mutual_learning_loss(output, partner, y, alpha)
             else:
-                rows = self._rows(start, real, size, x.device)
-                keep = (torch.arange(size, device=x.device) < real).to(x.dtype)
+                rows, keep = chunk_rows(start, real, size, x.device)
                 output = self.private_forward(x[rows])
                 terms = mutual_learning_losses(output, partner[rows], y[rows], alpha)
                 loss = (terms * keep).sum() / n

@@ -35,13 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 # the H100 figures above (../shared/gpu/README.md)
 REFERENCE_BATCH_PIXELS = 32 * 512 * 512

@@ -61,7 +61,6 @@ class Prefetcher:
             raise ValueError(f"depth must be at least 0, got {depth}")
         self.source, self.depth, self.pin = source, depth, pin
         self.wait_seconds = 0.0
-        self.batches = 0
 
     def __iter__(self) -> Iterator[Any]:
         return self._inline() if self.depth == 0 else self._threaded()
@@ -77,7 +76,6 @@ class Prefetcher:
                 return
             batch = pinned(batch) if self.pin else batch
             self.wait_seconds += time.perf_counter() - started
-            self.batches += 1
             yield batch
 
     def _threaded(self) -> Iterator[Any]:
@@ -113,7 +111,6 @@ class Prefetcher:
                     return
                 if isinstance(item, _Failed):
                     raise item.error
-                self.batches += 1
                 yield item
         finally:  # the consumer finished, failed or stopped early: the thread ends too
             stop.set()

@@ -123,6 +123,18 @@ def chunk_plan(n: int, chunk_size: int, padded: bool) -> list[tuple[int, int, in
     return plan
 
 
+def chunk_rows(
+    start: int, real: int, size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk of :func:`chunk_plan`: its ``size`` row indices (``real`` rows from
+    ``start``, padded with copies of its own rows) and their weights (1, or 0 for
+    padding), so that a padded row adds exactly nothing."""
+    rows = torch.arange(start, start + real, device=device)
+    if size > real:
+        rows = rows[torch.arange(size, device=device) % real]
+    return rows, (torch.arange(size, device=device) < real).float()
+
+
 def compiled_chunk_size(expected_batch: int, largest: int) -> int:
     """A compiled engine's chunk: E|B| rounded up to :data:`PAD_MULTIPLE`, at most
     ``largest`` (a memory budget's) and at least :data:`PAD_MULTIPLE`."""
@@ -235,10 +247,7 @@ class FuncPrivateTraining:
         sums: dict[str, torch.Tensor] = {}
         losses, logits = [], []
         for start, real, size in chunk_plan(x.shape[0], self.chunk_size, self.compiled):
-            rows = torch.arange(start, start + real, device=x.device)
-            if size > real:  # padded with copies of its own rows, which count for nothing
-                rows = rows[torch.arange(size, device=x.device) % real]
-            keep = (torch.arange(size, device=x.device) < real).float()
+            rows, keep = chunk_rows(start, real, size, x.device)
             chunk_partner = partner[rows] if partner is not None else x.new_zeros(len(rows), 1)
             chunk_sums, chunk_losses, chunk_logits = function(
                 parameters, buffers, x[rows], y[rows], chunk_partner, keep
