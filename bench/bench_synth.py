@@ -187,11 +187,11 @@ def bench_slide(patient: int, node: int, repeats: int, band: int) -> dict[str, f
     from wsi.synth.config import SynthConfig
     from wsi.synth.plan import plan_slide
     from wsi.synth.render import render_rows
-    from wsi.synth.rules import assign_node_labels
+    from wsi.synth.rules import assign_cohort
     from wsi.synth.tiff import halve
 
     config = SynthConfig(patients_per_center=4)  # the demo's slides
-    plan = plan_slide(config, patient, node, assign_node_labels(config, patient)[node])
+    plan = plan_slide(config, patient, node, assign_cohort(config)[patient][node])
     bands = [(y, min(y + band, plan.height)) for y in range(0, plan.height, band)]
     times: dict[str, list[float]] = {"render before": [], "render after": [],
                                      "halve before": [], "halve after": []}  # fmt: skip

@@ -61,7 +61,7 @@ def report(config: ReportConfig) -> ReportPaths:
     """Write the report of ``config.runs`` under ``config.out`` and print its tables."""
     selection = finished_runs(config)
     paths = report_files(selection, config.out, config.data, config.audit, config.staging,
-                         config.staging_dir)  # fmt: skip
+                         config.staging_dir, config.staging_pictures_mb)  # fmt: skip
     timing_files(selection, config.out)
     publish_report(paths)
     print_tables(paths)

@@ -68,9 +68,9 @@ def staging(params: StagingParams, centers: Sequence[int], step: Step = "all") -
             inputs = centre_inputs(params, center, models)
             if not centre_freshness(params.stage.out, inputs).result():  # "Up to date"
                 continue  # kept: its models, slides, store, settings and code are recorded
-            tested = sum(s.split == "test" for s in slides)
-            logger.info("centre %d: %d slides (%d of test patients), %d models", center,
-                        len(slides), tested, len(models))  # fmt: skip
+            patients = len({s.patient for s in slides})
+            logger.info("centre %d: %d slides of %d test patients, %d models", center,
+                        len(slides), patients, len(models))  # fmt: skip
             outcomes = []
             for done, slide in enumerate(slides, start=1):
                 outcomes.append(slide_maps(slide, models, params))

@@ -29,14 +29,17 @@ def report_files(
     audit: Path | None = None,
     staging: Path | None = None,
     staging_dir: Path | None = None,
+    staging_pictures_mb: float | None = None,
 ) -> ReportPaths:
     """Tables (md, csv: accuracy, per-centre accuracy, sensitivity/specificity/AUC,
     configuration, privacy, and the privacy audit when ``audit``, its file, exists),
     metrics.json, per-method curves, the Figure 8 plots (and the audit's ROC figure) and
     report.html (with the data line, Table 1 and the failures of the stores in
-    ``stores_dir``, the audit and the staging, or a line saying none was recorded)."""
+    ``stores_dir``, the audit and the staging, or a line saying none was recorded; at most
+    ``staging_pictures_mb`` MB of slide pictures)."""
     return write_report(selection.runs, out_dir, stores_dir, selection, audit=audit,
-                        staging=staging, staging_dir=staging_dir)  # fmt: skip
+                        staging=staging, staging_dir=staging_dir,
+                        staging_pictures_mb=staging_pictures_mb)  # fmt: skip
 
 
 @task(name="timing files")

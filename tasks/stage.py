@@ -40,8 +40,7 @@ def staging_models(params: StagingParams, center: int) -> list[StagingModel]:
 
 @task(name="centre slides")
 def staging_slides(params: StagingParams, center: int) -> list[StagingSlide]:
-    """The labelled slides of the centre's tested and training patients (its store's
-    splits), test patients' first."""
+    """The labelled slides of the centre's test patients (its store's test split)."""
     check_dataset_root(params.data.root)  # a root that is not there: an error, not no slide
     records = scan_camelyon(params.data.root).for_centers([center])
     try:
@@ -69,7 +68,7 @@ def slide_maps(
                          stage.reference_section_um, preprocess.backend)  # fmt: skip
     outcome = mapper.map_or_failure(slide)
     if isinstance(outcome, str):
-        get_run_logger().warning("%s (%s patient): %s", slide.slide_id, slide.split, outcome)
+        get_run_logger().warning("%s (patient %s): %s", slide.slide_id, slide.patient, outcome)
     return outcome
 
 
@@ -100,8 +99,8 @@ def centre_calls_file(
     outcomes: Sequence[SlideMaps | str],
     inputs: CentreInputs,
 ) -> Path:
-    """``STAGING/center_{c}/``: each model's threshold and test calls, the test maps; its
-    ``inputs`` recorded beside it."""
+    """``STAGING/center_{c}/``: each model's cross-fitted thresholds and calls, the maps;
+    its ``inputs`` recorded beside it."""
     mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
     failures = [(s, o) for s, o in zip(slides, outcomes, strict=True) if isinstance(o, str)]
     calls = centre_calls(inputs.center, mapped, failures, {m.key: m.digest for m in models},

@@ -197,7 +197,8 @@ def replan_within_splits(
 def catalogue_test_patients(
     records: Sequence[SlideRecord], patch: PatchParams, sampling: SamplingParams
 ) -> frozenset[str]:
-    """The test patients of a centre's catalogue records (see
+    """The test patients of a centre's catalogue records, stratified by what they offer
+    and by their pN stage where the labels file gives it (see
     :func:`wsi.sampling.split_patients`): decided before any slide is read."""
     return split_patients(
         [record.patient_id for record in records],
@@ -207,6 +208,7 @@ def catalogue_test_patients(
         ],
         test_fraction=sampling.test_fraction,
         seed=sampling.seed,
+        stages={r.patient_id: r.patient_stage for r in records if r.patient_stage is not None},
     )
 
 

@@ -8,11 +8,13 @@ patient lands in, do not depend on the centre's other slides (see each function)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from wsi.nodes import PATIENT_STAGES
 
 
 @dataclass(frozen=True)
@@ -152,19 +154,28 @@ def split_patients(
     *,
     test_fraction: float,
     seed: int = 0,
+    stages: Mapping[str, str] | None = None,
 ) -> frozenset[str]:
     """The test patients of a centre, decided per patient from what the catalogue says.
 
-    ``offers[i]`` holds the labels slide i of ``patients[i]`` can give. Patients are
-    stratified by the union of their slides' labels (tumour and healthy, tumour only,
-    healthy only), so each kind of patient is represented in both splits when it has two
-    or more members. Within a stratum of n patients, each patient's place is drawn from
-    (``seed``, patient id) alone and the first ``round(test_fraction * n)`` go to test
-    (at least one, and never all, when n >= 2).
+    ``offers[i]`` holds the labels slide i of ``patients[i]`` can give; ``stages`` maps a
+    patient to its pN stage where the labels file gives it. Patients are stratified by the
+    union of their slides' labels (tumour and healthy, tumour only, healthy only), so each
+    kind of patient is in both splits when it has two or more members: a stratum of n
+    gives ``round(test_fraction * n)`` patients to test, at least one and never all. Within
+    a stratum the test patients are a *systematic sample of the stage-sorted list*: its
+    patients ordered by stage (:data:`wsi.nodes.PATIENT_STAGES`' order, unknown last), then
+    by a key drawn from (``seed``, patient id), those at positions
+    ``floor((k + u) * n / n_test)`` for k = 0 .. n_test - 1, the start ``u`` in [0, 1) drawn
+    from (``seed``, the stratum's first patient id). Every run of patients of one stage thus
+    gives ``floor`` or ``ceil`` of ``test_fraction`` times its size to test: stages are
+    represented in proportion where the counts allow, and a lone patient of a stage (one
+    pN2, say) is in test for a ``test_fraction`` of the seeds rather than never. When every
+    stratum is a single patient, they are split as one stratum.
 
-    Stability: no pixel is read, so a slide that fails later moves no patient; a slide
-    added to a patient moves nobody unless it changes what that patient offers; a new
-    patient shifts the cut of its own stratum by at most one patient.
+    Stability: no pixel is read, so a slide that fails later moves no patient, and a slide
+    added to a patient moves nobody unless it changes what that patient offers. A new
+    patient moves patients of its own stratum only (the positions after its own shift).
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
@@ -173,17 +184,26 @@ def split_patients(
     offered: dict[str, frozenset[int]] = {}
     for patient, labels in zip(patients, offers, strict=True):
         offered[patient] = offered.get(patient, frozenset()) | frozenset(labels)
+    strata = [[p for p in offered if offered[p] == labels]
+              for labels in sorted(set(offered.values()), key=sorted)]  # fmt: skip
+    if all(len(members) < 2 for members in strata):
+        strata = [list(offered)]
     test: set[str] = set()
-    for stratum in sorted(set(offered.values()), key=sorted):
-        members = sorted(
-            (p for p, labels in offered.items() if labels == stratum),
-            key=lambda p: (stable_key(seed, "split", p), p),
-        )
-        if len(members) < 2:
-            continue
-        n_test = min(max(round(test_fraction * len(members)), 1), len(members) - 1)
-        test.update(members[:n_test])
-    if not test and len(offered) >= 2:  # every stratum a single patient: split them all
-        members = sorted(offered, key=lambda p: (stable_key(seed, "split", p), p))
-        test.update(members[: min(max(round(test_fraction * len(members)), 1), len(members) - 1)])
+    for members in strata:
+        test.update(_systematic_sample(members, test_fraction, seed, stages or {}))
     return frozenset(test)
+
+
+def _systematic_sample(
+    members: Sequence[str], fraction: float, seed: int, stages: Mapping[str, str]
+) -> list[str]:
+    """One stratum's test patients (:func:`split_patients`); none of a single patient."""
+    n = len(members)
+    if n < 2:
+        return []
+    order = {stage: i for i, stage in enumerate(PATIENT_STAGES)}
+    ordered = sorted(members, key=lambda p: (order.get(stages.get(p, ""), len(order)),
+                                             stable_key(seed, "split", p), p))  # fmt: skip
+    n_test = min(max(round(fraction * n), 1), n - 1)
+    start = stable_key(seed, "split-start", min(members)) / 2.0**64
+    return [ordered[int((k + start) * n / n_test)] for k in range(n_test)]

@@ -26,6 +26,12 @@ class ReportSection(Section):
         "another round): refuse the report, naming it, or table it apart, labelled with its "
         "parameters (separate); never mixed into a row",
     )
+    staging_pictures_mb: float = Field(
+        6.0,
+        gt=0,
+        description="MB of slide pictures report.html embeds (base64: 4/3 as many), the "
+        "slides most methods called wrong first; 6 keeps the page under 10 MB",
+    )
 
 
 class ReportConfig(Section):
@@ -38,6 +44,7 @@ class ReportConfig(Section):
     other_configurations: Literal["refuse", "separate"] = Field(
         "refuse", description="report.other_configurations"
     )
+    staging_pictures_mb: float = Field(6.0, gt=0, description="report.staging_pictures_mb")
     audit: Path | None = Field(
         None,
         description="the privacy audit's rows (audit.out): shown when the file exists; "
@@ -86,5 +93,6 @@ class ReportParams(StageParams):
     def config(self) -> ReportConfig:
         return ReportConfig(train=self.train, out=self.report.out,
                             other_configurations=self.report.other_configurations,
+                            staging_pictures_mb=self.report.staging_pictures_mb,
                             audit=self.audit.out, staging=self.stage.summary,
                             staging_dir=self.stage.out)  # fmt: skip

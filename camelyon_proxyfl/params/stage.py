@@ -33,8 +33,8 @@ class StageSection(Section):
     thresholds: list[float] = Field(
         [0.5, 0.6, 0.7, 0.8, 0.9, 0.95],
         min_length=1,
-        description="candidate tumour-probability thresholds of a lesion; each centre's model "
-        "takes the one that classes its training patients' nodes best",
+        description="candidate tumour-probability thresholds of a lesion; each test patient "
+        "is staged with the one that classes its centre's other test patients' nodes best",
     )
     itc_max_um: float = Field(
         ITC_MAX_UM, gt=0, description="isolated tumour cells: a largest lesion under this (µm)"

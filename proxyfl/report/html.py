@@ -48,7 +48,7 @@ from proxyfl.report.load import RunResult
 from proxyfl.report.plots import method_groups
 from proxyfl.report.predictions import ClinicalRow, PerCentreRow
 from proxyfl.report.render import LAYOUTS, TableRow, per_centre_cells, public_pool_note
-from proxyfl.report.staging import staging_notes, staging_rows
+from proxyfl.report.staging import stage_confusion_rows, staging_notes, staging_rows
 from proxyfl.report.stats import PRIVATE_KT, AccuracyRow, PrivacyRow
 from proxyfl.results import LABEL_LDP
 from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER, CenterReport, summary_rows
@@ -111,6 +111,15 @@ def staging_html_table(summary: Mapping[str, Any]) -> HtmlTable:
     """The staging table with staging.md's header and cells."""
     header, rows = staging_rows(summary)
     return HtmlTable(header, ["left", *["right"] * (len(header) - 2), "left"], rows)
+
+
+def stage_confusion_tables(summary: Mapping[str, Any]) -> list[tuple[str, HtmlTable]]:
+    """Each method's stage confusion (staging.md's), beside its name."""
+    tables = []
+    for key, entry in summary["methods"].items():
+        header, rows = stage_confusion_rows(entry)
+        tables.append((key, HtmlTable(header, ["left", *["right"] * (len(header) - 1)], rows)))
+    return tables
 
 
 def audit_membership_table(audit: Audit) -> HtmlTable | None:
@@ -190,6 +199,8 @@ def report_html(
     staging: Mapping[str, Any] | None = None,
     staging_absent: str = "no staging file given",
     staging_pictures: Mapping[str, Sequence[tuple[str, bytes]]] | None = None,
+    staging_pictures_total: int = 0,
+    staging_pictures_mb: float | None = None,
 ) -> str:
     """The report page. ``links`` are the report's other files, relative to the page;
     ``preprocessing`` is None when no store directory is known; ``unlisted_note`` names
@@ -200,8 +211,8 @@ def report_html(
     ``audit`` is the privacy audit read (None: the section says "No audit recorded
     (``audit_absent``)"), ``audit_roc_png`` its ROC figure (None without training rows)
     and ``audit_roc_title`` the figure's title. ``staging`` is the staging's summary (None:
-    "No staging shown (``staging_absent``)"), ``staging_pictures`` per centre each test
-    slide's picture."""
+    "No staging shown (``staging_absent``)"), ``staging_pictures`` per centre the test
+    slides' pictures shown, of ``staging_pictures_total`` within ``staging_pictures_mb``."""
     roles = centre_roles(runs)
     reports = preprocessing.reports if preprocessing else ()
     data = data or DataSource("unknown", detail="not given to the page")
@@ -254,6 +265,10 @@ def report_html(
         staging_absent=staging_absent,
         staging_table=staging_html_table(staging) if staging else None,
         staging_notes=staging_notes(staging) if staging else [],
+        stage_confusions=stage_confusion_tables(staging) if staging else [],
+        pictures_shown=sum(len(shown) for shown in (staging_pictures or {}).values()),
+        pictures_total=staging_pictures_total,
+        pictures_mb=staging_pictures_mb,
         staging_pictures=[
             (center, [(slide, base64.b64encode(png).decode("ascii")) for slide, png in shown])
             for center, shown in sorted((staging_pictures or {}).items(), key=lambda i: int(i[0]))
@@ -295,6 +310,8 @@ _TEMPLATE = _ENVIRONMENT.from_string(
   .data.synthetic, .data.mixed { background: #fdf3e1; border-left-color: #e69f00; }
   .data.unknown { background: #f6f6f8; }
   .note p, p.note { margin: .3rem 0; }
+  .confusions { display: flex; flex-wrap: wrap; gap: 0 1.5rem; }
+  .confusion table { font-size: .85rem; }
   code { font-size: .9em; }
 </style>
 </head>
@@ -369,9 +386,19 @@ classes or pN stages to show.</p>
 {{ render(staging_table, "staging-table") }}
 {% for line in staging_notes %}<p class="note">{{ line }}</p>
 {% endfor %}
+<h3>Stage confusion (test patients; rows true, columns predicted)</h3>
+<div class="confusions">
+{% for key, table in stage_confusions %}
+<div class="confusion"><p class="note">{{ key }}</p>
+{{ render(table, "stage-confusion-" ~ loop.index) }}</div>
+{% endfor %}
+</div>
 <p class="note">Each test slide: the slide with its annotated lesions outlined (left), then
 each method's tumour map over it (blue: healthy, red: tumour; the lesions it found at its
-threshold outlined in black), its node class and whether it is the annotated one.</p>
+threshold outlined in black), its node class and whether it is the annotated one.
+{{ pictures_shown }} of {{ pictures_total }} slides shown{% if pictures_shown < pictures_total %}
+(report.staging_pictures_mb = {{ pictures_mb }} MB of pictures: the slides most methods
+called wrong first, then the others in a fixed random order){% endif %}.</p>
 {% for center, pictures in staging_pictures %}
 <h3>Centre {{ center }}</h3>
 {% for slide, png in pictures %}

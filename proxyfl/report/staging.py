@@ -18,10 +18,13 @@ bootstrap resample's multiplicities):
   W_ij = (i - j)², κ = 1 - Σ W∘O / Σ W∘E; undefined (NaN) when Σ W∘E = 0 (every patient
   in one stage and every prediction the same).
 
+The **stage confusion** counts the test patients by true stage (rows) and predicted stage
+(columns), both in :data:`~wsi.nodes.PATIENT_STAGES` order: κ's ``O`` with unit weights.
+
 The bootstrap resamples patients, as :mod:`proxyfl.report.clinical`'s does: a patient's
 slides are in or out together, each weighing the number of times the patient was drawn;
 95 % percentile intervals, from ``default_rng(seed)``. A test set of a few patients (the
-demo's four) gives intervals that say mostly that it is small.
+demo's eight) gives intervals that say mostly that it is small.
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ from proxyfl.report.clinical import (
     resample_counts,
 )
 from wsi.nodes import NODE_LABELS, PATIENT_STAGES, patient_stage
+from wsi.sampling import stable_key
 
+SUMMARY_FORMAT = 2
+"""The format of ``results/staging.json`` (2: a threshold per test patient, the stage
+confusion, the wrong calls per slide)."""
 STAGING_MEASURES: tuple[str, ...] = ("kappa", "node_accuracy", "slide_auc")
 MEASURE_TITLES = {"kappa": "pN-stage κ (quadratic)", "node_accuracy": "node accuracy",
                   "slide_auc": "slide AUC (any tumour)"}  # fmt: skip
@@ -64,12 +71,14 @@ class NodeCall:
 
 @dataclass(frozen=True)
 class StagingMeasures:
-    """A method's staging: estimates with intervals, the node confusion matrix (rows true,
-    columns predicted, in :data:`NODE_LABELS` order), each patient's true and predicted
-    stage, and the patients staged from fewer nodes than expected."""
+    """A method's staging: estimates with intervals, the node and stage confusion matrices
+    (rows true, columns predicted, in :data:`NODE_LABELS` and :data:`PATIENT_STAGES`
+    order), each patient's true and predicted stage, and the patients staged from fewer
+    nodes than expected."""
 
     estimates: dict[str, Estimate]
     node_confusion: list[list[int]]
+    stage_confusion: list[list[int]]
     stages: dict[str, tuple[str, str]]  # patient -> (true, predicted)
     incomplete: dict[str, int]  # patient -> nodes read, where fewer than expected
     n_patients: int
@@ -164,9 +173,11 @@ def staging_measures(
         for name in STAGING_MEASURES
     }
     confusion = weighted_confusion(truth, predicted, len(NODE_LABELS)).astype(int).tolist()
+    stage_confusion = weighted_confusion(true_stage, said_stage, len(PATIENT_STAGES))
     return StagingMeasures(
         estimates=estimates,
         node_confusion=confusion,
+        stage_confusion=stage_confusion.astype(int).tolist(),
         stages=stages,
         incomplete={
             p: int(counts[index_of[p]]) for p in patients if counts[index_of[p]] < nodes_per_patient
@@ -188,8 +199,9 @@ def read_staging(path: str | Path) -> dict[str, Any]:
         summary = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise StagingFileError(f"{path}: not a staging summary ({error})") from None
-    if not isinstance(summary, dict) or summary.get("format") != 1:
-        raise StagingFileError(f"{path}: not a staging summary of format 1")
+    if not isinstance(summary, dict) or summary.get("format") != SUMMARY_FORMAT:
+        raise StagingFileError(f"{path}: not a staging summary of format {SUMMARY_FORMAT} "
+                               f"(written by another version: run the staging again)")  # fmt: skip
     for key in ("measures", "methods", "failures"):
         if key not in summary:
             raise StagingFileError(f"{path}: no {key!r} in it")
@@ -236,10 +248,11 @@ def staging_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]
     its 95 % patient-bootstrap interval, the patients and slides it comes from."""
     measures = summary["measures"]
     header = ["method", *(MEASURE_TITLES[m] for m in measures), "patients", "slides",
-              "thresholds (per centre)"]  # fmt: skip
+              "thresholds (centre: per test patient)"]  # fmt: skip
     rows = []
     for key, entry in summary["methods"].items():
-        thresholds = ", ".join(f"{c}: {t:g}" for c, t in entry["thresholds"].items())
+        thresholds = "; ".join(f"{c}: " + ", ".join(f"{t:g}" for t in chosen.values())
+                               for c, chosen in entry["thresholds"].items())  # fmt: skip
         rows.append([key, *(_interval(entry[m]) for m in measures), str(entry["n_patients"]),
                      str(entry["n_slides"]), thresholds])  # fmt: skip
     return header, rows
@@ -252,7 +265,11 @@ def staging_notes(summary: Mapping[str, Any]) -> list[str]:
     notes = [
         f"Test patients of every centre, each staged by its own centre's model; 95 % "
         f"intervals: percentile bootstrap over patients. With {fewest} test patient(s) the "
-        f"intervals say mostly that the test set is small."
+        f"intervals say mostly that the test set is small.",
+        "Each test patient is staged at the threshold that classes the nodes of its "
+        "centre's other test patients best (cross-fitted: never its own labels, never a "
+        "patient the model trained on; the lowest candidate where the centre tests one "
+        "patient): the thresholds column lists them per centre, in patient order.",
     ]
     truths = {pair[0] for e in methods for pair in e["stages"].values()}
     if len(truths) == 1:
@@ -264,14 +281,55 @@ def staging_notes(summary: Mapping[str, Any]) -> list[str]:
     incomplete = sorted({p for e in methods for p in e["incomplete"]})
     if incomplete:
         notes.append(f"Staged from fewer than five readable slides: {', '.join(incomplete)}.")
-    notes += [f"Not mapped: centre {f['center']}, {f['slide']} ({f['split']} patient): "
+    notes += [f"Not mapped: centre {f['center']}, {f['slide']} (patient {f['patient']}): "
               f"{f['reason']}" for f in summary["failures"]]  # fmt: skip
     return notes
 
 
-def staging_table(summary: Mapping[str, Any]) -> str:
-    """The staging table in Markdown, with its notes."""
-    header, rows = staging_rows(summary)
+STAGE_CONFUSION_CORNER = "true \\ predicted"
+
+
+def stage_confusion_rows(entry: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """A method's stage confusion as a table: header (the predicted stages) and a row per
+    true stage, patients counted."""
+    header = [STAGE_CONFUSION_CORNER, *PATIENT_STAGES]
+    rows = [
+        [stage, *(str(count) for count in counts)]
+        for stage, counts in zip(PATIENT_STAGES, entry["stage_confusion"], strict=True)
+    ]
+    return header, rows
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join([*lines, "", *staging_notes(summary)]) + "\n"
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def staging_table(summary: Mapping[str, Any]) -> str:
+    """The staging table in Markdown, with its notes, then each method's stage confusion."""
+    lines = [*_markdown(*staging_rows(summary)), "", *staging_notes(summary), ""]
+    for key, entry in summary["methods"].items():
+        lines += [f"Stage confusion of {key} (patients; rows true, columns predicted):", "",
+                  *_markdown(*stage_confusion_rows(entry)), ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def pictures_to_show(
+    wrong_calls: Mapping[str, Mapping[str, int]],
+    sizes: Mapping[str, Mapping[str, int]],
+    budget_bytes: float,
+    seed: int = 0,
+) -> dict[str, list[str]]:
+    """Which slides' pictures the page embeds, per centre, within ``budget_bytes`` of
+    pictures (``sizes``: each picture's bytes, per centre and slide): the slides most
+    methods called wrong first (``wrong_calls``), then the others in an order drawn from
+    ``seed``, each taken while it fits."""
+    ranked = sorted(((-wrong_calls.get(c, {}).get(s, 0), stable_key(seed, "picture", c, s), c, s)
+                     for c, slides in sizes.items() for s in slides))  # fmt: skip
+    shown: dict[str, list[str]] = {}
+    spent = 0
+    for _, _, center, slide in ranked:
+        if spent + sizes[center][slide] <= budget_bytes:
+            spent += sizes[center][slide]
+            shown.setdefault(center, []).append(slide)
+    return {c: sorted(slides) for c, slides in shown.items()}

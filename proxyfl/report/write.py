@@ -67,6 +67,7 @@ from proxyfl.report.render import (
 from proxyfl.report.select import RunSelection
 from proxyfl.report.staging import (
     StagingFileError,
+    pictures_to_show,
     read_staging,
     staging_of_runs,
     staging_table,
@@ -135,6 +136,7 @@ def write_report(
     audit: Path | None = None,
     staging: Path | None = None,
     staging_dir: Path | None = None,
+    staging_pictures_mb: float | None = None,
     n_resamples: int = N_RESAMPLES,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
@@ -155,7 +157,9 @@ def write_report(
     ``staging`` is the staging's summary (``stage.summary``, :mod:`proxyfl.staging`) and
     ``staging_dir`` its centres' folders (``stage.out``, where the pictures are): when the
     summary exists, ``tables/staging.md`` and the page's staging section (the table, and
-    per centre each test slide's picture) show it; else the page says none was recorded.
+    per centre the test slides' pictures, within ``staging_pictures_mb`` MB when given:
+    the slides most methods called wrong first) show it; else the page says none was
+    recorded.
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed,
     and so are the audit's files of an earlier report when there is no audit now.
@@ -251,6 +255,7 @@ def write_report(
     plot_curves(per_round, "macro_accuracy", "Macro-accuracy", paths.macro_accuracy_png,
                 title=title, majority=majority)  # fmt: skip
     plot_figure(per_round, paths.curves_png, title=title, majority=majority)
+    pictures, pictures_total = _staging_pictures(staged, staging_dir, staging_pictures_mb)
     page = report_html(
         accuracy=shown, privacy=privacy, accuracy_note=note, summary=summary_line(metrics),
         figure_png=paths.curves_png.read_bytes(), figure_title=title, runs=runs,
@@ -265,7 +270,8 @@ def write_report(
         audit_roc_png=paths.audit_roc_png.read_bytes() if paths.audit_roc_png else None,
         audit_roc_title=ROC_TITLE,
         staging=staged, staging_absent=staging_absent,
-        staging_pictures=_staging_pictures(staged, staging_dir),
+        staging_pictures=pictures, staging_pictures_total=pictures_total,
+        staging_pictures_mb=staging_pictures_mb,
     )  # fmt: skip
     atomic.write_text(paths.report_html, page)
     logger.info("report of %d run(s) written to %s", len(runs), out_dir)
@@ -342,23 +348,40 @@ def _staging_models(runs: Sequence[RunResult]) -> dict[str, dict[int, str | None
 
 
 def _staging_pictures(
-    summary: Mapping[str, Any] | None, staging_dir: Path | None
-) -> dict[str, list[tuple[str, bytes]]]:
-    """Per centre, each test slide's picture (slide id, PNG bytes); a picture the summary
-    names that is not there is a ReportError naming it."""
+    summary: Mapping[str, Any] | None, staging_dir: Path | None, budget_mb: float | None
+) -> tuple[dict[str, list[tuple[str, bytes]]], int]:
+    """Per centre, the test slides' pictures the page shows (slide id, PNG bytes), chosen
+    by :func:`~proxyfl.report.staging.pictures_to_show` within ``budget_mb`` MB of PNG
+    (the page embeds them base64, 4/3 as large), and how many pictures there are in all;
+    a picture the summary names that is not there is a ReportError naming it."""
     if summary is None or staging_dir is None:
-        return {}
-    pictures: dict[str, list[tuple[str, bytes]]] = {}
-    for center, slides in summary.get("pictures", {}).items():
-        for slide, relative in sorted(slides.items()):
-            path = Path(staging_dir) / f"center_{center}" / relative
+        return {}, 0
+    paths = {center: {slide: Path(staging_dir) / f"center_{center}" / relative
+                      for slide, relative in slides.items()}
+             for center, slides in summary.get("pictures", {}).items()}  # fmt: skip
+
+    def unreadable(center: str, slide: str, error: OSError) -> ReportError:
+        fix = f"stage centre {center} again: `camelyon-proxyfl stage --centers {center}`"
+        return ReportError(f"{paths[center][slide]}: the picture of {slide} cannot be read "
+                           f"({error.strerror}); {fix}")  # fmt: skip
+
+    sizes: dict[str, dict[str, int]] = {}
+    for center, slides in paths.items():
+        for slide, path in slides.items():
             try:
-                pictures.setdefault(center, []).append((slide, path.read_bytes()))
+                sizes.setdefault(center, {})[slide] = path.stat().st_size
             except OSError as error:
-                fix = f"stage centre {center} again: `camelyon-proxyfl stage --centers {center}`"
-                raise ReportError(f"{path}: the picture of {slide} cannot be read "
-                                  f"({error.strerror}); {fix}") from None  # fmt: skip
-    return pictures
+                raise unreadable(center, slide, error) from None
+    budget = float("inf") if budget_mb is None else budget_mb * 1e6
+    shown = pictures_to_show(summary.get("wrong_calls", {}), sizes, budget)
+    pictures: dict[str, list[tuple[str, bytes]]] = {}
+    for center, slides in shown.items():
+        for slide in slides:
+            try:
+                pictures.setdefault(center, []).append((slide, paths[center][slide].read_bytes()))
+            except OSError as error:
+                raise unreadable(center, slide, error) from None
+    return pictures, sum(len(slides) for slides in sizes.values())
 
 
 def _write_audit(audit: Audit | None, paths: ReportPaths, tables: Path, plots: Path) -> ReportPaths:

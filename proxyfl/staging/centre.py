@@ -1,14 +1,20 @@
-"""One centre's staging, within its own folder: maps of its slides by its models, a
-threshold per model chosen on its training patients, node calls on its test patients.
+"""One centre's staging, within its own folder: maps of its test patients' slides by its
+models, a threshold per model and patient chosen on the centre's other test patients, node
+calls.
 
-**Which slides.** The centre's store says which patients are tested (its test split) and
-which trained the models (its training split); each of their labelled slides in the
-catalogue is mapped (:mod:`wsi.heatmap`), by every model at once. Slides of other
-patients (none, unless preprocessing left a patient out) are not.
+**Which slides.** The centre's store says which patients are tested (its test split);
+each of their labelled slides in the catalogue is mapped (:mod:`wsi.heatmap`), by every
+model at once. The training patients' slides are not: a model is confident on the
+patients it trained on, and a threshold chosen there overfits them (the most confident
+models chose 0.95 and called the fewest nodes right).
 
-**The threshold** of a model is the candidate (``stage.thresholds``) whose lesions give
-the most training patients' nodes their true class (:func:`choose_threshold`; on a tie,
-the lowest: the most sensitive). It never sees a test patient. It is chosen per centre
+**The threshold** that stages test patient ``p`` is *cross-fitted*: the candidate
+(``stage.thresholds``) whose lesions give the most nodes of the centre's *other* test
+patients their true class (:func:`choose_threshold`; on a tie, the lowest: the most
+sensitive); with no other test patient, the lowest candidate. So no patient's own labels
+choose its call, and no patient the model trained on chooses any: leave-one-patient-out
+over patients the model never saw, rather than a validation split that would take
+patients from training in centres of a few (the demo's three). It is chosen per centre
 and model, since each hospital stages with its own.
 
 **The calls.** On each test slide: the node's true class (the labels file), the class of
@@ -20,9 +26,10 @@ slides are smaller than real ones).
 **Files**, all under ``STAGING/center_{c}/`` (no slide, patch or map leaves it):
 ``{ALGORITHM}/seed_{S}/{slide_id}.h5``, the test slides' maps (:func:`wsi.heatmap.
 write_map`); ``pictures/{slide_id}.png``, each test slide with every model's map
-(:mod:`proxyfl.staging.pictures`); and ``calls.json`` (:data:`CALLS_FILE`): per model its
-threshold, the training accuracy of each candidate and the calls, the slides that could
-not be mapped with the reason, the pictures; written last, atomically, with its digest.
+(:mod:`proxyfl.staging.pictures`); and ``calls.json`` (:data:`CALLS_FILE`): per model each
+test patient's threshold, the node accuracy of each candidate on the patients that chose
+it, and the calls, the slides that could not be mapped with the reason, the pictures;
+written last, atomically, with its digest.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from plumbing.atomic import write_bytes, write_json
-from plumbing.verified import record_digest, verify
+from plumbing.verified import DamagedFileError, record_digest, verify
 from proxyfl.report.staging import NodeCall
 from wsi.catalogue import SlideRecord
 from wsi.heatmap import Predictor, SlideCells, TumourMap, predict_cells, slide_cells, write_map
@@ -51,7 +58,7 @@ from wsi.store.reader import read_store_info
 log = logging.getLogger(__name__)
 
 CALLS_FILE = "calls.json"
-CALLS_FORMAT = 1
+CALLS_FORMAT = 2
 PICTURES_DIR = "pictures"
 
 
@@ -65,29 +72,22 @@ def map_path(staging_dir: str | Path, center: int, model_key: str, slide_id: str
 
 @dataclass(frozen=True)
 class StagingSlide:
-    """A labelled slide of a tested or training patient of the centre."""
+    """A labelled slide of a test patient of the centre."""
 
     slide_id: str
     path: Path
     patient: str
     truth: str  # its node class in the labels file
-    split: str  # "test" or "train": which of the store's splits its patient is in
     annotation: Path | None = None  # its lesions' ASAP file, where it has one
 
 
 def centre_slides(records: Sequence[SlideRecord], store: str | Path) -> list[StagingSlide]:
-    """The slides of ``records`` (one centre's catalogue) whose patient is in a split of
-    the centre's ``store``, test patients' first, each sorted by slide id."""
-    info = read_store_info(store, ("train", "test"))
-    split_of = {p: name for name in ("train", "test") for p in info.splits[name].patients}
-    slides = [
-        StagingSlide(
-            r.slide_id, r.path, r.patient_id, r.node_label, split_of[r.patient_id], r.annotation
-        )
-        for r in records
-        if r.node_label is not None and r.patient_id in split_of
-    ]
-    return sorted(slides, key=lambda s: (s.split != "test", s.slide_id))
+    """The labelled slides of ``records`` (one centre's catalogue) whose patient is in the
+    test split of the centre's ``store``, sorted by slide id."""
+    tested = set(read_store_info(store, ("test",)).splits["test"].patients)
+    slides = [StagingSlide(r.slide_id, r.path, r.patient_id, r.node_label, r.annotation)
+              for r in records if r.node_label is not None and r.patient_id in tested]  # fmt: skip
+    return sorted(slides, key=lambda s: s.slide_id)
 
 
 @dataclass(frozen=True)
@@ -142,20 +142,30 @@ class SlideMapper:
 
 
 def choose_threshold(
-    training: Sequence[SlideMaps], model_key: str, candidates: Sequence[float]
+    calibration: Sequence[SlideMaps], model_key: str, candidates: Sequence[float]
 ) -> tuple[float, dict[str, float]]:
-    """``(threshold, {candidate: node accuracy on the training slides})``: the candidate
-    giving the most training nodes their true class, the lowest on a tie; the lowest
-    candidate, and no accuracy, when there is no training slide."""
+    """``(threshold, {candidate: node accuracy on the calibration slides})``: the
+    candidate giving the most calibration nodes their true class, the lowest on a tie;
+    the lowest candidate, and no accuracy, when there is no calibration slide."""
     ordered = sorted(candidates)
-    if not training:
+    if not calibration:
         return ordered[0], {}
     accuracy = {}
     for candidate in ordered:
-        right = [m.node_label(model_key, candidate) == m.slide.truth for m in training]
+        right = [m.node_label(model_key, candidate) == m.slide.truth for m in calibration]
         accuracy[f"{candidate:g}"] = float(np.mean(right))
     best = max(accuracy.values())
     return next(c for c in ordered if accuracy[f"{c:g}"] == best), accuracy
+
+
+def cross_fitted_thresholds(
+    tested: Sequence[SlideMaps], model_key: str, candidates: Sequence[float]
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """Per test patient, :func:`choose_threshold` on the slides of the others (the module
+    docstring): ``{patient: (threshold, {candidate: accuracy})}``."""
+    patients = sorted({m.slide.patient for m in tested})
+    return {p: choose_threshold([m for m in tested if m.slide.patient != p], model_key,
+                                candidates) for p in patients}  # fmt: skip
 
 
 @dataclass
@@ -182,30 +192,30 @@ def centre_calls(
     digests: Mapping[str, str],
     candidates: Sequence[float],
 ) -> CentreCalls:
-    """Each model's threshold (from the training slides) and calls (on the test slides)."""
-    training = [m for m in mapped if m.slide.split == "train"]
-    tested = [m for m in mapped if m.slide.split == "test"]
+    """Each model's thresholds (cross-fitted over the test patients) and calls."""
     result = CentreCalls(
         center=center,
         failures=[
-            {"slide": s.slide_id, "patient": s.patient, "split": s.split, "reason": why}
-            for s, why in failures
+            {"slide": s.slide_id, "patient": s.patient, "reason": why} for s, why in failures
         ],
-        test_patients=sorted(
-            {m.slide.patient for m in tested}
-            | {s.patient for s, _ in failures if s.split == "test"}
-        ),
+        test_patients=sorted({m.slide.patient for m in mapped} | {s.patient for s, _ in failures}),
     )
     for key, digest in digests.items():
-        threshold, accuracy = choose_threshold(training, key, candidates)
+        chosen = cross_fitted_thresholds(mapped, key, candidates)
         calls = []
-        for m in tested:
-            extent = m.largest_lesion_um(key, threshold)
+        for m in mapped:
+            extent = m.largest_lesion_um(key, chosen[m.slide.patient][0])
             call = NodeCall(m.slide.patient, m.slide.slide_id, m.slide.truth,
                             node_label(extent, m.thresholds), m.score(key), extent)  # fmt: skip
             calls.append(asdict(call))
-        result.models[key] = {"model": digest, "threshold": threshold,
-                              "training_accuracy": accuracy, "calls": calls}  # fmt: skip
+        result.models[key] = {
+            "model": digest,
+            "thresholds": {patient: threshold for patient, (threshold, _) in chosen.items()},
+            "calibration_accuracy": {
+                patient: accuracy for patient, (_, accuracy) in chosen.items()
+            },
+            "calls": calls,
+        }
     return result
 
 
@@ -224,8 +234,8 @@ def slide_picture_png(m: SlideMaps, calls: CentreCalls, backend: Backend = "auto
     panels = []
     for key, probability in m.maps.items():
         call = next(c for c in calls.models[key]["calls"] if c["slide_id"] == m.slide.slide_id)
-        panels.append(Panel(titles[key], probability, calls.models[key]["threshold"],
-                            call["predicted"]))  # fmt: skip
+        threshold = calls.models[key]["thresholds"][m.slide.patient]
+        panels.append(Panel(titles[key], probability, threshold, call["predicted"]))
     title = f"{m.slide.slide_id} (centre {calls.center})"
     return slide_picture(thumbnail, downsample, lesions, m.slide.truth, m.cells.extent,
                          panels, title)  # fmt: skip
@@ -242,8 +252,6 @@ def write_centre(
     folder = centre_dir(staging_dir, calls.center)
     (folder / PICTURES_DIR).mkdir(parents=True, exist_ok=True)
     for m in mapped:
-        if m.slide.split != "test":
-            continue
         for key, probability in m.maps.items():
             write_map(map_path(staging_dir, calls.center, key, m.slide.slide_id),
                       TumourMap(m.slide.slide_id, probability, m.cells.tissue_fraction,
@@ -262,7 +270,10 @@ def read_centre(staging_dir: str | Path, center: int) -> CentreCalls:
     """A centre's ``calls.json``, verified (a :class:`~plumbing.verified.DamagedFileError`
     names it, and the command that stages the centre again)."""
     path = centre_dir(staging_dir, center) / CALLS_FILE
-    verify(path, f"stage the centre again: `camelyon-proxyfl stage --centers {center}`")
+    again = f"stage the centre again: `camelyon-proxyfl stage --centers {center}`"
+    verify(path, again)
     content = json.loads(path.read_text())
-    content.pop("format", None)
+    if content.pop("format", None) != CALLS_FORMAT:
+        raise DamagedFileError(path, f"written by another version (not format {CALLS_FORMAT})",
+                               again)  # fmt: skip
     return CentreCalls(**content)

@@ -16,10 +16,14 @@ from typing import Any
 
 from plumbing.atomic import write_json
 from proxyfl.report.load import order_key
-from proxyfl.report.staging import STAGING_MEASURES, NodeCall, StagingMeasures, staging_measures
+from proxyfl.report.staging import (
+    STAGING_MEASURES,
+    SUMMARY_FORMAT,
+    NodeCall,
+    StagingMeasures,
+    staging_measures,
+)
 from proxyfl.staging.centre import CentreCalls, read_centre
-
-SUMMARY_FORMAT = 1
 
 
 def _number(value: float) -> float | None:
@@ -33,6 +37,7 @@ def _measures_json(measures: StagingMeasures) -> dict[str, Any]:
             for name, e in measures.estimates.items()
         },
         "node_confusion": measures.node_confusion,
+        "stage_confusion": measures.stage_confusion,
         "stages": {patient: list(pair) for patient, pair in measures.stages.items()},
         "incomplete": measures.incomplete,
         "n_patients": measures.n_patients,
@@ -49,8 +54,8 @@ def summarise(
     seed: int,
 ) -> dict[str, Any]:
     """``staging.json``'s content: per model key (``ALGORITHM/seed_S``, paper order) its
-    measures over every centre's test patients, each centre's threshold and the digest of
-    the model that staged it; the slides no centre could map."""
+    measures over every centre's test patients, each test patient's threshold per centre
+    and the digest of the model that staged each centre; the slides no centre could map."""
     keys = sorted({key for centre in centres for key in centre.models},
                   key=lambda k: (order_key(k.split("/")[0]), k))  # fmt: skip
     methods: dict[str, Any] = {}
@@ -63,8 +68,9 @@ def summarise(
         measures = staging_measures(calls, true_stages, n_resamples=n_resamples, seed=seed)
         methods[key] = {
             **_measures_json(measures),
+            # each test patient's threshold, chosen on its centre's other test patients
             "thresholds": {
-                str(c.center): c.models[key]["threshold"] for c in centres if key in c.models
+                str(c.center): c.models[key]["thresholds"] for c in centres if key in c.models
             },
             # the model file each centre was staged with (its recorded SHA-256): the report
             # shows the staging only beside the runs whose kept models these still are
@@ -75,9 +81,20 @@ def summarise(
         "measures": list(STAGING_MEASURES),
         "methods": methods,
         "failures": [{"center": c.center, **f} for c in centres for f in c.failures],
+        # per centre and test slide, how many methods called its node class wrong: the
+        # report shows those slides' pictures first
+        "wrong_calls": {str(c.center): _wrong_calls(c) for c in centres},
         # each test slide's picture, relative to its centre's folder (STAGING/center_c/)
         "pictures": {str(c.center): c.pictures for c in centres},
     }
+
+
+def _wrong_calls(centre: CentreCalls) -> dict[str, int]:
+    wrong: dict[str, int] = {}
+    for key in centre.models:
+        for call in centre.calls_of(key):
+            wrong[call.slide_id] = wrong.get(call.slide_id, 0) + (call.predicted != call.truth)
+    return wrong
 
 
 def write_summary(

@@ -82,7 +82,7 @@ def test_the_report_flow_tables_the_runs_and_names_a_missing_one(
     # committed results/staging.json is), whose pictures are not here: not shown, no error
     other = tmp_path / "staging.json"
     other.write_text(json.dumps({
-        "format": 1, "measures": [], "failures": [],
+        "format": 2, "measures": [], "failures": [],
         "methods": {"FedAvg/seed_0": {"models": {"0": "sha256:" + "1" * 64}}},
         "pictures": {"0": {"patient_002_node_0": "pictures/patient_002_node_0.png"}},
     }))  # fmt: skip

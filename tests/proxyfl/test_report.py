@@ -855,24 +855,43 @@ def test_the_staging_is_shown_beside_its_runs_and_a_missing_picture_is_named(
     _keep_models(regular, seed=0)
     digests = {str(c): staging_model(regular, "Regular", 0, [0, 1], c).digest for c in (0, 1)}
     staging_dir = tmp_path / "staging"
-    picture = staging_dir / "center_0" / "pictures" / "patient_000_node_0.png"
-    picture.parent.mkdir(parents=True)
-    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)
+    pictures = staging_dir / "center_0" / "pictures"
+    pictures.mkdir(parents=True)
+    for node in (0, 1, 2):  # 1,000 bytes each
+        (pictures / f"patient_000_node_{node}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 992)
+    picture = pictures / "patient_000_node_0.png"
+    confusion = [[0] * 5 for _ in range(5)]
+    confusion[3][4] = 1  # one pN1 patient called pN2
     summary = tmp_path / "staging.json"
     summary.write_text(json.dumps({
-        "format": 1, "measures": [], "failures": [],
+        "format": 2, "measures": [], "failures": [],
         "methods": {"Regular/seed_0": {
-            "n_patients": 1, "n_slides": 1, "thresholds": {"0": 0.5, "1": 0.7},
-            "stages": {"patient_000": ["pN1", "pN1"]}, "incomplete": [], "models": digests,
+            "n_patients": 1, "n_slides": 3,
+            "thresholds": {"0": {"patient_000": 0.5}, "1": {"patient_020": 0.7}},
+            "stages": {"patient_000": ["pN1", "pN2"]}, "incomplete": [], "models": digests,
+            "stage_confusion": confusion,
         }},
-        "pictures": {"0": {"patient_000_node_0": "pictures/patient_000_node_0.png"}},
+        "wrong_calls": {"0": {"patient_000_node_0": 0, "patient_000_node_1": 0,
+                              "patient_000_node_2": 1}},
+        "pictures": {"0": {f"patient_000_node_{n}": f"pictures/patient_000_node_{n}.png"
+                           for n in (0, 1, 2)}},
     }))  # fmt: skip
     runs = load_runs(runs_dir)
     paths = write_report(runs, tmp_path / "out", staging=summary, staging_dir=staging_dir)
     assert paths.staging_md is not None
-    assert "| Regular/seed_0 |" in paths.staging_md.read_text()
+    markdown = paths.staging_md.read_text()
+    assert "| Regular/seed_0 |" in markdown and "| 0: 0.5; 1: 0.7 |" in markdown
+    assert "Stage confusion of Regular/seed_0" in markdown
+    assert "| pN1 | 0 | 0 | 0 | 0 | 1 |" in markdown  # true pN1, predicted pN2
     page = paths.report_html.read_text()
-    assert page.count('<figure class="staging">') == 1 and "patient_000_node_0" in page
+    assert page.count('<figure class="staging">') == 3 and "3 of 3 slides shown" in page
+    assert 'id="stage-confusion-1"' in page
+    # a budget of two pictures: the slide a method called wrong first, then one other
+    paths = write_report(runs, tmp_path / "out", staging=summary, staging_dir=staging_dir,
+                         staging_pictures_mb=0.0025)  # fmt: skip
+    page = paths.report_html.read_text()
+    assert page.count('<figure class="staging">') == 2 and "2 of 3 slides shown" in page
+    assert "patient_000_node_2: the slide" in page
 
     # a picture the summary names that is gone: refused, naming it and the repair
     picture.unlink()

@@ -1,10 +1,11 @@
 """One centre's staging with real slides, a real store and real kept models: the slides
-its store's splits name, maps by every model in one read, thresholds from the training
-patients only, calls on the test patients, files within the centre's folder, verified;
-a slide that cannot be read is recorded and the others are staged."""
+of its store's test patients, maps by every model in one read, each patient's threshold
+cross-fitted on the other test patients, calls, files within the centre's folder,
+verified; a slide that cannot be read is recorded and the others are staged."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from plumbing.verified import DamagedFileError
+from plumbing.verified import DamagedFileError, record_digest
 from proxyfl.engine.models import build_model
 from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
 from proxyfl.kept import trained_path
@@ -22,10 +23,12 @@ from proxyfl.staging.centre import (
     CALLS_FILE,
     SlideMapper,
     SlideMaps,
+    StagingSlide,
     centre_calls,
     centre_dir,
     centre_slides,
     choose_threshold,
+    cross_fitted_thresholds,
     map_path,
     read_centre,
     write_centre,
@@ -39,6 +42,7 @@ from wsi.heatmap import read_map
 from wsi.nodes import NodeThresholds
 from wsi.patches import PatchParams
 from wsi.preprocess import center_store, slide_patches
+from wsi.store.reader import read_store_info
 from wsi.store.schema import store_path
 
 PARAMS = PatchParams(patch_size=32, level=2)
@@ -86,9 +90,10 @@ def test_each_run_stages_a_centre_with_the_model_the_hospital_came_for(centre) -
 def test_a_centre_is_staged_within_its_folder_from_its_own_splits(centre, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root, records = centre
     slides = centre_slides(records, store_path(root / "stores", 0))
-    assert {s.split for s in slides} == {"train", "test"}
-    test_patients = {s.patient for s in slides if s.split == "test"}
-    assert not test_patients & {s.patient for s in slides if s.split == "train"}
+    test_patients = {s.patient for s in slides}
+    stored = read_store_info(store_path(root / "stores", 0), ("train", "test")).splits
+    assert test_patients == set(stored["test"].patients) and test_patients
+    assert len(slides) == 5 * len(test_patients)  # every node of each, none of training
     models = {m.key: m for m in (
         staging_model(root / "runs/ProxyFL/seed_0", "ProxyFL", 0, [0, 1], 0),
         staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0),
@@ -110,20 +115,17 @@ def test_a_centre_is_staged_within_its_folder_from_its_own_splits(centre, tmp_pa
     assert calls.test_patients == sorted(test_patients)
     for key in models:
         entry = calls.models[key]
-        training = [m for m in mapped if m.slide.split == "train"]
-        assert (entry["threshold"], entry["training_accuracy"]) == choose_threshold(
-            training, key, [0.9, 0.5, 0.3]
-        )
+        # one test patient: no other to choose on, the lowest candidate
+        assert entry["thresholds"] == {p: 0.3 for p in test_patients}
         staged = [c.slide_id for c in calls.calls_of(key)]
-        assert staged == [s.slide_id for s in slides if s.split == "test"]
+        assert staged == [s.slide_id for s in slides]
     written = write_centre(tmp_path, calls, mapped)
     assert written == centre_dir(tmp_path, 0) / CALLS_FILE
     files = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.h5")}
-    assert files == {f"center_0/{key}/{s.slide_id}.h5" for key in models for s in slides
-                     if s.split == "test"}  # fmt: skip
+    assert files == {f"center_0/{key}/{s.slide_id}.h5" for key in models for s in slides}
     back = read_centre(tmp_path, 0)
     assert back.models == calls.models
-    tested = [s.slide_id for s in slides if s.split == "test"]
+    tested = [s.slide_id for s in slides]
     assert sorted(back.pictures) == sorted(tested)
     for picture in back.pictures.values():  # each test slide drawn, beside its maps
         assert (centre_dir(tmp_path, 0) / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -134,12 +136,23 @@ def test_a_centre_is_staged_within_its_folder_from_its_own_splits(centre, tmp_pa
     (centre_dir(tmp_path, 0) / CALLS_FILE).write_text("{}")
     with pytest.raises(DamagedFileError, match="camelyon-proxyfl stage --centers 0"):
         read_centre(tmp_path, 0)
+    # calls of the earlier format (one threshold per model, chosen on training patients)
+    old = {"format": 1, **{k: v for k, v in calls.to_json().items() if k != "format"}}
+    (centre_dir(tmp_path, 0) / CALLS_FILE).write_text(json.dumps(old))
+    record_digest(centre_dir(tmp_path, 0) / CALLS_FILE)
+    with pytest.raises(DamagedFileError, match=r"another version.*stage --centers 0"):
+        read_centre(tmp_path, 0)
 
 
-def test_the_threshold_is_chosen_on_training_nodes_and_the_lowest_on_a_tie(centre) -> None:  # type: ignore[no-untyped-def]
-    root, records = centre
-    slides = [s for s in centre_slides(records, store_path(root / "stores", 0))
-              if s.split == "train"]  # fmt: skip
+def _every_node(records) -> list[StagingSlide]:  # type: ignore[no-untyped-def]
+    """Centre 0's labelled slides, of both its patients (as if both were tested)."""
+    return [StagingSlide(r.slide_id, r.path, r.patient_id, r.node_label, r.annotation)
+            for r in records if r.node_label]  # fmt: skip
+
+
+def test_the_threshold_is_the_best_on_the_calibration_nodes_and_the_lowest_on_a_tie(centre) -> None:  # type: ignore[no-untyped-def]
+    _, records = centre
+    slides = _every_node(records)
     truth_as_map = {"truth": lambda p: np.zeros(len(p))}  # set below, per slide
     mapper = SlideMapper(PARAMS, truth_as_map, 500, NodeThresholds(), 8000.0)
     mapped = [mapper.map_or_failure(s) for s in slides]
@@ -159,6 +172,43 @@ def test_the_threshold_is_chosen_on_training_nodes_and_the_lowest_on_a_tie(centr
     assert choose_threshold([], "truth", [0.7, 0.5]) == (0.5, {})
 
 
+def test_each_patient_is_staged_at_the_threshold_of_the_other_patients(centre) -> None:  # type: ignore[no-untyped-def]
+    _, records = centre
+    slides = _every_node(records)
+    patients = sorted({s.patient for s in slides})
+    assert len(patients) == 2
+    mapper = SlideMapper(PARAMS, {"model": lambda p: np.zeros(len(p))}, 500,
+                         NodeThresholds(), 8000.0)  # fmt: skip
+    mapped = [m for m in map(mapper.map_or_failure, slides) if isinstance(m, SlideMaps)]
+    assert len(mapped) == len(slides)
+    # the first patient's tumour shows at 0.6 and its negative nodes at 0; the second's
+    # tumour at 0.95 and its negative nodes at 0.7: alone, each would choose its own
+    # threshold (0.5 finds the first's tumour; 0.9 spares the second's negative nodes)
+    tumour = {patients[0]: 0.6, patients[1]: 0.95}
+    healthy = {patients[0]: 0.0, patients[1]: 0.7}
+    for m in mapped:
+        inside = ~np.isnan(m.maps["model"])
+        level = healthy if m.slide.truth == "negative" else tumour
+        m.maps["model"][inside] = level[m.slide.patient]
+    candidates = [0.5, 0.9]
+    alone = {p: choose_threshold([m for m in mapped if m.slide.patient == p], "model",
+                                 candidates)[0] for p in patients}  # fmt: skip
+    assert alone == {patients[0]: 0.5, patients[1]: 0.9}
+    chosen = cross_fitted_thresholds(mapped, "model", candidates)
+    assert {p: t for p, (t, _) in chosen.items()} == {patients[0]: 0.9, patients[1]: 0.5}
+    for patient in patients:
+        others = [m for m in mapped if m.slide.patient != patient]
+        assert chosen[patient] == choose_threshold(others, "model", candidates)
+    # a patient's own labels never choose its threshold: relabel them, it does not move
+    relabelled = [SlideMaps(StagingSlide(m.slide.slide_id, m.slide.path, m.slide.patient,
+                                         "negative"), m.cells, m.maps, m.thresholds)
+                  if m.slide.patient == patients[0] else m for m in mapped]  # fmt: skip
+    assert cross_fitted_thresholds(relabelled, "model", candidates)[patients[0]] == chosen[
+        patients[0]]  # fmt: skip
+    calls = centre_calls(0, mapped, [], {"model": "sha256:" + "1" * 64}, candidates)
+    assert calls.models["model"]["thresholds"] == {p: t for p, (t, _) in chosen.items()}
+
+
 def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root, records = centre
     slides = centre_slides(records, store_path(root / "stores", 0))
@@ -168,7 +218,7 @@ def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_pat
     with broken.open("r+b") as handle:
         handle.seek(0)
         handle.write(b"\x00" * 16)  # not a TIFF any more
-    slides[0] = type(victim)(victim.slide_id, broken, victim.patient, victim.truth, victim.split)
+    slides[0] = type(victim)(victim.slide_id, broken, victim.patient, victim.truth)
     model = staging_model(root / "runs/Joint/seed_0", "Joint", 0, [0, 1], 0)
     predictors = {model.key: model_predictor(model, torch.device("cpu"), 64)}
     mapper = SlideMapper(PARAMS, predictors, 64, NodeThresholds(), 8000.0)
@@ -178,11 +228,11 @@ def test_an_unreadable_slide_is_recorded_and_the_rest_are_staged(centre, tmp_pat
     mapped = [o for o in outcomes if isinstance(o, SlideMaps)]
     calls = centre_calls(0, mapped, [(slides[0], outcomes[0])], {model.key: model.digest}, [0.5])
     assert calls.failures[0]["slide"] == victim.slide_id
-    assert victim.patient in calls.test_patients or victim.split == "train"
+    assert victim.patient in calls.test_patients
     summary = summarise([calls], {r.patient_id: r.patient_stage for r in records},
                         n_resamples=100, seed=0)  # fmt: skip
     entry = summary["methods"][model.key]
-    assert entry["n_slides"] == sum(m.slide.split == "test" for m in mapped)
+    assert entry["n_slides"] == len(mapped)
     # the summary names the model it staged with: shown beside this run while it keeps it
     assert entry["models"] == {"0": model.digest} and model.digest.startswith("sha256:")
     assert staging_of_runs(summary, {model.key: {0: model.digest}})[0] is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.metrics import cohen_kappa_score, roc_auc_score
+from sklearn.metrics import cohen_kappa_score, confusion_matrix, roc_auc_score
 
 from proxyfl.report.staging import (
     NodeCall,
@@ -96,6 +96,8 @@ def test_a_methods_measures_come_from_its_calls_with_patient_intervals() -> None
             truth, said, weights="quadratic", labels=["pN0", "pN0(i+)", "pN1mi", "pN1", "pN2"]
         )
     )
+    stage_order = ["pN0", "pN0(i+)", "pN1mi", "pN1", "pN2"]
+    assert measures.stage_confusion == confusion_matrix(truth, said, labels=stage_order).tolist()
     for estimate in measures.estimates.values():
         assert estimate.low <= estimate.value <= estimate.high or np.isnan(estimate.value)
     again = staging_measures(calls, stages, n_resamples=500, seed=1)

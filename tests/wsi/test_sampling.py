@@ -130,3 +130,33 @@ def test_labels_offered_follows_the_labelling_rule(healthy_source: str) -> None:
             )
             given = set(labels.tolist()) - {UNUSABLE}
             assert labels_offered(node_label, annotated, params.healthy_source) == given
+
+
+def test_the_patient_split_is_stratified_by_stage_within_what_patients_offer() -> None:
+    """Twenty tumour patients of five stages (8, 4, 4, 3, 1) and ten healthy-only ones:
+    each stage gives floor or ceil of its share to test, whatever the seed; a lone pN2 is
+    in test for about test_fraction of the seeds; the split is a function of its inputs."""
+    counts = {"pN0(i+)": 8, "pN0": 0, "pN1mi": 4, "pN1": 4, "pN2": 3}
+    stages = {}
+    for stage, n in counts.items():
+        stages.update({f"{stage}_{i}": stage for i in range(n)})
+    stages["pN2_lone"] = "pN2"  # with the three other pN2: four
+    healthy = {f"pN0_{i}": "pN0" for i in range(10)}
+    patients = [*stages, *healthy]
+    offers = [{0, 1}] * len(stages) + [{0}] * len(healthy)
+    lone = 0
+    for seed in range(200):
+        test = split_patients(patients, offers, test_fraction=0.25, seed=seed,
+                              stages={**stages, **healthy})  # fmt: skip
+        assert test == split_patients(patients, offers, test_fraction=0.25, seed=seed,
+                                      stages={**stages, **healthy})  # fmt: skip
+        assert len(test & set(stages)) == 5 and len(test & set(healthy)) == 2  # 20/4, 10/4
+        for stage in ("pN0(i+)", "pN1mi", "pN1", "pN2"):
+            members = {p for p, s in stages.items() if s == stage}
+            share = 0.25 * len(members)
+            assert int(np.floor(share)) <= len(test & members) <= int(np.ceil(share)), stage
+        lone += "pN2_lone" in test
+    assert 0.15 < lone / 200 < 0.35  # one of four pN2 patients, a quarter of them tested
+    # without stages: the same counts per stratum (what the patients offer decides them)
+    plain = split_patients(patients, offers, test_fraction=0.25, seed=0)
+    assert len(plain & set(stages)) == 5 and len(plain & set(healthy)) == 2

@@ -24,12 +24,14 @@ Rules the generated data follow
   0.128: ``T_itc`` = 25.6 µm (102 px) and ``T_macro`` = 256 µm (1024 px). The CLI prints
   the thresholds it used; :attr:`SynthConfig.itc_max_um` and
   :attr:`SynthConfig.macro_min_um` give them in code.
-* **Which labels.** Per patient (with stream ``(seed, patient)``): ``min_negative_nodes``
-  (2) nodes are ``negative``, ``min_tumour_nodes`` (2) are ``micro`` or ``macro`` with at
-  least one ``macro``, the others are drawn from all four labels; the order is shuffled.
-  So every centre has both negative slides (healthy patches) and annotated slides with
-  large lesions (tumour patches), even with N = 2; with the defaults every patient is
-  ``pN1`` or ``pN2``. Set both minimums to 0 to see every patient stage.
+* **Which stages, which labels** (:mod:`wsi.synth.rules`, stream ``(seed, centre)`` for
+  stages, ``(seed, patient)`` for nodes): each patient's pN stage is drawn first, from
+  ``stage_weights`` (pN0 0.36, pN0(i+) 0.12, pN1mi 0.16, pN1 0.24, pN2 0.12), except
+  ``tumour_patients_per_center`` (2) patients of each centre, drawn pN1 or pN2 with at
+  least one negative node, so that every centre has annotated slides with large lesions
+  (tumour patches) and negative slides (healthy patches) even with N = 1 or 2. Its nodes
+  are then drawn to give that stage back under :func:`wsi.nodes.patient_stage`; a pN0
+  patient has five negative slides and gives healthy patches only.
 * **Patient stage** (pN rules, as in Camelyon-17): ``pN0`` all nodes negative;
   ``pN0(i+)`` only ITCs; ``pN1mi`` micro-metastases but no macro; ``pN1`` 1-3 positive
   (micro or macro) nodes with at least one macro; ``pN2`` 4-9 positive nodes with at
@@ -80,7 +82,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(["SynthManifest", "SynthSlide", "annotation_path", "dataset_is_written",
                      "generate_dataset",
                      "generate_slide", "slide_path", "stage_labels_text"], "wsi.synth.dataset"),
-    **dict.fromkeys(["assign_node_labels", "max_feret_diameter", "slide_id"], "wsi.synth.rules"),
+    **dict.fromkeys(["assign_cohort", "assign_node_labels", "draw_patients", "max_feret_diameter",
+                     "slide_id"], "wsi.synth.rules"),
     **dict.fromkeys(["node_label", "patient_stage"], "wsi.nodes"),
     **dict.fromkeys(["CenterLook", "StainProfile", "center_look", "center_stain"],
                     "wsi.synth.stain"),

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from wsi.catalogue import PATIENTS_PER_CENTER
-from wsi.nodes import METASTASIS_LABELS, NodeThresholds, label_scale
+from wsi.nodes import METASTASIS_LABELS, PATIENT_STAGES, NodeThresholds, label_scale
 
 # in the ImageDescription of every slide wsi.synth writes: how a centre's report, and the
 # report, tell synthetic slides from real ones (wsi.slide.is_synthetic_slide)
@@ -24,6 +24,14 @@ _STREAM_LABELS = 1
 _STREAM_SLIDE = 2
 _STREAM_BAND = 3
 _STREAM_STAIN = 4
+_STREAM_STAGES = 5
+
+STAGE_WEIGHTS: tuple[float, ...] = (0.36, 0.12, 0.16, 0.24, 0.12)
+"""The chances of ``pN0, pN0(i+), pN1mi, pN1, pN2`` (:data:`wsi.nodes.PATIENT_STAGES`)
+for a patient outside its centre's tumour slots (:mod:`wsi.synth.rules`): near
+Camelyon-17's cohorts, where about a third of the patients are pN0 and the metastatic
+ones spread over the four other stages (the challenge paper, Bandi et al. 2019; the
+dataset paper, Litjens et al. 2018)."""
 
 
 def _max_levels(width: int, height: int) -> int:
@@ -75,8 +83,12 @@ class SynthConfig(BaseModel):
     levels: int | None = Field(None, description="pyramid levels (null: down to <= 512 px)")
     layout: Layout = Field("nested", description="center_{c}/patient_{p}/ or flat center_{c}/")
     jpeg_quality: int = Field(90, description="JPEG quality of the tiles (1..100)")
-    min_negative_nodes: int = Field(2, description="negative slides per patient, at least")
-    min_tumour_nodes: int = Field(2, description="slides with lesions per patient, at least")
+    stage_weights: tuple[float, float, float, float, float] = Field(
+        STAGE_WEIGHTS, description="chances of pN0, pN0(i+), pN1mi, pN1, pN2 (wsi.synth.rules)"
+    )
+    tumour_patients_per_center: int = Field(
+        2, description="patients per centre drawn pN1 or pN2 with a negative node, at least"
+    )
     tissue_fraction: tuple[float, float] = Field(
         (0.30, 0.55), description="range of the tissue's share of a slide"
     )
@@ -106,10 +118,17 @@ class SynthConfig(BaseModel):
             problems.append(f"layout must be one of {LAYOUTS}")
         if not 1 <= self.jpeg_quality <= 100:
             problems.append("jpeg_quality must be in 1..100")
-        if min(self.min_negative_nodes, self.min_tumour_nodes) < 0 or (
-            self.min_negative_nodes + self.min_tumour_nodes > self.nodes_per_patient
+        if any(w < 0 for w in self.stage_weights) or not sum(self.stage_weights) > 0:
+            problems.append("stage_weights must be non-negative with a positive sum")
+        elif self.nodes_per_patient < 4 and self.stage_weights[PATIENT_STAGES.index("pN2")]:
+            problems.append("pN2 needs 4 or more nodes_per_patient: give it no stage_weight")
+        if self.tumour_patients_per_center < 0:
+            problems.append("tumour_patients_per_center must be >= 0")
+        elif self.tumour_patients_per_center and (
+            self.nodes_per_patient < 2 or not any(self.stage_weights[3:])
         ):
-            problems.append("min_negative_nodes + min_tumour_nodes must be <= nodes_per_patient")
+            problems.append("tumour_patients_per_center needs 2 or more nodes_per_patient "
+                            "and a stage_weight for pN1 or pN2")  # fmt: skip
         low, high = self.tissue_fraction
         if not 0.05 <= low <= high <= 0.9:
             problems.append("tissue_fraction must satisfy 0.05 <= low <= high <= 0.9")

@@ -20,7 +20,7 @@ from wsi.nodes import node_label, patient_stage
 from wsi.synth.config import CARVE_OUT_GROUP, TUMOUR_GROUP, Layout, SynthConfig
 from wsi.synth.plan import plan_slide
 from wsi.synth.render import render_slide_bands
-from wsi.synth.rules import assign_node_labels, slide_id
+from wsi.synth.rules import assign_cohort, slide_id
 from wsi.synth.tiff import write_pyramidal_tiff
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def generate_dataset(
     started = time.perf_counter()
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    labels = {patient: assign_node_labels(config, patient) for patient in config.patients()}
+    labels = assign_cohort(config)
     tasks = [
         _SlideTask(root, config, patient, node, label)
         for patient, node_labels in labels.items()
