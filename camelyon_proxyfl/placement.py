@@ -19,7 +19,8 @@ from proxyfl.launch.job import Placement
 
 def placement(train: TrainSection) -> Placement:
     """Where every job of ``train`` runs, and what starts its ranks."""
-    return Placement(launcher=train.launcher, hosts=tuple(train.hosts), hostfile=train.hostfile)
+    return Placement(launcher=train.launcher, hosts=tuple(train.hosts), hostfile=train.hostfile,
+                     ssh_timeout_s=train.ssh_timeout_s)  # fmt: skip
 
 
 def _hostfile_problem(train: TrainSection) -> str | None:

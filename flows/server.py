@@ -22,12 +22,14 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from plumbing.errors import PipelineError
 from plumbing.processes import parent_bound_command, stop_tree
 from plumbing.verified import DamagedFileError
 
@@ -195,24 +197,69 @@ def _deliver_logs_and_events(timeout_s: float = 30.0) -> None:
     EventsWorker.drain_all(timeout=timeout_s)
 
 
+BUG_REPORT = "docs/troubleshooting.md#reporting-a-bug"
+"""Where a traceback goes: the one kind of failure the pipeline does not explain."""
+
+
+class _ExpectedTracebacks(logging.Filter):
+    """Drops the records that carry the traceback of an expected error (Prefect's "Task
+    run failed with exception" and "Encountered exception during execution"): the command
+    says the error in one line, and the Prefect UI keeps the traceback."""
+
+    def __init__(self, expected: tuple[type[BaseException], ...]) -> None:
+        super().__init__()
+        self.expected = expected
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, self.expected)
+
+
+@contextlib.contextmanager
+def tracebacks_for_bugs_only(expected: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """While inside, the console shows no traceback of an ``expected`` error: a filter on
+    every stream handler of Prefect's loggers and of the root logger (not on the handler
+    that sends logs to the Prefect API)."""
+    names = ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
+    handlers = {h for name in names for h in logging.getLogger(name).handlers
+                if isinstance(h, logging.StreamHandler)}  # fmt: skip
+    quiet = _ExpectedTracebacks(expected)
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
 def run_flow_command(
     run: Callable[[], object],
     failures: tuple[type[Exception], ...],
     host: str = "127.0.0.1",
 ) -> int:
     """A flow command's exit status: ``run()`` with one Prefect server for it and all its
-    workers (:func:`shared_prefect_api`); 0, or after printing ``error: ...``: 2 when a
-    file it read does not verify (:class:`~plumbing.verified.DamagedFileError`: bad
-    input, which the message says how to repair), 1 when it fails with one of
-    ``failures`` (or no server can start)."""
+    workers (:func:`shared_prefect_api`); 0, or after printing one ``error: ...`` line and
+    no traceback: 2 when a file it read does not verify
+    (:class:`~plumbing.verified.DamagedFileError`: bad input, which the message says how
+    to repair), the error's own ``exit_status`` when it has one (a host a launch lost: 2),
+    else 1 when it fails with another of the project's errors
+    (:class:`~plumbing.errors.PipelineError`), one of ``failures`` or no server can start.
+    Any other exception is a bug: its traceback, then where to report it, and 1."""
+    expected = (PipelineError, *failures, ServerStartError)
     try:
-        with shared_prefect_api(host):
+        with tracebacks_for_bugs_only(expected), shared_prefect_api(host):
             run()
     except DamagedFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (*failures, ServerStartError) as error:
+    except (PipelineError, *failures, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return getattr(error, "exit_status", 1)  # 2 where the error says it is bad input
+    except Exception as error:  # a bug: the one case that deserves a traceback
+        traceback.print_exc()
+        print(f"error: {type(error).__name__} is a bug, not a bad input: please report it "
+              f"with the traceback above ({BUG_REPORT})", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

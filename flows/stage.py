@@ -13,15 +13,15 @@ Every method's node accuracy, slide AUC and pN-stage kappa, from its models' cal
     python -m flows.stage --batch-size 1024 --device cuda
 
 The runs are those ``train:`` lists (finished, with their kept models); each centre's
-slides are its patients in ``data.root`` whose store (``preprocess.out``) puts them in a
-split: the test patients are staged, the training patients choose each model's lesion
-threshold. A centre whose models, slides, store, settings and code are those recorded
-when it was last staged is kept (:mod:`proxyfl.staging.freshness`). Every number comes
-from ``params.yaml``'s ``stage:`` section (the node rule's thresholds are Camelyon-17's),
-and every flag overrides one. A slide that cannot be read is recorded in its centre's
-calls (and the summary) and the rest are staged. Prints the staging table. Exits 1 when
-a run keeps no model or a store is missing, 2 on a bad parameter or a file that does not
-verify.
+slides are those of its patients in ``data.root`` whose store (``preprocess.out``) puts
+them in its test split: each is staged at the lesion threshold its centre's other test
+patients choose (cross-fitted, :mod:`proxyfl.staging.centre`). A centre whose models,
+slides, store, settings and code are those recorded when it was last staged is kept
+(:mod:`proxyfl.staging.freshness`). Every number comes from ``params.yaml``'s ``stage:``
+section (the node rule's thresholds are Camelyon-17's), and every flag overrides one. A
+slide that cannot be read is recorded in its centre's calls (and the summary) and the
+rest are staged. Prints the staging table. Exits 1 when a run keeps no model or a store
+is missing, 2 on a bad parameter or a file that does not verify.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from prefect.logging import get_run_logger
 
 from plumbing.locks import Busy, exclusive
 from proxyfl.engine.validation import EXIT_BAD_INPUT
+from proxyfl.launch.hosts import HostLostError
 from proxyfl.launch.job import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
 from proxyfl.launch.progress import RankLineParser, RoundProgress
 from proxyfl.launch.rundir import Action, LaunchPlan, RunConflict, plan_launch
@@ -26,7 +27,7 @@ def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> boo
         state.result()
     except TrainingJobFailed as error:
         return error.exit_code != EXIT_BAD_INPUT
-    except (RunConflict, StoreError, Busy):  # the same again
+    except (RunConflict, StoreError, Busy, HostLostError):  # the same again
         return False
     except Exception:
         return True

@@ -7,14 +7,15 @@ the ranks started elsewhere idle. So before a job on several hosts is launched, 
 that is not this machine is asked to run ``true`` over the same ``ssh``, all at once, each
 with ``ConnectTimeout`` (seconds to set up the connection) and ``BatchMode`` (a password or
 passphrase prompt fails at once rather than waiting for a person), and a hard limit on the
-whole call. Hydra starts the ranks of this machine's own names (``localhost``, its host
-name, an address of one of its interfaces) without ssh: they are not asked.
+whole call. Hydra starts the ranks of this machine's own names without ssh: they are not
+asked, and every other name is, by hydra's own rule (:func:`hydra_local_names`).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from plumbing.errors import PipelineError
 from plumbing.processes import tree_bound_command
 
 # hydra's ssh launcher runs this program (HYDRA_LAUNCHER_EXEC replaces it, as in hydra)
@@ -56,26 +58,86 @@ def named_hosts(hosts: Iterable[str] = (), hostfile: Path | None = None) -> list
     return list(dict.fromkeys(host_name(entry) for entry in hosts))
 
 
-def _local_addresses() -> set[str]:
-    return {address.address.split("%", 1)[0]
-            for addresses in psutil.net_if_addrs().values() for address in addresses
-            if address.family in (socket.AF_INET, socket.AF_INET6)}  # fmt: skip
+def hydra_local_names() -> set[str]:
+    """The names hydra starts ranks on without ssh, as MPICH's ``MPL_host_is_local`` lists
+    them: this machine's host name, the IPv4 address it resolves to, the IPv4 address of
+    each interface, ``localhost``, ``127.0.0.1`` and ``127.0.1.1``. Hydra compares a host
+    *as written* with these, resolving nothing: ``127.0.0.2`` (another loopback address),
+    ``::1`` or an alias of this machine in ``/etc/hosts`` are reached over ssh."""
+    host = socket.gethostname()
+    names = {host, "localhost", "127.0.0.1", "127.0.1.1"}
+    with contextlib.suppress(OSError, UnicodeError):
+        names.add(socket.gethostbyname(host))
+    names |= {address.address for addresses in psutil.net_if_addrs().values()
+              for address in addresses if address.family == socket.AF_INET}  # fmt: skip
+    return names
 
 
 def is_this_machine(name: str) -> bool:
-    """Whether hydra would start ranks on ``name`` without ssh: this machine's host name,
-    or a name that resolves to a loopback address or an address of one of its interfaces.
-    A name that does not resolve here is not this machine (ssh may still know it: an alias
-    of ``~/.ssh/config``)."""
-    if name in ("localhost", socket.gethostname()):
-        return True
-    try:
-        resolved = {info[4][0] for info in socket.getaddrinfo(name, None)}
-    except (socket.gaierror, UnicodeError):
-        return False
-    local = _local_addresses()
-    return any(ipaddress.ip_address(str(address).split("%", 1)[0]).is_loopback
-               or address in local for address in resolved)  # fmt: skip
+    """Whether hydra would start ranks on ``name`` without ssh (:func:`hydra_local_names`);
+    every other name is asked over ssh before a launch, as hydra will reach it."""
+    return name in hydra_local_names()
+
+
+LAUNCH_EXTRA_ARGS_ENV = "HYDRA_LAUNCHER_EXTRA_ARGS"
+"""Words hydra puts on each of its ssh command lines, before the host."""
+ALIVE_INTERVAL_S, ALIVE_COUNT = 5, 3
+"""A connected host that answers no keep-alive for 5 s, three times, is given up (15 s)."""
+
+
+def ssh_launch_options(timeout_s: float) -> str:
+    """The ssh options a launch across hosts gives hydra (:data:`LAUNCH_EXTRA_ARGS_ENV`),
+    as the check's ssh has them: never prompting, a connection (the TCP connection and the
+    server's first words) within ``timeout_s``, and a host that stops answering once
+    connected given up after ``ALIVE_INTERVAL_S * ALIVE_COUNT`` seconds. So a host that
+    answered the check and then went silent (a hung sshd, a tarpit, a node switched off)
+    ends the launch within ``timeout_s`` (while connecting) or 15 s (once connected): its
+    ssh exits 255, hydra stops the job, and the launch names the host."""
+    return " ".join([
+        "-o BatchMode=yes", f"-o ConnectTimeout={int(timeout_s)}",
+        f"-o ServerAliveInterval={ALIVE_INTERVAL_S}", f"-o ServerAliveCountMax={ALIVE_COUNT}",
+    ])  # fmt: skip
+
+
+# how ssh says it lost, or never reached, a host (OpenSSH's words)
+_SSH_FAILURES = tuple(re.compile(pattern) for pattern in (
+    r"ssh: connect to host (?P<host>\S+) port \d+: .+",
+    r"ssh: Could not resolve hostname (?P<host>[^:\s]+): .+",
+    r"Connection (?:reset|closed) by (?:authenticating user \S+ )?(?P<host>\S+) port \d+",
+    r"Connection to (?P<host>\S+) port \d+ timed out",
+    r"Timeout, server (?P<host>\S+) not responding\.?",
+    r"(?P<host>)Connection timed out during banner exchange",
+))  # fmt: skip
+
+
+class HostLostError(PipelineError):
+    """Hydra's ssh to a host failed during a launch: the host, and what ssh said. Not
+    worth retrying as if the job were flaky: the host must answer first."""
+
+    exit_status = 2
+
+    def __init__(self, host: str, said: str) -> None:
+        super().__init__(
+            f"host {host}" if host else "a host",
+            f"ssh failed while launching the job's ranks ({said}); check that it answers "
+            f"`ssh {host or 'HOST'} true`, or leave it out of train.hosts / train.hostfile",
+        )
+        self.host = host
+
+
+def lost_host(lines: Iterable[str]) -> HostLostError | None:
+    """The first ssh failure among a launch's output ``lines`` (a host ssh could not
+    reach, or lost), as an error naming the host; ``None`` when ssh said nothing wrong."""
+    unnamed = None
+    for line in lines:
+        for pattern in _SSH_FAILURES:
+            match = pattern.search(line)
+            if match is None:
+                continue
+            if match.group("host"):
+                return HostLostError(match.group("host").rstrip(".:"), line.strip())
+            unnamed = unnamed or HostLostError("", line.strip())
+    return unnamed
 
 
 def ssh_program() -> str:

@@ -38,6 +38,7 @@ from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
 from proxyfl.launch.accounting import record_launcher_wall
+from proxyfl.launch.hosts import LAUNCH_EXTRA_ARGS_ENV, lost_host, ssh_launch_options
 from proxyfl.launch.progress import RoundFollower, RoundProgress
 from proxyfl.launch.rundir import (
     CONFIG_FILE,
@@ -133,6 +134,7 @@ class Placement:
     launcher: Launcher = "mpiexec"
     hosts: tuple[str, ...] = ()
     hostfile: Path | None = None
+    ssh_timeout_s: float = 10.0  # hydra's ssh to other hosts (hosts.ssh_launch_options)
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -174,8 +176,16 @@ class Placement:
         return [str(fork_launcher), "-n", str(ranks)]
 
     def environment(self) -> dict[str, str]:
-        """What the launcher's environment must hold for this placement."""
-        return dict(SHARED_MEMORY_ONLY) if self.single_machine else {}
+        """What the launcher's environment must hold for this placement: on one machine,
+        shared memory only; across hosts, the ssh options that bound hydra's connections
+        (:func:`~proxyfl.launch.hosts.ssh_launch_options`), after the user's own."""
+        if self.single_machine:
+            return dict(SHARED_MEMORY_ONLY)
+        if self.launcher != "mpiexec":
+            return {}
+        own = os.environ.get(LAUNCH_EXTRA_ARGS_ENV, "").strip()
+        ours = ssh_launch_options(self.ssh_timeout_s)
+        return {LAUNCH_EXTRA_ARGS_ENV: f"{own} {ours}".strip()}
 
 
 @dataclass(frozen=True)
@@ -475,6 +485,10 @@ def _raise_unless_finished(
         signal_code, signal_failure = _signal_failure(*ended)
         code = exit_code or signal_code
         first = first or signal_failure  # a rank's own fault record says more, if any
+    if code != 0 and not job.placement.single_machine and job.placement.launcher == "mpiexec":
+        lost = lost_host(tails.lines_of(None))  # hydra's ssh to a host: name it, no retry
+        if lost is not None:
+            raise lost
     if code != 0:
         raise TrainingJobFailed(job, code, first, tails.lines_of(first.rank if first else None))
     state = read_recorded_run(job.run_dir).state

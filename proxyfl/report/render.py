@@ -425,6 +425,10 @@ def other_configurations_markdown(tables: Mapping[str, Sequence[AccuracyRow]]) -
     return "".join(parts)
 
 
+MAJORITY_KEY = "majority_class"
+"""metrics.json's entry of the majority-class baseline (not a method)."""
+
+
 def dvc_metrics(
     accuracy: Sequence[AccuracyRow],
     privacy: Sequence[PrivacyRow],
@@ -436,8 +440,8 @@ def dvc_metrics(
     excluded when there are clients), and PrivateKT's label-level ε-LDP apart as
     ``max_epsilon_label_ldp``; keys free of dots and spaces. A method with predictions
     adds its sensitivity, specificity and auc (the clinical table's values) to its entry.
-    Baseline rows (the majority class) are not methods and stay out. The tables hold the
-    rest."""
+    Baseline rows (the majority class) are not methods: the score every method must beat,
+    under ``majority_class`` (:data:`MAJORITY_KEY`). The tables hold the rest."""
     metrics: dict[str, Any] = {
         safe_name(row.algorithm): {
             "accuracy": row.accuracy_mean,
@@ -446,6 +450,10 @@ def dvc_metrics(
         for row in accuracy
         if not row.baseline
     }
+    for row in accuracy:
+        if row.baseline:
+            metrics[MAJORITY_KEY] = {"accuracy": row.accuracy_mean,
+                                     "macro_accuracy": row.macro_accuracy_mean}  # fmt: skip
     for row in clinical:
         if row.n_models > 0 and safe_name(row.algorithm) in metrics:
             metrics[safe_name(row.algorithm)].update(
@@ -467,7 +475,7 @@ def summary_line(metrics: dict[str, Any]) -> str:
     largest sample-level ε and, when PrivateKT ran, its label-level ε-LDP apart."""
     methods = ", ".join(
         f"{name} {_number(values['accuracy'])} / {_number(values['macro_accuracy'])}"
-        for name, values in metrics.items() if isinstance(values, dict)
+        for name, values in metrics.items() if isinstance(values, dict) and name != MAJORITY_KEY
     )  # fmt: skip
     line = f"accuracy / macro-accuracy: {methods}; max ε {_number(metrics.get('max_epsilon'))}"
     if metrics.get("max_epsilon_label_ldp") is not None:

@@ -29,6 +29,7 @@ demo's eight) gives intervals that say mostly that it is small.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,6 @@ from proxyfl.report.clinical import (
     resample_counts,
 )
 from wsi.nodes import NODE_LABELS, PATIENT_STAGES, patient_stage
-from wsi.sampling import stable_key
 
 SUMMARY_FORMAT = 2
 """The format of ``results/staging.json`` (2: a threshold per test patient, the stage
@@ -318,14 +318,17 @@ def pictures_to_show(
     wrong_calls: Mapping[str, Mapping[str, int]],
     sizes: Mapping[str, Mapping[str, int]],
     budget_bytes: float,
-    seed: int = 0,
 ) -> dict[str, list[str]]:
     """Which slides' pictures the page embeds, per centre, within ``budget_bytes`` of
     pictures (``sizes``: each picture's bytes, per centre and slide): the slides most
-    methods called wrong first (``wrong_calls``), then the others in an order drawn from
-    ``seed``, each taken while it fits."""
-    ranked = sorted(((-wrong_calls.get(c, {}).get(s, 0), stable_key(seed, "picture", c, s), c, s)
-                     for c, slides in sizes.items() for s in slides))  # fmt: skip
+    methods called wrong first (``wrong_calls``), then the others in a fixed order that
+    mixes centres (by the SHA-256 of ``centre/slide``), each taken while it fits."""
+
+    def mixed(center: str, slide: str) -> str:
+        return hashlib.sha256(f"{center}/{slide}".encode()).hexdigest()
+
+    ranked = sorted((-wrong_calls.get(c, {}).get(s, 0), mixed(c, s), c, s)
+                    for c, slides in sizes.items() for s in slides)  # fmt: skip
     shown: dict[str, list[str]] = {}
     spent = 0
     for _, _, center, slide in ranked:

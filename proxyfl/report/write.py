@@ -246,7 +246,7 @@ def write_report(
     elif staging_md.exists():  # from an earlier report: no staging to show now
         staging_md.unlink()
     # NaN (a method without test examples) would make metrics.json invalid JSON: null.
-    metrics = json_safe(dvc_metrics(accuracy, privacy, clinical))
+    metrics = json_safe(dvc_metrics(shown, privacy, clinical))  # with the majority class
     atomic.write_json(paths.metrics_json, metrics)
     _write_curves(per_round, paths.curves)
     title = sample_title(sample_sizes(runs))

@@ -42,6 +42,7 @@ from proxyfl.report.predictions import (
     per_centre_table,
     without_predictions,
 )
+from proxyfl.report.render import summary_line
 from proxyfl.results import MetricRow, Predictions, predictions_path, write_predictions
 from wsi.summary import CenterReport
 
@@ -703,7 +704,14 @@ def test_report_files_say_the_model_the_majority_class_and_the_clinical_numbers(
     )
 
     metrics = json.loads(paths.metrics_json.read_text())
-    assert set(metrics) == {"FedAvg", "ProxyFL", "max_epsilon"}  # dvc's keys unchanged
+    # the methods, and the majority class apart: the score every method must beat
+    assert set(metrics) == {"FedAvg", "ProxyFL", "max_epsilon", "majority_class"}
+    majority = next(r for r in read_csv(paths.accuracy_csv) if r["method"].startswith("majority"))
+    assert metrics["majority_class"] == {
+        "accuracy": pytest.approx(float(majority["accuracy_mean"])),
+        "macro_accuracy": pytest.approx(float(majority["macro_accuracy_mean"])),
+    }
+    assert "majority" not in summary_line(metrics)
     assert metrics["FedAvg"] == {"accuracy": pytest.approx(0.65), "macro_accuracy": 0.5}
     assert metrics["ProxyFL"]["auc"] == pytest.approx(13 / 15)
     assert metrics["ProxyFL"]["sensitivity"] == pytest.approx(0.6)

@@ -1,0 +1,92 @@
+"""An expected error through a flow command is one `error:` line and its exit status, with
+no traceback on the terminal (Prefect's task and flow engines log one with every failed
+run); a bug keeps its traceback and says where to report it. Real flows, real Prefect
+servers, in subprocesses: the terminal a user sees."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from prefect import flow, task
+
+    from flows.server import run_flow_command
+    from plumbing.verified import DamagedFileError
+    from wsi.catalogue import DatasetRootError
+
+
+    @task
+    def fails(kind: str) -> None:
+        if kind == "damaged":
+            raise DamagedFileError("runs/x/run.json", "its bytes are not those written",
+                                   "train the run again")
+        if kind == "pipeline":
+            raise DatasetRootError("data/none", "no such directory")
+        raise ZeroDivisionError("a bug")
+
+
+    @flow
+    def command(kind: str) -> None:
+        fails(kind)
+
+
+    sys.exit(run_flow_command(lambda: command(sys.argv[1]), failures=()))
+    """
+)
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, str]:
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "line"),
+    [
+        ("damaged", 2, "error: runs/x/run.json: its bytes are not those written; train the run "
+                       "again"),
+        ("pipeline", 1, "error: data/none: no such directory"),
+    ],
+)  # fmt: skip
+def test_an_expected_error_in_a_task_is_one_line_without_a_traceback(
+    tmp_path: Path, kind: str, status: int, line: str
+) -> None:
+    script = tmp_path / "command.py"
+    script.write_text(SCRIPT)
+    code, output = _run(tmp_path, str(script), kind)
+    assert code == status, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert [row for row in output.splitlines() if row.startswith("error:")] == [line]
+    assert "Finished in state Failed" in output  # Prefect's own one-line account stays
+
+
+def test_a_bug_keeps_its_traceback_and_says_where_to_report_it(tmp_path: Path) -> None:
+    script = tmp_path / "command.py"
+    script.write_text(SCRIPT)
+    code, output = _run(tmp_path, str(script), "bug")
+    assert code == 1
+    assert "Traceback" in output and "ZeroDivisionError: a bug" in output
+    assert output.rstrip().splitlines()[-1] == (
+        "error: ZeroDivisionError is a bug, not a bad input: please report it with the "
+        "traceback above (docs/troubleshooting.md#reporting-a-bug)"
+    )
+
+
+def test_a_flow_command_stopped_by_its_inputs_prints_no_traceback(tmp_path: Path) -> None:
+    """The staging command, its data root gone: the error is raised in a task of the flow."""
+    code, output = _run(tmp_path, "-m", "flows.stage", "--data-root", str(tmp_path / "none"),
+                        "--centers", "0", "--out", str(tmp_path / "staging"))  # fmt: skip
+    assert code == 1 and "Traceback" not in output, output[-3000:]
+    assert [row for row in output.splitlines() if row.startswith("error:")] == [
+        f"error: {tmp_path / 'none'}: no such directory"
+    ]
