@@ -14,7 +14,7 @@ Measured, each in a fresh (spawned) worker process so that its peak resident mem
    bookkeeping alone), the worker's peak (target: <= 1 GB, as preprocessing's); and the
    GroupNorm ResNet-18 the paper trains, on 64 such patches, patches a second on this CPU.
 3. **Projected**: the paper's split has about 20 test patients (5 slides each), whose
-   slides are mapped, and about 80 training patients, whose slides choose the thresholds;
+   slides are mapped (the thresholds are cross-fitted on them: no training slide is);
    hours on this CPU (one worker) and on one H100 at the evaluation throughput measured
    there (``../shared/gpu/README.md``: 3,256 patches/s, GN-ResNet-18 fp32, batch 64,
    2026-11), reads at this CPU's rate per core over ``--gpu-host-cores`` cores.
@@ -43,7 +43,6 @@ SMALL = {"width": 20_000, "height": 40_000}
 TARGET_PEAK_BYTES = 1e9
 H100_EVAL_PATCHES_PER_S = 3256.0  # ../shared/gpu/README.md, GN-ResNet-18 fp32, batch 64
 PAPER_TEST_SLIDES = 100  # ~20 test patients x 5 nodes (patient-disjoint 80/20 split)
-PAPER_TRAIN_SLIDES = 400  # the training patients' slides that choose the thresholds
 METHODS = 8
 MODEL_BATCH = 16  # patches a forward pass of the 512 px model on a CPU
 
@@ -174,12 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"activations, beside the slide's bounded reads)")  # fmt: skip
 
     per_slide = cells if not args.small else cells * SlideSpec().gigapixels / spec.gigapixels
-    slides = PAPER_TEST_SLIDES + PAPER_TRAIN_SLIDES
+    slides = PAPER_TEST_SLIDES
     patches = slides * per_slide
     read_s = patches / (cells / seconds)
     cpu_hours = (read_s + METHODS * patches / rate) / 3600
     gpu_hours = (read_s / args.gpu_host_cores + METHODS * patches / H100_EVAL_PATCHES_PER_S) / 3600
-    print(f"3. projected, the paper's {slides} slides ({PAPER_TEST_SLIDES} of test patients), "
+    print(f"3. projected, the paper's {slides} slides of test patients, "
           f"~{per_slide:,.0f} tissue patches each, {METHODS} methods:")  # fmt: skip
     print(f"   this CPU, one worker: {cpu_hours:,.0f} h; one H100 at {H100_EVAL_PATCHES_PER_S:,.0f}"
           f" patches/s with reads over {args.gpu_host_cores} cores: {gpu_hours:.1f} h")  # fmt: skip

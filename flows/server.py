@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
 from plumbing.errors import PipelineError
 from plumbing.processes import parent_bound_command, stop_tree
 from plumbing.verified import DamagedFileError
@@ -233,6 +235,51 @@ def tracebacks_for_bugs_only(expected: tuple[type[BaseException], ...]) -> Itera
             handler.removeFilter(quiet)
 
 
+PID_TAG, HOST_TAG = "pid:", "host:"
+"""Tags of the flow runs a command starts: the process that runs them, and its host."""
+
+
+def runner_tags() -> tuple[str, str]:
+    """``pid:PID`` and ``host:NAME`` of this process: a flow run of a process that is gone
+    (killed outright, the machine powered off) can be told from one still running."""
+    return f"{PID_TAG}{os.getpid()}", f"{HOST_TAG}{socket.gethostname()}"
+
+
+def crash_orphaned_runs() -> list[str]:
+    """Mark Crashed the flow runs the API still shows Running or Pending whose process, on
+    this host, is gone (:func:`runner_tags`): SIGKILL and power loss let no process say
+    so. Returns their names; runs of other hosts, or without the tags (a deployment's
+    worker), are left alone."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    host = f"{HOST_TAG}{socket.gethostname()}"
+    unfinished = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING,
+                                                                   StateType.PENDING])),
+        tags=FlowRunFilterTags(all_=[host]),
+    )  # fmt: skip
+    crashed = []
+    with get_client(sync_client=True) as client:
+        for run in client.read_flow_runs(flow_run_filter=unfinished):
+            pids = [int(t.removeprefix(PID_TAG)) for t in run.tags
+                    if t.startswith(PID_TAG) and t.removeprefix(PID_TAG).isdigit()]  # fmt: skip
+            if not pids or psutil.pid_exists(pids[0]):
+                continue
+            message = (f"its process ({pids[0]} on {host.removeprefix(HOST_TAG)}) ended "
+                       "without a word: killed outright, or the machine lost power")  # fmt: skip
+            client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+            crashed.append(run.name)
+    return crashed
+
+
 def run_flow_command(
     run: Callable[[], object],
     failures: tuple[type[Exception], ...],
@@ -246,10 +293,17 @@ def run_flow_command(
     else 1 when it fails with another of the project's errors
     (:class:`~plumbing.errors.PipelineError`), one of ``failures`` or no server can start.
     Any other exception is a bug: its traceback, then where to report it, and 1."""
+    from prefect import tags as prefect_tags
+
     expected = (PipelineError, *failures, ServerStartError)
     try:
         with tracebacks_for_bugs_only(expected), shared_prefect_api(host):
-            run()
+            orphans = crash_orphaned_runs()
+            if orphans:  # the UI would show them running forever
+                print(f"note: {len(orphans)} flow run(s) of a process that is gone marked "
+                      f"Crashed: {', '.join(orphans)}", file=sys.stderr)  # fmt: skip
+            with prefect_tags(*runner_tags()):
+                run()
     except DamagedFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

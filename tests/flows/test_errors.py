@@ -90,3 +90,60 @@ def test_a_flow_command_stopped_by_its_inputs_prints_no_traceback(tmp_path: Path
     assert [row for row in output.splitlines() if row.startswith("error:")] == [
         f"error: {tmp_path / 'none'}: no such directory"
     ]
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import sys, time
+    from prefect import flow
+
+    from flows.server import run_flow_command
+
+
+    @flow
+    def sleeper() -> None:
+        print("flow started", flush=True)
+        time.sleep(600)
+
+
+    @flow
+    def quick() -> None:
+        pass
+
+
+    sys.exit(run_flow_command(sleeper if sys.argv[1] == "sleep" else quick, failures=()))
+    """
+)
+
+
+def test_a_flow_run_whose_process_was_killed_is_marked_crashed_by_the_next_command(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL (a power loss) leaves its flow run Running in Prefect's database; the next
+    command on that database marks it Crashed, and says so in one line."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen([sys.executable, str(script), "sleep"], cwd=REPO, env=env,
+                             stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while "flow started" not in (tmp_path / "first.log").read_text():
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the command, its server: everything at once
+    first.wait()
+    second = subprocess.run([sys.executable, str(script), "quick"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    notes = [line for line in second.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "1 flow run(s) of a process that is gone marked Crashed" in notes[0]
+    again = subprocess.run([sys.executable, str(script), "quick"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "note:" not in again.stderr  # marked once, for good
