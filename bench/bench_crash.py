@@ -391,8 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + "".join(f"\n    left: {x}" for x in point.leftovers), flush=True)  # fmt: skip
         diverged = sum(bool(p.differs) for p in points)
         left = sum(bool(p.leftovers) for p in points)
+        killed = sum(not p.finished_before_kill for p in points)
         print(f"\n{len(points)} points over {', '.join(args.commands)} (seed {args.seed}): "
-              f"{diverged} diverged, {left} left something behind")  # fmt: skip
+              f"{diverged} diverged, {left} left something behind; {killed} killed the "
+              f"command midway (the others came after it had finished)")  # fmt: skip
         for name in args.commands:
             mine = [p for p in points if p.command == name]
             if mine:

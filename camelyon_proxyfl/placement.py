@@ -56,9 +56,8 @@ def placement_findings(train: TrainSection) -> list[Finding]:
         for host, why in unreachable_hosts(hosts, train.ssh_timeout_s).items():
             findings.append(Finding(
                 "error", f"host {host}",
-                f"{why}; hydra's mpiexec starts this host's ranks over ssh, and would wait "
-                "for it without end: make it reachable (ssh with a key, no prompt, its host "
-                "key known), or leave it out of "
+                f"{why}; hydra's mpiexec starts this host's ranks over ssh: make it "
+                "reachable (ssh with a key, no prompt, its host key known), or leave it out of "
                 f"{'train.hostfile' if train.hostfile is not None else 'train.hosts'}",
             ))  # fmt: skip
     if train.launcher == "srun" and shutil.which("srun") is None:
