@@ -59,5 +59,5 @@ def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     from wsi.synth import SynthConfig, generate_dataset
 
     root = tmp_path_factory.mktemp("camelyon17")
-    config = SynthConfig(centers=(0, 1), patients_per_center=2, width=3072, height=2048, seed=7)
+    config = SynthConfig(centers=(0, 1), patients_per_center=2, width=3072, height=2048, seed=8)
     return generate_dataset(root, config, workers=2)
