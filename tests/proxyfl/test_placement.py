@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,15 @@ def test_hosts_and_a_hostfile_are_hydras(tmp_path: Path) -> None:
     assert by_file.command_prefix(4) == [str(mpiexec_path()), "-f", str(hostfile), "-n", "4"]
     for placement in (by_name, by_file):
         assert not placement.single_machine and placement.fork_launcher() is None
-        assert placement.environment() == {}
+        # no shared-memory-only setting; hydra's ssh bounded (hosts.ssh_launch_options)
+        assert (
+            placement.environment()
+            == {
+                "HYDRA_LAUNCHER_EXTRA_ARGS": "-o BatchMode=yes -o ConnectTimeout=10 "
+                "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+            }
+            or "HYDRA_LAUNCHER_EXTRA_ARGS" in os.environ
+        )
 
 
 def test_srun_starts_one_task_per_rank_with_slurms_pmi(tmp_path: Path) -> None:
