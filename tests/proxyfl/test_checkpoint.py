@@ -206,7 +206,7 @@ def test_every_checkpoint_is_verified_and_a_damaged_one_is_skipped_with_its_reas
     truncated, flipped, unrecorded = (checkpoint_path(tmp_path, 0, r) for r in (4, 3, 2))
     os.truncate(truncated, 500)
     data = bytearray(flipped.read_bytes())
-    data[-300:-100] = bytes(200)
+    data[-300:-100] = bytes(byte ^ 0xFF for byte in data[-300:-100])
     flipped.write_bytes(bytes(data))
     digest_path(unrecorded).unlink()  # as an old run's, or a crash between the two writes
     good, skipped = verified_rounds(tmp_path, 0)
