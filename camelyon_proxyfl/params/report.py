@@ -41,10 +41,16 @@ class ReportConfig(Section):
 
     train: TrainSection = Field(description="the runs to report on, and their parameters")
     out: Path = Field(description="tables, metrics.json, curves and plots (report.out)")
+    # report:'s defaults, defined there once
     other_configurations: Literal["refuse", "separate"] = Field(
-        "refuse", description="report.other_configurations"
+        ReportSection.model_fields["other_configurations"].default,
+        description="report.other_configurations",
     )
-    staging_pictures_mb: float = Field(6.0, gt=0, description="report.staging_pictures_mb")
+    staging_pictures_mb: float = Field(
+        ReportSection.model_fields["staging_pictures_mb"].default,
+        gt=0,
+        description="report.staging_pictures_mb",
+    )
     audit: Path | None = Field(
         None,
         description="the privacy audit's rows (audit.out): shown when the file exists; "
