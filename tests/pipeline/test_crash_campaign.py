@@ -1,11 +1,12 @@
 """The power-loss campaign's small version (`python -m bench crash`): on a tiny project of
-this code (two stores, one run, its report), SIGKILL to every process at drawn instants of
-a report and of a training run, each rerun to completion: nothing differs by content from
-the uninterrupted outputs and nothing is left behind. `python -m bench crash --points 40`
+this code (two stores, one run, its report), SIGKILL to every process at a drawn instant
+of a report and of a training run, each rerun to completion: nothing differs by content
+from the uninterrupted outputs and nothing is left behind. `python -m bench crash --points 40`
 runs the whole campaign on the demo's outputs."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,14 @@ def test_a_small_crash_campaign_loses_nothing_and_leaves_nothing(
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     campaign = subprocess.run(
-        [sys.executable, "-m", "bench", "crash", "--source", str(project), "--points", "3",
-         "--commands", "report", "train", "--seed", "3"],
+        [sys.executable, "-m", "bench", "crash", "--source", str(project), "--points", "2",
+         "--commands", "report", "train", "--seed", "4"],
         cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     output = campaign.stdout + campaign.stderr
     assert campaign.returncode == 0, output[-5000:]
-    assert "3 points over report, train (seed 3): 0 diverged, 0 left something behind" in output
-    assert output.count("killed at") == 3
+    assert "2 points over report, train (seed 4): 0 diverged, 0 left something behind" in output
+    # seed 4 draws one point in each command, at 30 % and 48 % of its uninterrupted time
+    assert output.count("killed at") == 2
+    assert re.search(r"point +1: report +killed at", output) is not None, output[-3000:]
+    assert re.search(r"point +2: train +killed at", output) is not None, output[-3000:]
