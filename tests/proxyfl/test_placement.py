@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from plumbing import warm_shim
 from plumbing.warm import WarmRanks
 from proxyfl.config import TrainConfig
+from proxyfl.launch.hosts import LAUNCH_EXTRA_ARGS_ENV
 from proxyfl.launch.job import (
     FORK_LAUNCHER,
     RANK_IMPORTS,
@@ -48,9 +48,12 @@ def test_one_machine_is_the_fork_launcher_over_shared_memory() -> None:
     assert placement.environment() == SHARED_MEMORY_ONLY
 
 
-def test_hosts_and_a_hostfile_are_hydras(tmp_path: Path) -> None:
+def test_hosts_and_a_hostfile_are_hydras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Named hosts go to hydra's ``-hosts``, a hostfile to its ``-f``; the ranks then talk
-    over the network, so neither keeps the shared-memory-only environment."""
+    over the network, so neither keeps the shared-memory-only environment. Hydra's ssh is
+    bounded (:func:`~proxyfl.launch.hosts.ssh_launch_options`), after the user's own
+    options when they set some."""
+    monkeypatch.delenv(LAUNCH_EXTRA_ARGS_ENV, raising=False)
     by_name = Placement(hosts=("node-a", "node-b:2"))
     assert by_name.command_prefix(3) == [str(mpiexec_path()), "-hosts", "node-a,node-b:2",
                                          "-n", "3"]  # fmt: skip
@@ -59,15 +62,15 @@ def test_hosts_and_a_hostfile_are_hydras(tmp_path: Path) -> None:
     assert by_file.command_prefix(4) == [str(mpiexec_path()), "-f", str(hostfile), "-n", "4"]
     for placement in (by_name, by_file):
         assert not placement.single_machine and placement.fork_launcher() is None
-        # no shared-memory-only setting; hydra's ssh bounded (hosts.ssh_launch_options)
-        assert (
-            placement.environment()
-            == {
-                "HYDRA_LAUNCHER_EXTRA_ARGS": "-o BatchMode=yes -o ConnectTimeout=10 "
-                "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
-            }
-            or "HYDRA_LAUNCHER_EXTRA_ARGS" in os.environ
-        )
+        assert placement.environment() == {
+            "HYDRA_LAUNCHER_EXTRA_ARGS": "-o BatchMode=yes -o ConnectTimeout=10 "
+            "-o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+        }
+    monkeypatch.setenv(LAUNCH_EXTRA_ARGS_ENV, "-p 2222")
+    assert by_name.environment()[LAUNCH_EXTRA_ARGS_ENV] == (
+        "-p 2222 -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 "
+        "-o ServerAliveCountMax=3"
+    )
 
 
 def test_srun_starts_one_task_per_rank_with_slurms_pmi(tmp_path: Path) -> None:
