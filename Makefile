@@ -27,17 +27,29 @@ $(STAMP): pyproject.toml
 	  || { $(BIN)/pip install --upgrade pip setuptools wheel && $(BIN)/pip install -e '.[dev]'; }
 	touch $(STAMP)
 
+# Every test, in $(WORKERS) pytest-xdist workers (tests/conftest.py: what each has of its
+# own, and the clocked tests that share one worker), under coverage of every process the
+# tests start ([tool.coverage] in pyproject.toml); the slowest tests' times, then the
+# coverage total, checked against its floor (fail_under).
+WORKERS ?= 3
+COVERAGE_DATA := $(CURDIR)/build/coverage
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA)
+	COVERAGE_FILE=$(COVERAGE_DATA)/.coverage $(BIN)/coverage run -m pytest \
+	  -n $(WORKERS) --dist loadgroup --durations=25 --durations-min=5
+	@export COVERAGE_FILE=$(COVERAGE_DATA)/.coverage; $(BIN)/coverage combine -q \
+	  && $(BIN)/coverage report > $(COVERAGE_DATA)/report.txt; status=$$?; \
+	  tail -n 1 $(COVERAGE_DATA)/report.txt; echo "coverage by file: build/coverage/report.txt"; \
+	  exit $$status
 
-# The tests that run in one process (~2 minutes on 2 cores): the loop while editing.
-# `make test` (CI's) runs them all.
+# The tests that run in one process, in workers, without coverage: the loop while editing
+# (README: its time). `make test` (CI's) runs them all.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) --dist loadgroup
 
 # The whole DAG of dvc.yaml with params.yaml (synthetic slides -> stores -> 7 methods ->
 # tables); a second run is a no-op. The tables are printed either way, then where each

@@ -1,17 +1,41 @@
-"""Shared fixtures: paths to the third-party files every test may use."""
+"""Shared fixtures, and how the suite runs in parallel workers.
+
+`make test` runs the suite in pytest-xdist workers (``pytest -n``). Each worker has its own
+temporary folders (pytest's, per worker), its own Prefect home (set below, before anything
+imports Prefect), its own Prefect test server (tests/flows/conftest.py), its own warm MPI
+server (tests/proxyfl/conftest.py) and free ports of its own; what is expensive to build
+and only read (:func:`shared_build`) is built once for the whole run, by the first worker
+that asks, and read by all.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+T = TypeVar("T")
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")  # gw0, gw1, ... under pytest -n
+
+# Prefect's profiles, result storage and its ephemeral server's database live in
+# PREFECT_HOME: the workers must not share one (nor use the user's .prefect/)
+_PREFECT_HOME = tempfile.mkdtemp(prefix=f"prefect-home-{WORKER}-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+atexit.register(shutil.rmtree, _PREFECT_HOME, True)
 
 # The fast tier (`make test-fast`, `pytest -m "not slow"`): the tests that run in one
-# process, about 2 minutes on 2 cores. The tests that start MPI jobs, flows, Prefect
-# servers or DVC are `slow`: every test of these files, and those marked so elsewhere.
+# process. The tests that start MPI jobs, flows, Prefect servers or DVC are `slow`: every
+# test of these files, and those marked so elsewhere.
 SLOW_FILES = (
     "tests/flows/",
     "tests/pipeline/test_dvc.py",
@@ -21,12 +45,70 @@ SLOW_FILES = (
     "_mpi.py",
 )
 
+# Tests that assert on wall-clock time (a stop within N s, a timeout's length) or signal
+# process groups: one xdist group (`--dist loadgroup`), so that they run one at a time on
+# one worker and never time each other.
+CLOCKED_FILES = (
+    "tests/test_warm.py",
+    "tests/test_processes.py",
+    "tests/test_locks.py",
+    "tests/pipeline/test_interrupt.py",
+    "tests/pipeline/test_deployment.py",
+    "tests/pipeline/test_crash_campaign.py",
+    "tests/proxyfl/test_hosts.py",
+    "tests/proxyfl/test_hosts_netns.py",
+)
+
+# The longest tests (`--durations` of make test), started first so that no worker is left
+# with one of them at the end while the other idles. Order only: nothing depends on it.
+LONGEST_FIRST = (
+    "tests/pipeline/test_dvc.py",
+    "tests/pipeline/test_dvc_lock.py",
+    "tests/pipeline/test_crash_campaign.py",
+    "tests/pipeline/test_deployment.py",
+    "tests/test_bench_gpu.py",
+    "tests/pipeline/test_resume.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.path.relative_to(REPO).as_posix()
+    return next((i for i, name in enumerate(LONGEST_FIRST) if path == name), len(LONGEST_FIRST))
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path.relative_to(REPO).as_posix()
         if any(part in path for part in SLOW_FILES):
             item.add_marker(pytest.mark.slow)
+        if path in CLOCKED_FILES:
+            item.add_marker(pytest.mark.xdist_group("clocked"))
+    items.sort(key=_rank)  # stable: the files' own order otherwise
+
+
+def shared_build(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]
+) -> T:
+    """``build(folder)``, run once for the whole test run and shared by every worker: the
+    first worker to ask builds into ``folder`` (the others wait on its lock) and records
+    what ``build`` returned (pickled) only once it has returned; every other caller gets
+    that record. A build cut short leaves no record and is done again. ``name`` must say
+    everything that decides the contents. Tests read the folder; one that must change it
+    works on a copy."""
+    root = tmp_path_factory.getbasetemp()
+    if WORKER != "main":
+        root = root.parent  # pytest-of-USER/pytest-N/, above each worker's popen-gwN/
+    folder = root / "shared" / name
+    record = folder.with_name(f"{name}.pickle")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        if record.is_file():
+            return pickle.loads(record.read_bytes())
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        built = build(folder)
+        record.write_bytes(pickle.dumps(built))
+        return built
 
 
 def _third_party() -> Path:
@@ -55,9 +137,13 @@ def camelyon_annotation(third_party: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A small synthetic Camelyon-17 dataset (2 centres x 2 patients), generated once."""
+    """A small synthetic Camelyon-17 dataset (2 centres x 2 patients), generated once for
+    the whole run (:func:`shared_build`)."""
     from wsi.synth import SynthConfig, generate_dataset
 
-    root = tmp_path_factory.mktemp("camelyon17")
     config = SynthConfig(centers=(0, 1), patients_per_center=2, width=3072, height=2048, seed=8)
-    return generate_dataset(root, config, workers=2)
+    return shared_build(
+        tmp_path_factory,
+        "camelyon17-2x2-seed8",
+        lambda folder: generate_dataset(folder, config, workers=2),
+    )

@@ -226,7 +226,7 @@ def test_a_rank_dies_with_its_shim_and_with_the_server(modules: Path, tmp_path: 
         assert killed.wait(timeout=60) == -signal.SIGKILL
         assert _gone(ranks["killed"]), "the rank outlived its shim"
         assert psutil.pid_exists(ranks["orphaned"])
-        servers = [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
+        servers = _servers()
         assert len(servers) == 1
     assert _gone(ranks["orphaned"]), "the rank outlived the server"
     assert orphaned.wait(timeout=60) != 0  # its shim says the rank did not finish
@@ -274,8 +274,21 @@ def test_a_malformed_request_is_refused_and_its_descriptors_closed(
         assert json.loads(out.read_text())["pid"] != process.pid, "the server is gone"
 
 
+_BEFORE: set[int] = set()  # warm servers this process had when the test began
+
+
+@pytest.fixture(autouse=True)
+def _servers_of_other_tests() -> None:
+    """A warm server the test process keeps for other tests' MPI jobs (the proxyfl tests'
+    run_mpi) is not this test's."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in psutil.Process().children() if "plumbing.warm" in p.cmdline())
+
+
 def _servers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children() if "plumbing.warm" in p.cmdline()]
+    """The warm servers this test started that are running."""
+    return [p for p in psutil.Process().children()
+            if "plumbing.warm" in p.cmdline() and p.pid not in _BEFORE]  # fmt: skip
 
 
 def test_a_kept_server_serves_every_job_of_its_block(modules: Path, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +18,8 @@ import pathspec
 import pytest
 
 from plumbing.output import passing_output
-from proxyfl.launch.job import Placement
+from plumbing.warm import WarmRanks, kept_warm_server
+from proxyfl.launch.job import RANK_IMPORTS, Placement
 from wsi.store.schema import PatchBatch, StoreAttrs, store_path
 from wsi.store.writer import write_patch_store
 
@@ -93,19 +96,39 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+_warm_servers = contextlib.ExitStack()
+_warm: list[WarmRanks | None] = []
+atexit.register(_warm_servers.close)
+
+
+def warm_ranks() -> WarmRanks | None:
+    """One warm server (:mod:`plumbing.warm`) for every :func:`run_mpi` job of this test
+    process, started at its first: the jobs' ranks are forked from an interpreter that
+    imported torch, Opacus and the trainer once, as :func:`~proxyfl.launch.job.run_job`'s
+    are, instead of each rank importing them (~3 s of CPU a rank). None where ranks start
+    cold (``PLUMBING_COLD_RANKS=1``, not Linux)."""
+    if not _warm:
+        _warm.append(_warm_servers.enter_context(kept_warm_server(mpi_env(), RANK_IMPORTS)))
+    return _warm[0]
+
+
 def run_mpi(
     n: int, module_args: Sequence[str], timeout: float = 240, script: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout."""
+    """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout;
+    the ranks forked from this test process's warm server (:func:`warm_ranks`)."""
     target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
-    command = [
-        *PLACEMENT.command_prefix(n), sys.executable, "-m", "mpi4py", *target,
-        *map(str, module_args),
-    ]  # fmt: skip
+    program = [sys.executable, "-m", "mpi4py", *target, *map(str, module_args)]
+    warm = warm_ranks()
+    if warm is not None:
+        program = warm.program(program)
+    command = [*PLACEMENT.command_prefix(n), *program]
     # appended to by the launcher and by every rank (proxyfl.run writes around the fork
     # launcher's relay: plumbing.output), so each write lands at the end
     with tempfile.TemporaryFile("a+b") as out, tempfile.TemporaryFile("a+b") as err:
         env = {**mpi_env(), **passing_output(out.fileno(), err.fileno())}
+        if warm is not None:
+            env.update(warm.environment())
         status = subprocess.run(
             command, cwd=REPO, env=env, stdout=out, stderr=err, timeout=timeout,
             pass_fds=(out.fileno(), err.fileno()),
