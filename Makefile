@@ -37,8 +37,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA)
-	COVERAGE_FILE=$(COVERAGE_DATA)/.coverage $(BIN)/coverage run -m pytest \
-	  -n $(WORKERS) --dist loadgroup --durations=25 --durations-min=5
+	COVERAGE_FILE=$(COVERAGE_DATA)/.coverage CAMELYON_PROXYFL_TEST_COVERAGE=$(CURDIR)/pyproject.toml \
+	  PYTHONPATH=$(CURDIR)/tests/coverage_site$${PYTHONPATH:+:$$PYTHONPATH} \
+	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup --durations=25 --durations-min=5
 	@export COVERAGE_FILE=$(COVERAGE_DATA)/.coverage; $(BIN)/coverage combine -q \
 	  && $(BIN)/coverage report > $(COVERAGE_DATA)/report.txt; status=$$?; \
 	  tail -n 1 $(COVERAGE_DATA)/report.txt; echo "coverage by file: build/coverage/report.txt"; \

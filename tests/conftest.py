@@ -2,10 +2,11 @@
 
 `make test` runs the suite in pytest-xdist workers (``pytest -n``). Each worker has its own
 temporary folders (pytest's, per worker), its own Prefect home (set below, before anything
-imports Prefect), its own Prefect test server (tests/flows/conftest.py), its own warm MPI
-server (tests/proxyfl/conftest.py) and free ports of its own; what is expensive to build
+imports Prefect), its own warm MPI server (tests/proxyfl/conftest.py) and free ports of its
+own. The flow tests share one worker and its Prefect test server (tests/flows/conftest.py);
+the tests that watch the clock share another (CLOCKED_FILES). What is expensive to build
 and only read (:func:`shared_build`) is built once for the whole run, by the first worker
-that asks, and read by all.
+that asks, and read by all. ``pytest`` alone runs the same tests in one process.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if path in CLOCKED_FILES:
             item.add_marker(pytest.mark.xdist_group("clocked"))
+        elif path.startswith("tests/flows/"):  # one Prefect test server, not one a worker
+            item.add_marker(pytest.mark.xdist_group("flows"))
     items.sort(key=_rank)  # stable: the files' own order otherwise
 
 
