@@ -12,7 +12,9 @@ import contextlib
 import faulthandler
 import logging
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,7 +171,13 @@ def agree(comm: Any, error: str | None, label: Callable[[int], str] | None = Non
 
 
 def exit_together(comm: Any, messages: list[str], program: str = "proxyfl.run") -> NoReturn:
-    """Rank 0 prints ``messages``; every rank exits with status 2."""
+    """Rank 0 prints ``messages``; every rank exits with status 2.
+
+    The first rank to exit non-zero makes the launcher stop the others (MPICH's: SIGINT),
+    which may still be running their exit handlers: from here on a rank ignores SIGINT, so
+    that no ``KeyboardInterrupt`` traceback from a handler follows the one error line."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if comm.Get_rank() == 0:
         for message in _deduplicate(messages):
             print(f"{program}: error: {message}", file=sys.stderr, flush=True)

@@ -7,6 +7,8 @@ import json
 import mmap
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,11 @@ from proxyfl.launch.shared_memory import (
     warn_if_short,
 )
 from proxyfl.results import predictions_path, read_predictions
+
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
+
+REPO = Path(__file__).resolve().parents[2]
 
 OPTIONS = {
     "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
@@ -523,3 +528,21 @@ def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -
     assert launcher["overhead_seconds"] == pytest.approx(launcher["wall_seconds"] - max(lives))
     run_json = (job.run_dir / "run.json").read_text()  # the same bytes on any machine
     assert "startup" not in run_json and "launcher" not in run_json
+
+
+def test_a_rank_stopped_while_it_exits_together_prints_the_one_error_line() -> None:
+    """The first rank to exit with bad input makes the launcher stop the others (SIGINT)
+    while they may be running their exit handlers: a rank exiting together is deaf to it,
+    so the error stays one line, without a KeyboardInterrupt traceback after it."""
+    script = (
+        "import atexit, os, signal, time\n"
+        "from proxyfl.engine.validation import exit_together\n"
+        "class Comm:\n"
+        "    def Get_rank(self): return 0\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+        "exit_together(Comm(), ['rank 1 (centre 1): no store'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "proxyfl.run: error: rank 1 (centre 1): no store"
