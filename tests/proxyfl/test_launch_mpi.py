@@ -43,7 +43,6 @@ from proxyfl.launch.shared_memory import (
     warn_if_short,
 )
 from proxyfl.results import predictions_path, read_predictions
-
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
 
