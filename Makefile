@@ -32,17 +32,18 @@ $(STAMP): pyproject.toml
 # tests start ([tool.coverage] in pyproject.toml); the slowest tests' times, then the
 # coverage total, checked against its floor (fail_under).
 WORKERS ?= 3
-COVERAGE_DATA := $(CURDIR)/build/coverage
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA)
-	COVERAGE_FILE=$(COVERAGE_DATA)/.coverage CAMELYON_PROXYFL_TEST_COVERAGE=$(CURDIR)/pyproject.toml \
-	  PYTHONPATH=$(CURDIR)/tests/coverage_site$${PYTHONPATH:+:$$PYTHONPATH} \
+	rm -rf build/coverage && mkdir -p build/coverage
+	COVERAGE_FILE="$(CURDIR)/build/coverage/.coverage" \
+	  CAMELYON_PROXYFL_TEST_COVERAGE="$(CURDIR)/pyproject.toml" \
+	  PYTHONPATH="$(CURDIR)/tests/coverage_site$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup --durations=25 --durations-min=5
-	@export COVERAGE_FILE=$(COVERAGE_DATA)/.coverage; $(BIN)/coverage combine -q \
-	  && $(BIN)/coverage report > $(COVERAGE_DATA)/report.txt; status=$$?; \
-	  tail -n 1 $(COVERAGE_DATA)/report.txt; echo "coverage by file: build/coverage/report.txt"; \
+	@export COVERAGE_FILE="$(CURDIR)/build/coverage/.coverage"; $(BIN)/coverage combine -q \
+	  && $(BIN)/coverage report > build/coverage/report.txt; status=$$?; \
+	  grep -E "^TOTAL|^Coverage failure" build/coverage/report.txt; \
+	  echo "coverage by file: build/coverage/report.txt"; \
 	  exit $$status
 
 # The tests that run in one process, in workers, without coverage: the loop while editing

@@ -4,6 +4,7 @@ the key and the reason, before anything runs; flags override keys; help shows ea
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -272,13 +273,13 @@ def test_a_read_only_output_folder_stops_a_command_before_anything_starts(
     probe = tmp_path / "probe.py"
     probe.write_text(f"import sys\nfrom {command} import main\nsys.exit(main(['--config', "
                      f"{str(tmp_path / 'params.yaml')!r}]))\n")  # fmt: skip
-    mount = f"mount -t tmpfs -o ro tmpfs {read_only}"
+    mount = f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(read_only))}"
     try:  # user and mount namespaces, which some machines do not allow
         subprocess.run(["unshare", "-rm", "sh", "-c", mount], check=True, capture_output=True,
                        timeout=60)  # fmt: skip
     except (OSError, subprocess.SubprocessError) as error:
         pytest.skip(f"cannot mount a read-only file system in a namespace here: {error}")
-    script = f"{mount} && exec {sys.executable} {probe}"
+    script = f"{mount} && exec {shlex.quote(sys.executable)} {shlex.quote(str(probe))}"
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=tmp_path, text=True,
                           capture_output=True, timeout=300, env={**os.environ,
                           "PYTHONPATH": str(REPO)})  # fmt: skip
