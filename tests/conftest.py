@@ -23,6 +23,8 @@ from typing import TypeVar
 import pytest
 from filelock import FileLock
 
+from plumbing.atomic import write_bytes
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 T = TypeVar("T")
@@ -110,7 +112,7 @@ def shared_build(
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         built = build(folder)
-        record.write_bytes(pickle.dumps(built))
+        write_bytes(record, pickle.dumps(built))  # whole, or not at all
         return built
 
 
