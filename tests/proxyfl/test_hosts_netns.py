@@ -24,6 +24,7 @@ the ranks must have run in both namespaces and talked rank to rank across the li
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -274,10 +275,11 @@ def _project(hosts: TwoHosts, tmp_path: Path, stores: Path) -> Project:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "connect.py").write_text(CONNECT)
+    quoted = {name: shlex.quote(str(path)) for name, path in (
+        ("b_stores", b_stores), ("stores", two / "stores"), ("python", sys.executable),
+        ("connect", bin_dir / "connect.py"))}  # fmt: skip
     (bin_dir / "ssh").write_text(SSH.format(host_a=HOST_A, host_b=HOST_B, a=hosts.a, b=hosts.b,
-                                            b_stores=b_stores, stores=two / "stores",
-                                            python=sys.executable,
-                                            connect=bin_dir / "connect.py"))  # fmt: skip
+                                            **quoted))  # fmt: skip
     (bin_dir / "ssh").chmod(0o755)
     env = {**os.environ, **OVER_THE_LINK, "PYTHONPATH": python_path,
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
