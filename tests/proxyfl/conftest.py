@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -97,19 +98,17 @@ def mpi_env() -> dict[str, str]:
 
 
 _warm_servers = contextlib.ExitStack()
-_warm: list[WarmRanks | None] = []
 atexit.register(_warm_servers.close)
 
 
+@functools.cache
 def warm_ranks() -> WarmRanks | None:
     """One warm server (:mod:`plumbing.warm`) for every :func:`run_mpi` job of this test
     process, started at its first: the jobs' ranks are forked from an interpreter that
     imported torch, Opacus and the trainer once, as :func:`~proxyfl.launch.job.run_job`'s
     are, instead of each rank importing them (~3 s of CPU a rank). None where ranks start
     cold (``PLUMBING_COLD_RANKS=1``, not Linux)."""
-    if not _warm:
-        _warm.append(_warm_servers.enter_context(kept_warm_server(mpi_env(), RANK_IMPORTS)))
-    return _warm[0]
+    return _warm_servers.enter_context(kept_warm_server(mpi_env(), RANK_IMPORTS))
 
 
 def run_mpi(

@@ -1,0 +1,50 @@
+"""The suite's own plumbing: what `make test`'s workers share, and which processes its
+coverage measures (tests/conftest.py, tests/coverage_site/sitecustomize.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, shared_build
+
+
+def test_a_shared_build_runs_once_and_one_cut_short_is_done_again(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    builds: list[Path] = []
+
+    def build(folder: Path) -> str:
+        builds.append(folder)
+        (folder / "made").write_text("x")
+        return "built"
+
+    def cut_short(folder: Path) -> str:
+        (folder / "half").write_text("x")
+        raise KeyboardInterrupt
+
+    name = f"plumbing-{tmp_path_factory.getbasetemp().name}"
+    with pytest.raises(KeyboardInterrupt):
+        shared_build(tmp_path_factory, name, cut_short)
+    assert shared_build(tmp_path_factory, name, build) == "built"
+    assert shared_build(tmp_path_factory, name, build) == "built"
+    assert len(builds) == 1  # the second call read the record
+    assert sorted(p.name for p in builds[0].iterdir()) == ["made"]  # nothing of the cut one
+
+
+def test_coverage_starts_in_this_projects_commands_only() -> None:
+    path = REPO / "tests" / "coverage_site" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("coverage_site", path)
+    assert spec is not None and spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # no CAMELYON_PROXYFL_TEST_COVERAGE here: starts nothing
+    program = site.program
+    assert program(["python", "-m", "flows.train", "--seeds", "0"]) == "flows.train"
+    assert program(["python", "-u", "-m", "mpi4py", "-m", "proxyfl.run"]) == "mpi4py"
+    assert program(["python", "-c", "pass"]) == "-c"
+    assert program(["/v/bin/python", "/v/bin/prefect", "server", "start"]) in site.NOT_OURS
+    assert program(["/v/bin/python", "/v/bin/dvc", "repro"]) in site.NOT_OURS
+    assert program(["python", "-m", "uvicorn", "app"]) in site.NOT_OURS
+    assert program(["python", "-m", "prefect.engine"]) not in site.NOT_OURS  # our flows
