@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -22,21 +21,16 @@ import pytest
 from plumbing.processes import parent_bound_command, tree_bound_command
 
 REPO = Path(__file__).resolve().parents[1]
-# a command's __main__ in miniature: start_command, say so (MARKER.started), then live 4 s
-# and say so
+# a command's __main__ in miniature: start_command, then live 4 s and say so
 COMMAND = (
     "import sys, time; from plumbing.processes import start_command; start_command(); "
-    "open(sys.argv[1] + '.started', 'w').close(); "
     "time.sleep(4); open(sys.argv[1], 'w').write('alive')"
 )
 
 
 def _started_from_a_shell_that_exits(prefix: str, marker: Path) -> None:
-    # the shell exits once the command has passed start_command (not after a fixed wait,
-    # which a loaded machine outran)
-    command = shlex.join([sys.executable, "-c", COMMAND, str(marker)])
-    started = shlex.quote(f"{marker}.started")
-    script = f"{prefix} {command} >/dev/null 2>&1 & until [ -e {started} ]; do sleep 0.1; done"
+    # the shell lives 2 s (past the command's start_command), then exits
+    script = f'{prefix} {sys.executable} -c "{COMMAND}" {marker} >/dev/null 2>&1 & sleep 2'
     subprocess.run(["bash", "-c", script], cwd=REPO, check=True, timeout=30)
 
 
