@@ -31,7 +31,12 @@ COMMAND = (
 def _started_from_a_shell_that_exits(prefix: str, marker: Path) -> None:
     # the shell lives 2 s (past the command's start_command), then exits
     script = f'{prefix} {sys.executable} -c "{COMMAND}" {marker} >/dev/null 2>&1 & sleep 2'
-    subprocess.run(["bash", "-c", script], cwd=REPO, check=True, timeout=30)
+    subprocess.run(
+        ["bash", "-c", script], cwd=REPO, check=True, timeout=30,
+        # a terminal's shell: SIGHUP at its default, whatever the suite inherited (under
+        # `nohup make test` it is ignored, and a plain `&` is then `nohup cmd &`)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )  # fmt: skip
 
 
 @pytest.mark.slow
