@@ -56,6 +56,13 @@ from plumbing.processes import die_with_parent
 logger = logging.getLogger(__name__)
 
 SOCKET_ENV = warm_shim.SOCKET_ENV
+# a server kept for the commands a process runs (kept_warm_server(shared=True)): its folder,
+# whose SERVED_FILE says the environment and imports it serves
+SHARED_ENV = "PLUMBING_WARM_SHARED"
+SERVED_FILE = "served.json"
+# what a shell or DVC sets afresh for each command it runs: not part of what a server serves
+_PER_COMMAND_NAMES = frozenset({"_", "PWD", "OLDPWD", "SHLVL", SHARED_ENV, SOCKET_ENV})
+_PER_COMMAND_PREFIXES = ("DVC_",)
 DISABLE_ENV = "PLUMBING_COLD_RANKS"  # set to 1: every rank starts its own interpreter
 _UNIX_PATH_MAX = 107  # sun_path's 108 bytes, less the terminating NUL
 _REAP_POLL_SECONDS = 0.002
@@ -358,12 +365,45 @@ _kept_lock = threading.Lock()
 def _kept_for(
     environment: Mapping[str, str], preload: Sequence[str], job: bool
 ) -> WarmRanks | None:
-    """The newest kept server for ``environment`` and ``preload``, marked used by a job."""
+    """The newest kept server for ``environment`` and ``preload``, marked used by a job;
+    else the one this process's parent shares with its commands, if it serves the same."""
     with _kept_lock:
         found = [kept for kept in _kept if kept.serves(environment, preload)]
         if found and job:
             found[-1].used = True
-    return found[-1].ranks if found else None
+    return found[-1].ranks if found else _shared_with_us(environment, preload)
+
+
+def _served(environment: Mapping[str, str]) -> dict[str, str]:
+    """What of ``environment`` a shared server is matched on: all but what a shell or DVC
+    sets afresh for each command (``PWD``, ``SHLVL``, ``DVC_*``...)."""
+    return {name: value for name, value in environment.items()
+            if name not in _PER_COMMAND_NAMES and not name.startswith(_PER_COMMAND_PREFIXES)}  # fmt: skip
+
+
+def _shared_with_us(environment: Mapping[str, str], preload: Sequence[str]) -> WarmRanks | None:
+    """The server named by ``PLUMBING_WARM_SHARED`` (a parent's, kept for its commands)
+    when it serves ``environment`` and ``preload`` and is still there; else None."""
+    folder = os.environ.get(SHARED_ENV)
+    if not folder:
+        return None
+    ranks = WarmRanks(Path(folder) / "socket")
+    try:
+        served = json.loads((Path(folder) / SERVED_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # its command has ended, and the server with it
+    if served != {"environment": _served(environment), "preload": list(preload)}:
+        theirs = served.get("environment", {}) if isinstance(served, dict) else {}
+        ours = _served(environment)
+        differing = sorted(name for name in theirs.keys() | ours.keys()
+                           if theirs.get(name) != ours.get(name))  # fmt: skip
+        logger.info("the shared warm server serves another environment (%s) or other "
+                    "imports: this job starts its own", ", ".join(differing) or "the same")  # fmt: skip
+        return None
+    if not ranks.socket_path.exists():
+        return None
+    logger.debug("ranks forked from the shared warm server in %s", folder)
+    return ranks
 
 
 @contextlib.contextmanager
@@ -385,14 +425,19 @@ def warm_server(
 
 @contextlib.contextmanager
 def kept_warm_server(
-    environment: Mapping[str, str], preload: Sequence[str]
+    environment: Mapping[str, str], preload: Sequence[str], *, shared: bool = False
 ) -> Iterator[WarmRanks | None]:
     """A warm server started now and kept for the block: every :func:`warm_server` asked
     for inside it with the same environment and imports (the jobs of a flow) forks its
     ranks from this one, whose imports are done once, while the caller goes on with what
     comes before its first job. One already kept for the same is used instead. The server
     stops when the block ends, and any rank still running with it; one that no job used
-    (every run up to date) is killed at once, still importing as it may be."""
+    (every run up to date) is killed at once, still importing as it may be.
+
+    ``shared``: also for the commands this process starts in the block (``dvc repro``'s
+    stage commands, each a process of its own): ``PLUMBING_WARM_SHARED`` names the server
+    to them, and their jobs fork from it where their ranks' environment is this one, less
+    what a shell or DVC sets afresh per command; elsewhere they start their own."""
     kept = _kept_for(environment, preload, job=False)
     if kept is not None:
         yield kept
@@ -405,12 +450,33 @@ def kept_warm_server(
         with _kept_lock:
             _kept.append(entry)
         try:
-            yield entry.ranks
+            with _shared_for_commands(entry, shared):
+                yield entry.ranks
         finally:
             with _kept_lock:
                 _kept.remove(entry)
-            if not entry.used:  # no job came (all up to date): not worth its imports
-                entry.process.kill()
+            if not entry.used:  # no job here (all up to date, or only the commands' jobs,
+                entry.process.kill()  # ended with them): still importing as it may be
+
+
+@contextlib.contextmanager
+def _shared_for_commands(entry: _KeptServer, shared: bool) -> Iterator[None]:
+    """``entry`` named to the commands this process starts in the block (``shared``)."""
+    if not shared:
+        yield
+        return
+    folder = entry.ranks.socket_path.parent
+    served = {"environment": _served(entry.environment), "preload": list(entry.preload)}
+    (folder / SERVED_FILE).write_text(json.dumps(served))  # before any command can read it
+    before = os.environ.get(SHARED_ENV)
+    os.environ[SHARED_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SHARED_ENV, None)
+        else:
+            os.environ[SHARED_ENV] = before
 
 
 @contextlib.contextmanager

@@ -318,6 +318,56 @@ def test_a_kept_server_serves_every_job_of_its_block(modules: Path, tmp_path: Pa
     assert _gone(kept_server[0].pid)
 
 
+# A command started inside a shared block, as dvc repro starts a stage: its ranks'
+# environment is its own (what it inherited, and argv[1] as JSON over it: a shell's SHLVL
+# and PWD, DVC's variables), and it runs one job of one rank (whose own variables are
+# argv[2]) through warm_server.
+COMMAND_OF_A_BLOCK = """
+import json, os, subprocess, sys
+from plumbing.warm import warm_server
+env = {**os.environ, **json.loads(sys.argv[1])}
+with warm_server(env, ["warm_probe_preload"]) as warm:
+    rank_env = {**warm.environment(), **env, **json.loads(sys.argv[2])}
+    subprocess.run(warm.program([sys.executable, "-m", "warm_probe", "exit", "0"]),
+                   env=rank_env, check=True)
+print(json.dumps({"socket": str(warm.socket_path)}))
+"""
+
+
+def test_a_shared_server_serves_the_jobs_of_the_commands_of_its_block(
+    modules: Path, tmp_path: Path
+) -> None:
+    """kept_warm_server(shared=True): a command started in the block (a process of its
+    own) forks its ranks from the block's server where its ranks' environment is the
+    block's but for what a shell or DVC sets per command; one whose environment differs
+    in anything else starts its own; after the block, commands start their own."""
+    env = _environment(modules, tmp_path)
+
+    def command(extra: dict[str, str], name: str) -> tuple[Path, dict[str, object]]:
+        out = tmp_path / f"{name}.json"
+        per_command = {"SHLVL": "7", "PWD": str(tmp_path), "DVC_STAGE": f"train@{name}"}
+        rank = {"PROBE_OUT": str(out), "PROBE_VALUE": name, "PROBE_FD": "0"}
+        printed = subprocess.run(
+            [sys.executable, "-c", COMMAND_OF_A_BLOCK, json.dumps({**per_command, **extra}),
+             json.dumps(rank)],
+            env={**os.environ, **env}, check=True, capture_output=True, text=True, timeout=120,
+            stdin=subprocess.DEVNULL,
+        ).stdout  # fmt: skip
+        return Path(json.loads(printed)["socket"]), json.loads(out.read_text())
+
+    with kept_warm_server(env, ["warm_probe_preload"], shared=True) as kept:
+        assert kept is not None
+        socket_path, report = command({}, "alike")
+        assert socket_path == kept.socket_path and report["preloaded_before_main"] is True
+        assert len((tmp_path / "preload.log").read_text().split()) == 1  # the block's only
+        socket_path, _ = command({"PROBE_SETTING": "another"}, "unlike")
+        assert socket_path != kept.socket_path
+        assert len((tmp_path / "preload.log").read_text().split()) == 2  # its own server
+    socket_path, _ = command({}, "after")
+    assert socket_path != kept.socket_path
+    assert len((tmp_path / "preload.log").read_text().split()) == 3
+
+
 def test_a_kept_server_that_died_is_not_used(modules: Path, tmp_path: Path) -> None:
     env = _environment(modules, tmp_path)
     with kept_warm_server(env, []) as kept:

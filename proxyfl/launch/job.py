@@ -397,15 +397,20 @@ def _server_environment(ranks: Mapping[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def warm_ranks(placement: Placement, env: Mapping[str, str] | None = None) -> Iterator[None]:
+def warm_ranks(
+    placement: Placement, env: Mapping[str, str] | None = None, *, shared: bool = False
+) -> Iterator[None]:
     """The ranks of every job run inside the block on this machine (``placement`` with
     ``env``, as :func:`run_job` would be given them) forked from one warm server, started
     now: its imports are done once for all the block's jobs, on another core while the
-    caller sets up its first. Nothing where ``placement`` is not this machine."""
+    caller sets up its first. Nothing where ``placement`` is not this machine.
+    ``shared``: the jobs of the commands this process runs in the block too (``dvc
+    repro``'s stages: :func:`plumbing.warm.kept_warm_server`)."""
     if not placement.single_machine:
         yield
         return
-    with kept_warm_server(_server_environment(rank_environment(placement, env)), RANK_IMPORTS):
+    server_environment = _server_environment(rank_environment(placement, env))
+    with kept_warm_server(server_environment, RANK_IMPORTS, shared=shared):
         yield
 
 
