@@ -377,8 +377,11 @@ def _kept_for(
 def _served(environment: Mapping[str, str]) -> dict[str, str]:
     """What of ``environment`` a shared server is matched on: all but what a shell or DVC
     sets afresh for each command (``PWD``, ``SHLVL``, ``DVC_*``...)."""
-    return {name: value for name, value in environment.items()
-            if name not in _PER_COMMAND_NAMES and not name.startswith(_PER_COMMAND_PREFIXES)}  # fmt: skip
+    return {
+        name: value
+        for name, value in environment.items()
+        if name not in _PER_COMMAND_NAMES and not name.startswith(_PER_COMMAND_PREFIXES)
+    }
 
 
 def _shared_with_us(environment: Mapping[str, str], preload: Sequence[str]) -> WarmRanks | None:
@@ -397,8 +400,10 @@ def _shared_with_us(environment: Mapping[str, str], preload: Sequence[str]) -> W
         ours = _served(environment)
         differing = sorted(name for name in theirs.keys() | ours.keys()
                            if theirs.get(name) != ours.get(name))  # fmt: skip
-        logger.info("the shared warm server serves another environment (%s) or other "
-                    "imports: this job starts its own", ", ".join(differing) or "the same")  # fmt: skip
+        logger.info(
+            "the shared warm server serves another environment (%s) or other imports: this "
+            "job starts its own", ", ".join(differing) or "the same",
+        )  # fmt: skip
         return None
     if not ranks.socket_path.exists():
         return None

@@ -50,7 +50,7 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     project: Path, tool_env: dict[str, str]
 ) -> None:
     first = subprocess.run(
-        ["python", "-m", "flows.server", "--", "dvc", "repro"],
+        ["python", "-m", "flows.server", "--warm-ranks", "--", "dvc", "repro"],  # as make demo
         cwd=project, env=tool_env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
