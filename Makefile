@@ -57,7 +57,7 @@ test-fast: $(STAMP)
 # tables); a second run is a no-op. The tables are printed either way, then where each
 # run's time went (results/timings.md: not a DVC output, it changes with every launch).
 demo: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.server --warm-ranks -- dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m flows.shared -- dvc repro
 	@echo; cat results/tables/accuracy.md; echo; cat results/tables/staging.md
 	@echo; cat results/tables/privacy.md; echo; cat results/tables/audit.md
 	@[ ! -f results/timings.md ] || { echo; cat results/timings.md; }

@@ -3,7 +3,7 @@ by side in ``audit.workers`` processes, on the demo's stores.
 
 For one centre and architecture: ``--count`` reference models trained serially in this
 process at torch's default thread count (the machine's cores: the audit before), serially
-at one thread (the audit's count, proxyfl.audit.workers), and in a pool of ``--workers``
+at one thread (the audit's count, analysis.audit.workers), and in a pool of ``--workers``
 one-thread processes (the audit now: the same bits as one thread serially, checked). The
 pool is started inside the timing, as the audit starts it. Interleaved, median wall
 seconds and the ratio.
@@ -22,9 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from proxyfl.audit.population import client_population
-from proxyfl.audit.references import ReferenceRecipe, References, train_references
-from proxyfl.audit.workers import AUDIT_THREADS, audit_processes
+from analysis.audit.population import client_population
+from analysis.audit.references import ReferenceRecipe, References, train_references
+from analysis.audit.workers import AUDIT_THREADS, audit_processes
 
 IN_DEFAULT_RUN = False  # needs the demo's stores (make demo)
 

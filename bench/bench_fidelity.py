@@ -28,10 +28,10 @@ from typing import Any
 
 from scipy.stats import kendalltau
 
+from analysis.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from camelyon_proxyfl.params.whole import load_params
 from proxyfl.config import TrainConfig
 from proxyfl.launch.job import TrainingJob, run_job
-from proxyfl.report import PAPER_ORDER, AccuracyRow, accuracy_table, load_runs, write_report
 from proxyfl.results import RUN_FILE
 from wsi.store.schema import store_path
 

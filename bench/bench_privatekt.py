@@ -44,11 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.report import accuracy_table, curves, load_runs, write_report
+from analysis.report.load import RunResult
 from bench.bench_fidelity import train_all
 from bench.digits import write_digit_stores
 from camelyon_proxyfl.params.whole import load_params
-from proxyfl.report import accuracy_table, curves, load_runs, write_report
-from proxyfl.report.load import RunResult
 from proxyfl.results import PRIVACY_NOTIONS
 from wsi.store.schema import store_path
 

@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from wsi.summary import TABLE_1_COLUMNS, TABLE_1_HEADER
 
 if TYPE_CHECKING:  # not imported: preprocessing's DVC stage must not depend on the report
-    from proxyfl.report import ReportPaths
+    from analysis.report import ReportPaths
     from wsi.summary import SlideFailure
 
 

@@ -1,7 +1,7 @@
 """Privacy audit flow: membership inference on the kept models, ε bounds from canaries.
 
 Membership inference on every run's kept models, and the ε lower bound of each canary run
-(proxyfl.audit; docs/algorithms.md §4; canary runs: flows.canary).
+(analysis.audit; docs/algorithms.md §4; canary runs: flows.canary).
 
     runs/ALGORITHM/seed_S + runs/canary/ALGORITHM -> results/audit.json
 
@@ -12,7 +12,7 @@ The runs are those ``train:`` lists (finished, with their kept models), the cana
 those ``audit.canary.algorithms`` lists; every number comes from ``params.yaml``'s
 ``audit:`` section, and every flag overrides one. An audit file whose runs, stores,
 settings, code and libraries are those recorded beside it is kept, and its summary printed
-again (:mod:`proxyfl.audit.freshness`; DVC deletes it before its stage runs, so ``dvc
+again (:mod:`analysis.audit.freshness`; DVC deletes it before its stage runs, so ``dvc
 repro`` always computes it). Prints the audit's summary. Exits 1 when
 a run, a kept model, a store or a canary run is missing (the message names it) or when an
 ε lower bound exceeds its accounted ε (a privacy bug: audit.json is written, naming it);
@@ -27,15 +27,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from analysis.audit.population import AuditInputError
+from analysis.audit.references import ReferenceTrainingError
+from analysis.audit.runs import AuditViolation, summary_lines
 from camelyon_proxyfl.params.audit import AuditParams, AuditSection
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.train import TrainSection
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
-from proxyfl.audit.population import AuditInputError
-from proxyfl.audit.references import ReferenceTrainingError
-from proxyfl.audit.runs import AuditViolation, summary_lines
 from tasks.audit import audit_file, audit_freshness, audit_inputs, audit_rows
 
 

@@ -1,6 +1,6 @@
 """Canary-run flow: one method trained once more with canaries, for the privacy audit.
 
-The run the audit's one-run ε lower bound comes from (proxyfl.audit; the audit itself:
+The run the audit's one-run ε lower bound comes from (analysis.audit; the audit itself:
 flows.audit).
 
     plan (canaries.json) -> MPI job -> runs/canary/{algorithm}/run/
@@ -31,7 +31,7 @@ from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
-from proxyfl.audit.canaries import CanaryPlanError
+from proxyfl.canaries import CanaryPlanError
 from proxyfl.launch.job import TrainingJob, TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict, holds_another_configuration
 from tasks.canary import canary_plan

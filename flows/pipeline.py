@@ -31,6 +31,11 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from analysis.audit.population import AuditInputError
+from analysis.audit.runs import AuditViolation
+from analysis.report import ReportError, ReportPaths
+from analysis.report.render import summary_line
+from analysis.staging.models import StagingModelError
 from camelyon_proxyfl.findings import PreflightFailed, errors
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, ParamsCommand
 from camelyon_proxyfl.params.whole import Params, load_params
@@ -46,14 +51,9 @@ from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.locks import Busy
 from plumbing.processes import start_command
-from proxyfl.audit.canaries import CanaryPlanError
-from proxyfl.audit.population import AuditInputError
-from proxyfl.audit.runs import AuditViolation
+from proxyfl.canaries import CanaryPlanError
 from proxyfl.launch.job import TrainingJobFailed, warm_ranks
 from proxyfl.launch.rundir import RunConflict
-from proxyfl.report import ReportError, ReportPaths
-from proxyfl.report.render import summary_line
-from proxyfl.staging.models import StagingModelError
 from tasks.checks import preflight_checks
 from tasks.data import dataset
 from wsi.catalogue import DatasetRootError

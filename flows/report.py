@@ -45,6 +45,7 @@ from prefect import flow
 from rich.console import Console
 from rich.markdown import Markdown
 
+from analysis.report import ReportError, ReportPaths
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.report import ReportConfig, ReportParams, ReportSection
 from flows.artifacts import publish_report
@@ -52,7 +53,6 @@ from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
-from proxyfl.report import ReportError, ReportPaths
 from tasks.report import finished_runs, report_files, timing_files
 
 

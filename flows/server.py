@@ -320,26 +320,14 @@ def run_flow_command(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.server", description=__doc__)
-    parser.add_argument(
-        "--warm-ranks", action="store_true",
-        help="also keep one warm server for the training jobs the command runs on this "
-        "machine: their MPI ranks fork from it, its imports done once for the whole command",
-    )  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --, e.g. -- dvc repro")
-    with contextlib.ExitStack() as stack:
-        if args.warm_ranks:
-            from proxyfl.launch.job import Placement, warm_ranks
-
-            # importing while the server starts; a stage whose ranks need another
-            # environment or placement starts its own, as without it
-            stack.enter_context(warm_ranks(Placement(), shared=True))
-        if os.environ.get("PREFECT_API_URL"):
-            return subprocess.call(command)
-        api_url = stack.enter_context(prefect_server())
+    if os.environ.get("PREFECT_API_URL"):
+        return subprocess.call(command)
+    with prefect_server() as api_url:
         print(f"Prefect server for this run: {api_url.removesuffix('/api')}", flush=True)
         return subprocess.call(command, env={**os.environ, "PREFECT_API_URL": api_url})
 

@@ -15,9 +15,9 @@ Every method's node accuracy, slide AUC and pN-stage kappa, from its models' cal
 The runs are those ``train:`` lists (finished, with their kept models); each centre's
 slides are those of its patients in ``data.root`` whose store (``preprocess.out``) puts
 them in its test split: each is staged at the lesion threshold its centre's other test
-patients choose (cross-fitted, :mod:`proxyfl.staging.centre`). A centre whose models,
+patients choose (cross-fitted, :mod:`analysis.staging.centre`). A centre whose models,
 slides, store, settings and code are those recorded when it was last staged is kept
-(:mod:`proxyfl.staging.freshness`). Every number comes from ``params.yaml``'s ``stage:``
+(:mod:`analysis.staging.freshness`). Every number comes from ``params.yaml``'s ``stage:``
 section (the node rule's thresholds are Camelyon-17's), and every flag overrides one. A
 slide that cannot be read is recorded in its centre's calls (and the summary) and the
 rest are staged. Prints the staging table. Exits 1 when a run keeps no model or a store
@@ -33,14 +33,14 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 
+from analysis.report.staging import staging_table
+from analysis.staging.models import StagingModelError
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.stage import StageSection
 from camelyon_proxyfl.params.staging import StagingParams
 from flows.server import run_flow_command
 from plumbing.cli import exit_on_bad_parameters
 from plumbing.processes import start_command
-from proxyfl.report.staging import staging_table
-from proxyfl.staging.models import StagingModelError
 from tasks.stage import (
     centre_calls_file,
     centre_freshness,

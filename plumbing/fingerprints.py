@@ -1,8 +1,8 @@
 """What decided an artefact's bytes: files by identity or by content, code by digest.
 
 An artefact rebuilt only when its inputs change records them beside itself and compares
-them with the inputs now (:mod:`wsi.freshness` for the stores, :mod:`proxyfl.audit.freshness`
-for the audit, :mod:`proxyfl.staging.freshness` for a centre's staging). A source file
+them with the inputs now (:mod:`wsi.freshness` for the stores, :mod:`analysis.audit.freshness`
+for the audit, :mod:`analysis.staging.freshness` for a centre's staging). A source file
 nobody rewrites (a slide) is identified without reading it, by size and modification
 time: a rewrite or a copy changes the time, so the comparison errs one way only (an
 artefact that would have come out the same is rebuilt; one whose input changed is never
@@ -79,8 +79,8 @@ def source_digest(package: Path, skip: Collection[str] = ()) -> str:
 
 def packages_digest(*packages: Path) -> str:
     """SHA-256 of the :func:`source_digest` of each of ``packages``, in order: the code of
-    an artefact computed by several packages (the audit's and the staging's, ``proxyfl``
-    and ``wsi``)."""
+    an artefact computed by several packages (the audit's and the staging's: ``analysis``,
+    ``proxyfl`` and ``wsi``)."""
     return hashlib.sha256("".join(source_digest(p) for p in packages).encode()).hexdigest()
 
 

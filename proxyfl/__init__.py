@@ -28,11 +28,9 @@ Rooms, by role (each module one idea):
 - a rank, wiring the rooms together: :mod:`~proxyfl.trainer` (a client's set-up and
   its steps of a round), :mod:`~proxyfl.records` (metrics, rank records, run.json),
   :mod:`~proxyfl.loop` (the one loop), :mod:`~proxyfl.run` (the entry point);
-- :mod:`proxyfl.report` (tables, curves, figures, report.html);
-- :mod:`proxyfl.audit` (the empirical privacy audit of the kept models): ``scores``,
-  ``membership`` (AUC, TPR at low FPR, bootstrap), ``references`` (LiRA's reference
-  models), ``population``, ``canaries``, ``one_run`` (the ε lower bound), ``options``,
-  ``runs`` (a run directory's audit rows).
+- shared with what reads finished runs (:mod:`analysis`, which imports this package and
+  is never imported by it): :mod:`~proxyfl.results` and :mod:`~proxyfl.kept` (a run's
+  files and their readers), :mod:`~proxyfl.canaries` (the canary plan a run plants).
 """
 
 __all__: list[str] = []

@@ -256,7 +256,7 @@ class TrainConfig(TrainOptions):
     resume: bool = Field(False, description="continue from the run directory's checkpoints")
     canaries: Path | None = Field(
         None,
-        description="a canary plan (canaries.json, proxyfl.audit.canaries): the run trains on "
+        description="a canary plan (canaries.json, proxyfl.canaries): the run trains on "
         "its IN canaries with their labels and leaves out its OUT ones (the audit's canary run)",
     )
     evaluate_every_round: bool = Field(

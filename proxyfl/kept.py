@@ -1,7 +1,8 @@
-"""The files a finished run keeps, and whether they are still the bytes it wrote: without
-torch, for the launcher that decides whether a finished run is kept
-(:mod:`proxyfl.launch.rundir`) as well as for the loader of its models
-(:mod:`proxyfl.engine.trained`), the report and the audit.
+"""The files a finished run keeps, and whether they are still the bytes it wrote, shared by
+the library and what reads finished runs (:mod:`analysis`): without torch, for the
+launcher that decides whether a finished run is kept (:mod:`proxyfl.launch.rundir`) as
+well as for the loader of its models (:mod:`proxyfl.engine.trained`), the report and the
+audit.
 
 What is verified (:mod:`plumbing.verified`: a ``NAME.sha256`` beside each, written once
 the file is whole): the kept models and their cards, each client's predictions, and, once

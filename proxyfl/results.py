@@ -1,10 +1,11 @@
-"""Run outputs: ``metrics.jsonl`` (one :class:`MetricRow` per client, round and evaluated
-model) and ``run.json`` (configuration, world, devices, versions, timings), written
-atomically through :mod:`plumbing.atomic`.
+"""Run outputs, shared by the library (the rank writes them) and what reads finished runs
+(:mod:`analysis`): ``metrics.jsonl`` (one :class:`MetricRow` per client, round and
+evaluated model) and ``run.json`` (configuration, world, devices, versions, timings),
+written atomically through :mod:`plumbing.atomic`.
 
 :class:`MetricRow` is the one schema of a metrics line (docs/files.md §3.4): the trainer
 builds rows with it, :func:`write_metrics` serialises them, and the report
-(:mod:`proxyfl.report.load`) validates every line it reads with it. Rounds count from 1.
+(:mod:`analysis.report.load`) validates every line it reads with it. Rounds count from 1.
 A row holds no time (rows written before 2026-11-24 had ``comm_seconds``, read as an
 extra key): the same run writes the same rows on any machine, and its seconds are in
 ``machine.json``.

@@ -318,7 +318,7 @@ def open_client_data(config: TrainConfig, plan: StorePlan) -> ClientData:
     if config.canaries is not None:  # the audit's canary run: its canaries in, or out
         import numpy as np
 
-        from proxyfl.audit.canaries import CanaryPlan
+        from proxyfl.canaries import CanaryPlan
 
         canaries = CanaryPlan.read(config.canaries)
         chosen = [canaries.training_data(center, np.asarray(reader.labels))

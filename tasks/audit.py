@@ -10,17 +10,17 @@ from prefect import task
 from prefect.client.schemas.objects import State
 from prefect.logging import get_run_logger
 
-from camelyon_proxyfl.params.audit import AuditSection
-from camelyon_proxyfl.params.train import TrainSection
-from proxyfl.audit.freshness import AuditInputs, forget_inputs, record_inputs, stale_reason
-from proxyfl.audit.runs import (
+from analysis.audit.freshness import AuditInputs, forget_inputs, record_inputs, stale_reason
+from analysis.audit.runs import (
     AuditCache,
     AuditViolation,
     audit_canary_run,
     audit_document,
     audit_training_run,
 )
-from proxyfl.audit.workers import audit_processes
+from analysis.audit.workers import audit_processes
+from camelyon_proxyfl.params.audit import AuditSection
+from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.results import atomic_write_json
 from tasks.freshness import freshness_state
 

@@ -11,7 +11,7 @@ from prefect.logging import get_run_logger
 from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.train import TrainSection
 from plumbing.atomic import write_text
-from proxyfl.audit.canaries import CanaryPlan, CanaryPlanError
+from proxyfl.canaries import CanaryPlan, CanaryPlanError
 from wsi.store.reader import PatchSplitReader, read_store_info
 from wsi.store.schema import StoreError, store_path
 

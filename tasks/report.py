@@ -6,10 +6,10 @@ from pathlib import Path
 
 from prefect import task
 
+from analysis.report import ReportPaths, write_report
+from analysis.report.select import RunSelection, select_runs
+from analysis.report.timings import write_timings
 from camelyon_proxyfl.params.report import ReportConfig
-from proxyfl.report import ReportPaths, write_report
-from proxyfl.report.select import RunSelection, select_runs
-from proxyfl.report.timings import write_timings
 
 
 @task(name="finished runs")
@@ -45,6 +45,6 @@ def report_files(
 @task(name="timing files")
 def timing_files(selection: RunSelection, out_dir: Path) -> tuple[Path, Path]:
     """``out_dir/timings.{md,csv}``: where each run's wall time went, from its
-    machine.json (:mod:`proxyfl.report.timings`). Beside the report, never in its
+    machine.json (:mod:`analysis.report.timings`). Beside the report, never in its
     DVC-tracked outputs: the figures change with every launch."""
     return write_timings(selection.runs, out_dir)

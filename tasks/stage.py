@@ -1,5 +1,5 @@
 """Staging tasks: a centre's models and slides, a slide's maps, a centre's calls, and the
-summary of every centre's calls (policy: :mod:`proxyfl.staging`)."""
+summary of every centre's calls (policy: :mod:`analysis.staging`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.client.schemas.objects import State
 
-from camelyon_proxyfl.params.staging import StagingParams
-from proxyfl.staging.centre import (
+from analysis.staging.centre import (
     SlideMapper,
     SlideMaps,
     StagingSlide,
@@ -20,9 +19,10 @@ from proxyfl.staging.centre import (
     centre_slides,
     write_centre,
 )
-from proxyfl.staging.freshness import CentreInputs, forget_inputs, record_inputs, stale_reason
-from proxyfl.staging.models import StagingModel, choose_device, model_predictor, staging_model
-from proxyfl.staging.summary import write_summary
+from analysis.staging.freshness import CentreInputs, forget_inputs, record_inputs, stale_reason
+from analysis.staging.models import StagingModel, choose_device, model_predictor, staging_model
+from analysis.staging.summary import write_summary
+from camelyon_proxyfl.params.staging import StagingParams
 from tasks.freshness import freshness_state
 from wsi.catalogue import check_dataset_root, scan_camelyon
 from wsi.heatmap import Predictor
@@ -75,7 +75,7 @@ def slide_maps(
 def centre_inputs(
     params: StagingParams, center: int, models: Sequence[StagingModel]
 ) -> CentreInputs:
-    """What decides ``center``'s staging now (:mod:`proxyfl.staging.freshness`)."""
+    """What decides ``center``'s staging now (:mod:`analysis.staging.freshness`)."""
     digests = {m.key: m.digest for m in models}
     return CentreInputs.now(center, params.centre_settings(), digests, params.data.root,
                             store_path(params.preprocess.out, center))  # fmt: skip

@@ -41,7 +41,7 @@ def source_identities(data_root: str | os.PathLike[str], center: int) -> dict[st
     """``{relative path: [size, mtime_ns]}`` of every file of the dataset a centre's
     artefacts are made from (its slides, the annotations, the stage labels), read without
     opening them; absent ones are left out. The freshness records of the stores
-    (:mod:`wsi.freshness`) and of the staging (:mod:`proxyfl.staging.freshness`) hold it."""
+    (:mod:`wsi.freshness`) and of the staging (:mod:`analysis.staging.freshness`) hold it."""
     root = Path(data_root)
     return file_identities(
         root, (root / f"center_{center}", root / ANNOTATIONS_DIR, root / LABELS_FILE)

@@ -2,7 +2,7 @@
 from its nodes. The rules of the Camelyon-17 challenge (Bandi et al., IEEE TMI 2019,
 §II-B; the AJCC 8th edition's breast pN categories), in one place: the synthetic data's
 generator (:mod:`wsi.synth`) labels its slides with them, and the staging of trained
-models (:mod:`wsi.lesions`, :mod:`proxyfl.staging`) classifies with them.
+models (:mod:`wsi.lesions`, :mod:`analysis.staging`) classifies with them.
 
 **Node class** from the extent ``e`` of the node's largest lesion, the largest distance
 between two of its points (its maximum Feret diameter), and two thresholds ``T_itc`` and

@@ -3,8 +3,8 @@
     data:        data.DataSection              (root; synth: wsi.synth's settings)
     preprocess:  preprocess.PreprocessSection  (wsi.params' patch and sampling rules + ...)
     train:       train.TrainSection            (options: proxyfl.config.TrainOptions)
-    audit:       audit.AuditSection            (proxyfl.audit.options.AuditOptions + files)
-    stage:       stage.StageSection            (the staging of patients: proxyfl.staging)
+    audit:       audit.AuditSection            (analysis.audit.options.AuditOptions + files)
+    stage:       stage.StageSection            (the staging of patients: analysis.staging)
     report:      report.ReportSection
 
 Every default and help text is a field of these models (or of the library models they

@@ -1,4 +1,4 @@
-"""``audit:``: the privacy audit of the runs ``train:`` lists (proxyfl.audit), and the
+"""``audit:``: the privacy audit of the runs ``train:`` lists (analysis.audit), and the
 audit stage's view of the file (``train`` and ``audit``)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field
 
+from analysis.audit.options import AuditOptions
 from camelyon_proxyfl.params.base import StageParams
 from camelyon_proxyfl.params.train import TrainSection
-from proxyfl.audit.canaries import CANARY_FILE, CANARY_RUN_DIR
-from proxyfl.audit.options import AuditOptions
+from proxyfl.canaries import CANARY_FILE, CANARY_RUN_DIR
 from proxyfl.config import TrainConfig
 
 

@@ -1,4 +1,4 @@
-"""``stage:``: the staging of patients by the kept models (proxyfl.staging). Light: the
+"""``stage:``: the staging of patients by the kept models (analysis.staging). Light: the
 report reads it too (for the summary and pictures); the stage step's view of the whole
 file is :mod:`camelyon_proxyfl.params.staging`."""
 

@@ -26,7 +26,7 @@ class StagingParams(StageParams):
     def centre_settings(self) -> dict[str, Any]:
         """The settings that decide a centre's maps and calls: ``dvc.yaml``'s ``stage@c``
         parameters less the paths, whose content the staging's record holds instead
-        (:mod:`proxyfl.staging.freshness`: the slides, the store, the models)."""
+        (:mod:`analysis.staging.freshness`: the slides, the store, the models)."""
         preprocess, stage = self.preprocess, self.stage
         return {
             "preprocess.backend": preprocess.backend,

@@ -41,7 +41,7 @@ class PatchDataset(Dataset):
     in order: PrivateKT's clients leave out the rows held out as the public pool.
     ``labels`` (one entry per reader, aligned with its rows; ``None``: the stored ones)
     replaces the labels, and ``extra`` (uint8 (n, S, S, 3) images and their labels) comes
-    after every split's rows: the audit's canaries (:mod:`proxyfl.audit.canaries`)."""
+    after every split's rows: the audit's canaries (:mod:`proxyfl.canaries`)."""
 
     def __init__(
         self,

@@ -61,7 +61,7 @@ def tiny_params_under(directory: Path, data_root: Path) -> dict[str, Any]:
     )
 
 
-CODE = ("camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
+CODE = ("analysis", "camelyon_proxyfl", "flows", "plumbing", "proxyfl", "tasks", "wsi")
 
 
 def dvc_project(root: Path, params: dict[str, Any], env: dict[str, str]) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sklearn.metrics import cohen_kappa_score, confusion_matrix
 
-from proxyfl.report.render import MAJORITY_KEY
+from analysis.report.render import MAJORITY_KEY
 from wsi.nodes import PATIENT_STAGES
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"

@@ -50,7 +50,7 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     project: Path, tool_env: dict[str, str]
 ) -> None:
     first = subprocess.run(
-        ["python", "-m", "flows.server", "--warm-ranks", "--", "dvc", "repro"],  # as make demo
+        ["python", "-m", "flows.shared", "--", "dvc", "repro"],  # as make demo
         cwd=project, env=tool_env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-5000:]
@@ -134,10 +134,10 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert "every store is up to date: preprocessing skipped" in said, said[-6000:]
     assert "for flow 'preprocess'" not in said
     assert said.count("and these stores: kept") == 4, said[-6000:]  # 3 runs and the canary run
-    # the audit too, its runs and stores the bytes DVC cached (proxyfl.audit.freshness)
+    # the audit too, its runs and stores the bytes DVC cached (analysis.audit.freshness)
     assert "results/audit.json: up to date" in said, said[-6000:]
     assert "membership inference:" not in said
-    # and every centre's staging (proxyfl.staging.freshness): no slide mapped again
+    # and every centre's staging (analysis.staging.freshness): no slide mapped again
     assert all(f"staging/center_{c}: up to date" in said for c in (0, 1)), said[-6000:]
     assert "slides mapped" not in said
     assert {path: path.stat().st_mtime_ns for path in outputs} == stores_before, "not rewritten"

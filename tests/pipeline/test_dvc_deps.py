@@ -132,7 +132,7 @@ def test_the_closure_follows_imports_inside_functions() -> None:
             "wsi/store/reader.py"} <= train  # fmt: skip
     report = code_closure(ENTRY_POINTS["report"])
     assert "proxyfl/results.py" in report
-    assert not {path for path in train if path.startswith("proxyfl/report")}
+    assert not {path for path in train if path.startswith("analysis/report")}
     # the report reads the centre reports (wsi/summary.py): no image code
     light = {"wsi/__init__.py", "wsi/params.py", "wsi/catalogue.py", "wsi/nodes.py",
              "wsi/summary.py"}  # fmt: skip
@@ -278,7 +278,7 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     preprocess = {"preprocess@0", "preprocess@1"}
     maps, staging = {"stage@0", "stage@1"}, {"staging"}
     # the report's formatting: the report alone, no training run
-    assert edit("proxyfl/report/render.py") == {"report"}
+    assert edit("analysis/report/render.py") == {"report"}
     # the store schema: every training run (and the stores' writers, and the staging that
     # reads their splits); its writer: the stores only
     assert edit("wsi/store/schema.py") == trains | canary | audit | preprocess | maps | staging
@@ -286,15 +286,15 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
     # the trainer: training only, the canary run's included
     assert edit("proxyfl/trainer.py") == trains | canary
     # the attacks: the audit alone; the canary plan: every run that may train on one
-    assert edit("proxyfl/audit/membership.py") == audit
-    assert edit("proxyfl/audit/canaries.py") == trains | canary | audit | {"report"}
+    assert edit("analysis/audit/membership.py") == audit
+    assert edit("proxyfl/canaries.py") == trains | canary | audit | {"report"}
     # the masks: the stores and the maps (whose cells are the stores' candidates); the
     # lesions of a map: the staging alone; its measures: the staging's summary too
     assert edit("wsi/masks.py") == preprocess | maps | staging
     assert edit("wsi/lesions.py") == maps | staging
-    assert edit("proxyfl/report/staging.py") == maps | staging | {"report"}
+    assert edit("analysis/report/staging.py") == maps | staging | {"report"}
     # the pictures: the staging's stages (one command), not the report, which embeds them
-    assert edit("proxyfl/staging/pictures.py") == maps | staging
+    assert edit("analysis/staging/pictures.py") == maps | staging
     # each stage validates only its own sections of params.yaml: the PushSum graphs (the
     # train section's) leave the stores up to date, the synthetic data's settings (the
     # data section's) every training run and the report; the staging validates train: too
@@ -306,7 +306,7 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
 
 
 def test_a_centres_staging_record_holds_what_its_stage_depends_on() -> None:
-    """The Prefect path keeps a centre's staging by its record (proxyfl.staging.freshness):
+    """The Prefect path keeps a centre's staging by its record (analysis.staging.freshness):
     the settings it records are stage@c's parameters, less the paths whose content the
     record holds instead (the slides, the store, the models) or that only say where."""
     from camelyon_proxyfl.params.staging import StagingParams

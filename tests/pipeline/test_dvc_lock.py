@@ -79,13 +79,13 @@ def test_drift_is_what_the_tree_changed_not_what_repro_makes() -> None:
             {"changed deps": {"data/synthetic/center_0": "deleted", "wsi/center.py": "modified"}},
             {"changed outs": {"data/patches/center_0.h5": "not in cache"}},
         ],
-        "report": [{"changed deps": {"runs": "deleted", "proxyfl/report/html.py": "deleted"}}],
+        "report": [{"changed deps": {"runs": "deleted", "analysis/report/html.py": "deleted"}}],
         "train@ProxyFL-0": [{"changed params": {"train.options": "modified"}}],
         "synth": ["changed command"],
     }
     assert _drift(status, outputs) == {
         "preprocess@0": [{"changed deps": {"wsi/center.py": "modified"}}],
-        "report": [{"changed deps": {"proxyfl/report/html.py": "deleted"}}],
+        "report": [{"changed deps": {"analysis/report/html.py": "deleted"}}],
         "train@ProxyFL-0": [{"changed params": {"train.options": "modified"}}],
         "synth": ["changed command"],
     }
