@@ -27,7 +27,8 @@ Rooms, by role (each module one idea):
   and the knowledge buffer, ``public_pool``: public images, never labels);
 - a rank, wiring the rooms together: :mod:`~proxyfl.trainer` (a client's set-up and
   its steps of a round), :mod:`~proxyfl.records` (metrics, rank records, run.json),
-  :mod:`~proxyfl.loop` (the one loop), :mod:`~proxyfl.run` (the entry point);
+  :mod:`~proxyfl.loop` (the one loop), :mod:`~proxyfl.rank_inputs` (a rank's inputs,
+  checked before any training, then opened), :mod:`~proxyfl.run` (the entry point);
 - shared with what reads finished runs (:mod:`analysis`, which imports this package and
   is never imported by it): :mod:`~proxyfl.results` and :mod:`~proxyfl.kept` (a run's
   files and their readers), :mod:`~proxyfl.canaries` (the canary plan a run plants).

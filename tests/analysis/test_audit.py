@@ -241,7 +241,7 @@ def test_the_canary_runs_training_set_holds_its_in_canaries(
     plan = CanaryPlan.draw({0: np.asarray(reader.labels)}, count=10, n_classes=2,
                            patch_size=16, seed=1)  # fmt: skip
     (tmp_path / "canaries.json").write_text(plan.to_json())
-    from proxyfl.run import StorePlan, open_client_data
+    from proxyfl.rank_inputs import StorePlan, open_client_data
 
     store_plan = StorePlan(client=0, center=0, train_centers=[0], test_centers=[0],
                            n_classes=2, patch_size=16)  # fmt: skip
