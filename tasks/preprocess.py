@@ -106,8 +106,8 @@ def center_store(
     (:mod:`wsi.freshness`): never cached by Prefect, since that record (the Prefect path)
     or DVC owns this output.
 
-    A centre that cannot be built ends Failed with a one-line reason, its earlier store
-    removed and a failed report in its place (:func:`wsi.preprocess.record_failed_center`).
+    A centre that cannot be built ends Failed with a one-line reason and a failed report,
+    its earlier store kept as it was (:func:`wsi.preprocess.record_failed_center`).
     """
     logger = get_run_logger()
     try:

@@ -27,7 +27,7 @@ from wsi.center import (
     patches_to_take,
     write_center_store,
 )
-from wsi.freshness import StoreInputs, forget_inputs, record_inputs
+from wsi.freshness import StoreInputs, record_inputs
 from wsi.patches import (
     LABEL_NAMES,
     UNUSABLE,
@@ -178,18 +178,21 @@ def record_failed_center(
     out_dir: str | os.PathLike[str],
     slide_failures: Sequence[SlideFailure] = (),
 ) -> CenterReport:
-    """Remove ``center``'s store, left by an earlier run, and write a ``"failed"`` report
-    in its place, so that no summary presents the old store as this run's result."""
-    forget_inputs(out_dir, center)
+    """Write a ``"failed"`` report for ``center``: why, and the store of an earlier build
+    it kept, if any. A failed (re)build never removes a finished store (on real slides,
+    hours of work): the store and the record of the inputs it was built from stay as they
+    were, and since its report is now this failure, the next run finds the store stale
+    (:func:`wsi.freshness.stale_reason`) and builds it again; no summary counts it as this
+    run's result."""
     path = store_path(out_dir, center)
-    if path.exists():
-        log.warning("centre %d failed: removing its earlier store %s", center, path)
-        path.unlink()
+    kept = path.is_file()
+    if kept:
+        log.warning("centre %d failed: its earlier store %s is kept as it was", center, path)
     report = CenterReport(
         center=center,
         counts={},
         patients={},
-        store="",
+        store=path.name if kept else "",
         failures=[*slide_failures, SlideFailure(f"center_{center}", "centre", error, center)],
         status="failed",
         error=error,

@@ -49,8 +49,9 @@ CenterStatus = Literal["complete", "failed"]
 class CenterReport:
     """Table 1 for one centre: counts per split and label, patients, what was left out.
 
-    A ``"failed"`` report has no store (it was removed, so nothing stale looks current),
-    no counts, and says why in ``error``.
+    A ``"failed"`` report has no counts and says why in ``error``; its ``store`` names the
+    store of an earlier build that the failure left as it was ("" where there was none),
+    which no summary counts and the next run builds again.
     """
 
     center: int

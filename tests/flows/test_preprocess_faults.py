@@ -41,6 +41,7 @@ def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
     out = tmp_path / "patches"
     out.mkdir()
     (out / "center_1.h5").write_bytes(b"a store from an earlier run")
+    (out / "center_1.inputs.json").write_text('{"inputs": "what it was built from"}')
     (out / "center_1.json").write_text(
         json.dumps({"center": 1, "counts": {}, "patients": {}, "store": "center_1.h5"})
     )
@@ -56,10 +57,13 @@ def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
     assert catalogue["center"] == 0
     assert [key for key in failures if key[1] == victim.slide_id], "the truncated slide"
     assert failures[("centre", "center_1")]["center"] == 1
-    # centre 1 failed: its earlier store is gone and its report says so
-    assert not (out / "center_1.h5").exists()
+    # centre 1 failed: its earlier store and the record of its inputs are kept as they were,
+    # its report says it failed and names the store it kept, which no summary counts
+    assert (out / "center_1.h5").read_bytes() == b"a store from an earlier run"
+    assert (out / "center_1.inputs.json").read_text() == '{"inputs": "what it was built from"}'
     report = json.loads((out / "center_1.json").read_text())
     assert report["status"] == "failed" and "100000 of each" in report["error"]
+    assert report["store"] == "center_1.h5"
     summary = (out / "summary.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in summary[1:]] == ["0", "0"]
     # centre 0 finished without the truncated slide
@@ -76,3 +80,29 @@ def test_every_fault_is_recorded_and_a_failed_centre_leaves_nothing_stale(
     assert [f["stage"] for f in json.loads((out / "failures.json").read_text())] == ["catalogue"]
     assert _run(root, out, "--patches-per-class", "6", "--strict") == 1
     assert "1 slide or catalogue failure(s) and --strict is set" in capsys.readouterr().err
+
+
+def test_a_failed_rebuild_keeps_the_finished_store_and_the_rerun_rebuilds_it(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    """A finished store, then a rebuild that fails (asked for more patches than the slides
+    hold): the store and the record of its inputs stay byte for byte, the report says the
+    centre failed; rerun as before, the store is found stale and built again to the same
+    bytes."""
+    out = tmp_path / "patches"
+    args = ("--config", str(REPO / "params.yaml"), "--data-root", str(synthetic_dataset.root),
+            "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--centers", "0",
+            "--patch-size", "128", "--level", "0", "--workers", "2")  # fmt: skip
+    assert main([*args, "--patches-per-class", "6"]) == 0
+    finished = {name: (out / name).read_bytes() for name in ("center_0.h5", "center_0.inputs.json")}
+
+    assert main([*args, "--patches-per-class", "100000"]) == 1
+    assert "100000 of each requested" in capsys.readouterr().err
+    assert {name: (out / name).read_bytes() for name in finished} == finished
+    report = json.loads((out / "center_0.json").read_text())
+    assert report["status"] == "failed" and report["store"] == "center_0.h5"
+    assert json.loads((out / "summary.json").read_text())["table"] == []  # not counted
+
+    assert main([*args, "--patches-per-class", "6"]) == 0  # stale: its report is the failure
+    assert json.loads((out / "center_0.json").read_text())["status"] == "complete"
+    assert (out / "center_0.h5").read_bytes() == finished["center_0.h5"]
