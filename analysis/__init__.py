@@ -3,7 +3,7 @@ their kept models, and the staging of patients by those models.
 
 The federated-learning library (:mod:`proxyfl`) trains and writes runs; this package
 reads them, and sits above it and :mod:`wsi` in the house: it imports both, neither
-imports it (tests/test_house.py). What both sides need lives in :mod:`proxyfl`: a run's
+imports it (tests/pipeline/test_dvc_deps.py). What both sides need lives in :mod:`proxyfl`: a run's
 files and their readers (:mod:`proxyfl.results`, :mod:`proxyfl.kept`) and the canary plan
 a run plants (:mod:`proxyfl.canaries`).
 

@@ -153,12 +153,14 @@ def test_the_closure_follows_imports_inside_functions() -> None:
     }
 
 
-# the packages in layers: a module imports its own layer's and those below, never above
-LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "camelyon_proxyfl": 3, "tasks": 4, "flows": 5}
+# the packages in layers: a module imports its own layer's and those below, never above;
+# the federated-learning library (proxyfl) below what reads its runs (analysis)
+LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "analysis": 3, "camelyon_proxyfl": 4,
+          "tasks": 5, "flows": 6, "bench": 7}  # fmt: skip
 # and proxyfl's rooms (a module of the package itself is its own room)
 ROOMS = {
-    "comm": 0, "names": 0, "results": 1, "kept": 1, "config": 1, "rules": 1, "privacy": 2,
-    "engine": 2, "algorithms": 3, "launch": 3, "report": 3, "audit": 3, "trainer": 4, "staging": 4,
+    "comm": 0, "names": 0, "results": 1, "kept": 1, "config": 1, "rules": 1, "canaries": 1,
+    "privacy": 2, "engine": 2, "algorithms": 3, "launch": 3, "trainer": 4, "rank_inputs": 4,
     "records": 5, "loop": 6, "run": 7,
 }  # fmt: skip
 
@@ -183,10 +185,36 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
     assert not upward, upward
 
 
+def test_every_package_has_a_layer() -> None:
+    assert {path.parent.name for path in REPO.glob("*/__init__.py")} == set(LAYERS)
+
+
+def test_the_library_holds_nothing_that_reads_finished_runs() -> None:
+    """The report, the audit and the staging are analysis', above proxyfl; what both need
+    (a run's files, the canary plan) is proxyfl's. Not even a ``TYPE_CHECKING`` import."""
+    assert not [
+        room for room in ("report", "audit", "staging") if (REPO / "proxyfl" / room).exists()
+    ]
+    upward = [
+        f"{name} -> {node.module}"
+        for name, path in _modules("proxyfl")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "analysis"
+    ] + [
+        f"{name} -> {alias.name}"
+        for name, path in _modules("proxyfl")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.split(".")[0] == "analysis"
+    ]
+    assert not upward, upward
+
+
 def test_every_proxyfl_room_imports_only_rooms_below_it() -> None:
-    """contracts (names, results, config, rules) and comm; privacy and the engine;
-    algorithms, the launcher and the report; a client's set-up (trainer), its records,
-    the loop; a rank's entry point."""
+    """contracts (names, results, config, rules, the canary plan) and comm; privacy and the
+    engine; algorithms and the launcher; a client's set-up (trainer) and a rank's inputs,
+    its records, the loop; a rank's entry point."""
     modules = _modules("proxyfl")
     assert all(_room(name) is not None for name, _ in modules if name != "proxyfl")
     upward = []
