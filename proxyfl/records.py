@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from plumbing.kernels import in_effect as kernels_in_effect
 from plumbing.verified import record_digest
 from proxyfl.config import TrainConfig
 from proxyfl.engine.access import ACCESS_LOG
@@ -242,6 +243,9 @@ def write_run_json(
         "clients": records,
         "devices": [record["device"] for record in records],
         "versions": training_library_versions(),
+        # the CPU kernels' pin the ranks ran with ({}: native), which decides the late
+        # digits on x86-64 as the versions do (plumbing.kernels)
+        "cpu_kernels": kernels_in_effect(),
     }
     if status == "finished":
         payload["epsilon"] = {str(r["client"]): r["epsilon"] for r in records}

@@ -24,7 +24,7 @@ from plumbing.cli import (
 
 DEFAULT_PARAMS = Path("params.yaml")
 # every section of a parameters file (camelyon_proxyfl.params.whole.Params' fields)
-SECTIONS = ("data", "preprocess", "train", "audit", "stage", "report")
+SECTIONS = ("data", "preprocess", "train", "audit", "stage", "report", "machine")
 
 
 # Keys renamed since an earlier version, with what the new name says: a file that still

@@ -9,6 +9,7 @@ from pydantic import Field
 from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.base import DEFAULT_PARAMS, StageParams, load_sections
 from camelyon_proxyfl.params.data import DataSection
+from camelyon_proxyfl.params.machine import MachineSection
 from camelyon_proxyfl.params.preprocess import (
     PreprocessConfig,
     PreprocessParams,
@@ -30,6 +31,7 @@ class Params(StageParams):
     audit: AuditSection = Field(default_factory=AuditSection)
     stage: StageSection = Field(default_factory=StageSection)
     report: ReportSection = Field(default_factory=ReportSection)
+    machine: MachineSection = Field(default_factory=MachineSection)
 
     def preprocess_config(self) -> PreprocessConfig:
         return PreprocessParams(data=self.data, preprocess=self.preprocess).config()

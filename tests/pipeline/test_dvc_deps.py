@@ -23,12 +23,12 @@ PACKAGES = CODE  # the project's packages
 ENTRY_POINTS = {  # stage -> the modules its command runs
     "synth": ("wsi.synth.__main__",),
     "preprocess": ("flows.preprocess",),
-    "train": ("flows.train", "proxyfl.run"),
-    "canary": ("flows.canary", "proxyfl.run"),
-    "audit": ("flows.audit",),
-    "stage": ("flows.stage",),
-    "staging": ("flows.stage",),
-    "report": ("flows.report",),
+    "train": ("plumbing.kernels", "flows.train", "proxyfl.run"),
+    "canary": ("plumbing.kernels", "flows.canary", "proxyfl.run"),
+    "audit": ("plumbing.kernels", "flows.audit"),
+    "stage": ("plumbing.kernels", "flows.stage"),
+    "staging": ("plumbing.kernels", "flows.stage"),
+    "report": ("plumbing.kernels", "flows.report"),
 }
 
 

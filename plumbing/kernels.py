@@ -1,0 +1,77 @@
+"""CPU kernels pinned to one instruction set, so that a result's bytes do not depend on
+which x86-64 machine computed it.
+
+Float32 sums are not associative: torch's own kernels (ATen), oneDNN's convolutions, MKL's
+BLAS and numpy's OpenBLAS each choose their code for the CPU they find, and AVX-512 code
+sums in another order than AVX2 code. The same run then differs in its late digits
+between an AVX2 and an AVX-512 machine, and so does everything computed from it. Each
+library has a switch that caps what it uses, read once when it loads, so the pin must be
+in the environment before the process starts:
+
+- ``native``: nothing is set; each library uses the best the CPU has (speed first: the
+  paper's configuration);
+- ``avx2``: every library is capped at AVX2, which every x86-64 server of the last decade
+  has (the demo's configuration): the same bytes on an AVX2 and an AVX-512 machine.
+  Another architecture (ARM) has other kernels: another draw.
+
+``python -m plumbing.kernels KERNELS -- COMMAND ...`` runs ``COMMAND`` with the pin in its
+environment (``exec``: the command is this process), as each stage of ``dvc.yaml`` does
+with ``machine.cpu_kernels``; every process it starts (MPI ranks, workers) inherits it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
+
+CpuKernels = Literal["native", "avx2"]
+CPU_KERNELS: tuple[str, ...] = get_args(CpuKernels)
+
+PINS: Mapping[str, Mapping[str, str]] = {
+    "native": {},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",  # torch's own kernels (its CPU dispatch)
+        "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN: torch's convolutions on a CPU
+        "MKL_CBWR": "AVX2",  # MKL's conditional numerical reproducibility: torch's BLAS
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: its AVX2 kernels
+    },
+}
+"""The variables each choice sets; those of every choice are the ones :func:`in_effect`
+reports."""
+
+PIN_VARIABLES: tuple[str, ...] = tuple(sorted({name for pin in PINS.values() for name in pin}))
+
+
+def pinned_environment(kernels: str, environment: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` with ``kernels``' pin over it (``native``: as it is)."""
+    if kernels not in PINS:
+        raise ValueError(f"unknown CPU kernels {kernels!r}: one of {', '.join(CPU_KERNELS)}")
+    return {**environment, **PINS[kernels]}
+
+
+def in_effect(environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The pin variables set in ``environment`` (this process's by default): what a run
+    records of the kernels it was computed with (``{}``: native)."""
+    environment = os.environ if environment is None else environment
+    return {name: environment[name] for name in PIN_VARIABLES if name in environment}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m plumbing.kernels KERNELS -- COMMAND ...``: exec ``COMMAND`` pinned."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[1] != "--" or args[0] not in PINS:
+        sys.exit(
+            f"usage: python -m plumbing.kernels {{{','.join(CPU_KERNELS)}}} -- COMMAND [ARG ...]"
+        )
+    command = args[2:]
+    try:
+        os.execvpe(command[0], command, pinned_environment(args[0], os.environ))
+    except OSError as error:
+        sys.exit(f"error: {command[0]}: {error.strerror}")
+
+
+if __name__ == "__main__":
+    main()
