@@ -10,7 +10,8 @@ decide its bytes has changed since it was written (:class:`AuditInputs`):
   :func:`wsi.store.digest.store_digest` (milliseconds whatever its size): DVC copies its
   outputs into its cache and back, which keeps their bytes, not their times;
 - the source of the packages that compute it (``analysis``, ``proxyfl`` and ``wsi``, whose
-  reader feeds it patches) and the versions of the libraries behind its numbers.
+  reader feeds it patches), the versions of the libraries behind its numbers and the CPU
+  kernels' pin it was computed with (:func:`plumbing.kernels.in_effect`).
 
 Every audit written records them, with the SHA-256 of the file it wrote, in
 ``AUDIT.inputs.json`` beside it (:func:`record_inputs`); :func:`stale_reason` compares that
@@ -44,6 +45,7 @@ from plumbing.fingerprints import (
     read_inputs_record,
     write_inputs_record,
 )
+from plumbing.kernels import in_effect as kernels_in_effect
 from plumbing.versions import runtime_versions
 from proxyfl.results import TRAINING_LIBRARIES
 from wsi.store.digest import store_digest
@@ -73,6 +75,7 @@ class AuditInputs:
     stores: dict[str, str]  # store -> its digest
     code: str
     libraries: dict[str, str | None]
+    kernels: dict[str, str]  # the CPU kernels' pin in effect ({}: native)
 
     @classmethod
     def now(
@@ -92,6 +95,7 @@ class AuditInputs:
             stores={str(path): store_digest(path) for path in sorted(data.glob(STORE_GLOB))},
             code=audit_code_digest(),
             libraries=runtime_versions((*TRAINING_LIBRARIES, *AUDIT_LIBRARIES)),
+            kernels=kernels_in_effect(),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -117,7 +121,7 @@ def stale_reason(out: str | os.PathLike[str], inputs: AuditInputs) -> str | None
     if recorded is None:
         return why
     current = inputs.as_json()
-    for key in ("options", "runs", "stores", "code", "libraries"):
+    for key in ("options", "runs", "stores", "code", "libraries", "kernels"):
         if recorded.get(key) != current[key]:
             return f"its {key} changed"
     for directory, identities in current["files"].items():

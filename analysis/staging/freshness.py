@@ -12,8 +12,9 @@ written (:class:`CentreInputs`), the ones ``dvc.yaml``'s ``stage@{c}`` depends o
 - the centre's slides, annotations and stage labels by size and modification time, as the
   stores' record has them (:func:`wsi.catalogue.source_identities`), and its store by
   :func:`wsi.store.digest.store_digest` (its splits decide who is tested);
-- the source of ``analysis``, ``proxyfl`` and ``wsi`` and the versions of the libraries
-  behind the maps.
+- the source of ``analysis``, ``proxyfl`` and ``wsi``, the versions of the libraries
+  behind the maps and the CPU kernels' pin they were computed with
+  (:func:`plumbing.kernels.in_effect`: ``machine.cpu_kernels`` under ``dvc repro``).
 
 Every centre staged records them, with the SHA-256 of the ``calls.json`` it wrote and of
 its whole folder (a map or picture deleted since is a reason to stage again), in
@@ -43,6 +44,7 @@ import proxyfl
 import wsi
 from analysis.staging.centre import CALLS_FILE, centre_dir
 from plumbing.fingerprints import packages_digest, read_inputs_record, write_inputs_record
+from plumbing.kernels import in_effect as kernels_in_effect
 from plumbing.versions import runtime_versions
 from proxyfl.results import TRAINING_LIBRARIES
 from wsi.catalogue import source_identities
@@ -82,6 +84,7 @@ class CentreInputs:
     store: str
     code: str
     libraries: dict[str, str | None]
+    kernels: dict[str, str]  # the CPU kernels' pin in effect ({}: native)
 
     @classmethod
     def now(
@@ -102,6 +105,7 @@ class CentreInputs:
             store=store_digest(Path(store)),
             code=staging_code_digest(),
             libraries={**runtime_versions(TRAINING_LIBRARIES), **pixel_library_versions()},
+            kernels=kernels_in_effect(),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -130,7 +134,7 @@ def stale_reason(staging_dir: str | os.PathLike[str], inputs: CentreInputs) -> s
     if recorded is None:
         return why
     current = inputs.as_json()
-    for key in ("settings", "models", "store", "code", "libraries", "slides"):
+    for key in ("settings", "models", "store", "code", "libraries", "kernels", "slides"):
         if recorded.get(key) != current[key]:
             return f"its {key} changed"
     return None

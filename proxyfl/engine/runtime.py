@@ -218,7 +218,4 @@ def environment_summary() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),  # type: ignore[attr-defined]
-        # the instruction set torch's own kernels use here: the CPU's best, or the pin's
-        # (run.json's cpu_kernels, plumbing.kernels)
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }

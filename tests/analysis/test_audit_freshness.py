@@ -20,6 +20,7 @@ from analysis.audit.freshness import (
     stale_reason,
 )
 from analysis.audit.options import AuditOptions
+from plumbing.kernels import in_effect
 
 
 @pytest.fixture
@@ -113,7 +114,8 @@ def test_an_audit_file_not_the_recorded_one_or_unrecorded_is_computed_again(
 def test_the_record_names_what_decided_the_audit(audited: dict[str, Any]) -> None:
     record = json.loads(inputs_path(audited["out"]).read_text())
     inputs = record["inputs"]
-    assert set(inputs) == {"options", "runs", "files", "stores", "code", "libraries"}
+    assert set(inputs) == {"options", "runs", "files", "stores", "code", "libraries", "kernels"}
+    assert inputs["kernels"] == in_effect()  # this process's pin ({}: native)
     assert inputs["runs"] == [*map(str, audited["runs"]), str(audited["canary"])]
     assert inputs["libraries"]["torch"] and len(inputs["stores"]) == 2
     assert record["audit"].startswith("sha256:")

@@ -336,10 +336,16 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(
 def test_a_centres_staging_record_holds_what_its_stage_depends_on() -> None:
     """The Prefect path keeps a centre's staging by its record (analysis.staging.freshness):
     the settings it records are stage@c's parameters, less the paths whose content the
-    record holds instead (the slides, the store, the models) or that only say where."""
+    record holds instead (the slides, the store, the models) or that only say where, and
+    the kernels' setting, whose pin in effect it records (its ``kernels``)."""
     from camelyon_proxyfl.params.staging import StagingParams
 
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["stage"]["do"]
     paths = {"data.root", "preprocess.out", "train.runs", "train.algorithms", "train.seeds",
              "stage.out"}  # fmt: skip
-    assert set(StagingParams().centre_settings()) == set(stage["params"]) - paths
+    assert set(StagingParams().centre_settings()) == set(stage["params"]) - paths - {
+        "machine.cpu_kernels"
+    }
+    from analysis.staging.freshness import CentreInputs
+
+    assert "kernels" in CentreInputs.__dataclass_fields__

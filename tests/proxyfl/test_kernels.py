@@ -1,0 +1,91 @@
+"""The CPU kernels' pin (plumbing.kernels): a job pinned to AVX2 gives the same bytes on
+every x86-64 machine with AVX2 or better, and says which kernels it ran with.
+
+The reference is a short ProxyFL job (two clients, two rounds, the demo's cnn1 proxy and
+cnn2 private model, DP-SGD) trained pinned on 2026-11-27 on an AMD EPYC with AVX-512
+(Zen 5): its metrics and kept models. An AVX2 machine gives them natively as well as
+pinned; an AVX-512 machine only pinned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plumbing.kernels import PINS, in_effect, main, pinned_environment
+from tests.proxyfl.conftest import PLACEMENT, REPO, explain, mpi_env, train_args
+
+X86_64 = platform.machine().lower() in {"x86_64", "amd64"}
+# sha256 of metrics.jsonl and of each kept model of the job below, pinned to AVX2
+REFERENCE = {
+    "metrics.jsonl": "b12cb68cf206e488c459097909600acd48e1e8699c4da2e1451f53fddb4e6853",
+    "models/client_0/private.safetensors":
+        "be57ec184541b10f39e563077f510c87c8827f2a01b5ba0fb350cf1ddd510e82",
+    "models/client_0/proxy.safetensors":
+        "214cb5490078a8338ffd52737784ea04eeade2bb8c316813e4c623d9b4ead428",
+    "models/client_1/private.safetensors":
+        "591e04342aea02262397d27e3901fd77acb408aef1ee5c54372abb68d75f7411",
+    "models/client_1/proxy.safetensors":
+        "b8f99af169a144c8e99002d4e316e0bb00e8cb0a677b01cf5e46926e30779720",
+}  # fmt: skip
+
+
+def _pinned_job(stores: Path, run_dir: Path, kernels: str) -> dict[str, str]:
+    """The job, its ranks started cold with ``kernels``' pin in their environment (as
+    ``python -m plumbing.kernels`` leaves it): the sha256 of the files it keeps."""
+    args = train_args(stores, run_dir, "ProxyFL", centers=[0, 1], private_model="cnn2",
+                      proxy_model="cnn1", rounds=2)  # fmt: skip
+    command = [*PLACEMENT.command_prefix(2), sys.executable, "-m", "mpi4py", "-m",
+               "proxyfl.run", *args]  # fmt: skip
+    environment = pinned_environment(kernels, {k: v for k, v in mpi_env().items()
+                                               if k not in PINS["avx2"]})  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env=environment, capture_output=True,
+                            text=True, errors="replace", timeout=300)  # fmt: skip
+    assert result.returncode == 0, explain(result)
+    kept = [run_dir / "metrics.jsonl", *sorted((run_dir / "models").rglob("*.safetensors"))]
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in kept}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not X86_64, reason="the pin is x86-64's (another architecture: other bytes)")
+def test_a_job_pinned_to_avx2_gives_the_recorded_bytes_and_says_so(
+    stores: Path, tmp_path: Path
+) -> None:
+    pinned = _pinned_job(stores, tmp_path / "pinned", "avx2")
+    run = json.loads((tmp_path / "pinned" / "run.json").read_text())
+    assert run["cpu_kernels"] == dict(PINS["avx2"])
+    assert {c["kernels"] for c in run["clients"]} == {"cpu AVX2, onednn AVX2, 1 thread"}
+    assert pinned == REFERENCE, "the pinned job's bytes differ from the recorded ones"
+
+    native = _pinned_job(stores, tmp_path / "native", "native")
+    run = json.loads((tmp_path / "native" / "run.json").read_text())
+    assert run["cpu_kernels"] == {}
+    if {c["kernels"] for c in run["clients"]} == {"cpu AVX2, onednn native, 1 thread"}:
+        assert native == REFERENCE  # this machine's best is the pin's
+
+
+def test_the_command_runs_pinned_and_refuses_what_it_does_not_know(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    printed = subprocess.run(
+        [sys.executable, "-m", "plumbing.kernels", "avx2", "--", sys.executable, "-c",
+         "import json, os; from plumbing.kernels import in_effect; print(json.dumps(in_effect()))"],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "avx512"},  # the configuration wins
+    ).stdout  # fmt: skip
+    assert json.loads(printed) == dict(PINS["avx2"])
+    assert in_effect({"OPENBLAS_CORETYPE": "Haswell", "HOME": "/"}) == {
+        "OPENBLAS_CORETYPE": "Haswell"
+    }
+    for argv in (["avx512", "--", "true"], ["avx2", "true"], ["avx2", "--"]):
+        with pytest.raises(SystemExit, match=r"usage: python -m plumbing\.kernels"):
+            main(argv)
+    with pytest.raises(SystemExit, match=r"error: no-such-program-here: No such file"):
+        main(["native", "--", "no-such-program-here"])
