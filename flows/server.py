@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import urllib.error
@@ -33,13 +34,17 @@ import psutil
 
 from plumbing.errors import PipelineError
 from plumbing.processes import parent_bound_command, stop_tree
+from plumbing.refusals import EXIT_REFUSED, machine_refusal
 from plumbing.verified import DamagedFileError
 
 log = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
-    """The Prefect server did not answer in time; the message holds its last output."""
+    """The Prefect server did not start: it exited, or did not answer in time; the message
+    holds what it said. The machine's refusal, not a bug (exit status 3)."""
+
+    exit_status = EXIT_REFUSED
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,7 +75,9 @@ def prefect_server(
     port = port or free_port(host)
     api_url = f"http://{host}:{port}/api"
     prefect = Path(sys.executable).parent / "prefect"
-    output = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    # its output is kept (in log_path, else a temporary file) for the error that says why
+    # it did not start
+    output = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
     # The UI asks the API at PREFECT_UI_API_URL, which otherwise says port 4200; and
     # `prefect deployment run --watch` shows a run's logs (its last: the result line) only
     # when the server streams them out. A user's own settings win.
@@ -86,19 +93,20 @@ def prefect_server(
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(api_url):
-            if server.poll() is not None or time.monotonic() > deadline:
-                detail = Path(log_path).read_text()[-2000:] if log_path else ""
-                raise ServerStartError(
-                    f"Prefect server on {api_url} did not start within {timeout_s:.0f} s "
-                    f"(exit code {server.poll()}). {detail}"
-                )
+            exit_code = server.poll()
+            if exit_code is not None or time.monotonic() > deadline:
+                output.seek(0)
+                said = " ".join(output.read()[-2000:].split()) or "nothing"
+                when = (f"exited with code {exit_code} before it answered"
+                        if exit_code is not None
+                        else f"did not answer within {timeout_s:.0f} s")  # fmt: skip
+                raise ServerStartError(f"Prefect server on {api_url} {when}; it said: {said}")
             time.sleep(0.5)
         yield api_url
     finally:
         stop_tree(server.pid)  # `prefect server start` and the uvicorn it runs
         server.wait()
-        if log_path:
-            output.close()  # type: ignore[union-attr]
+        output.close()
 
 
 def address_towards(url: str) -> str:
@@ -199,6 +207,10 @@ def _deliver_logs_and_events(timeout_s: float = 30.0) -> None:
     EventsWorker.drain_all(timeout=timeout_s)
 
 
+SERVER_HINT = ("start it (make serve) or unset PREFECT_API_URL, and the command starts "
+               "a server of its own")  # fmt: skip
+"""What to do when the Prefect API a command reports to does not answer."""
+
 BUG_REPORT = "docs/troubleshooting.md#reporting-a-bug"
 """Where a traceback goes: the one kind of failure the pipeline does not explain."""
 
@@ -214,7 +226,9 @@ class _ExpectedTracebacks(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, self.expected)
+        if error is None:
+            return True
+        return not isinstance(error, self.expected) and machine_refusal(error) is None
 
 
 @contextlib.contextmanager
@@ -292,7 +306,9 @@ def run_flow_command(
     to repair), the error's own ``exit_status`` when it has one (a host a launch lost: 2),
     else 1 when it fails with another of the project's errors
     (:class:`~plumbing.errors.PipelineError`), one of ``failures`` or no server can start.
-    Any other exception is a bug: its traceback, then where to report it, and 1."""
+    A machine's refusal (no space, a folder that cannot be written, a server that does
+    not answer: :func:`plumbing.refusals.machine_refusal`): one line and 3. Any other
+    exception is a bug: its traceback, then where to report it, and 1."""
     from prefect import tags as prefect_tags
 
     expected = (PipelineError, *failures, ServerStartError)
@@ -310,7 +326,12 @@ def run_flow_command(
     except (PipelineError, *failures, ServerStartError) as error:
         print(f"error: {error}", file=sys.stderr)
         return getattr(error, "exit_status", 1)  # 2 where the error says it is bad input
-    except Exception as error:  # a bug: the one case that deserves a traceback
+    except Exception as error:
+        refusal = machine_refusal(error, SERVER_HINT)
+        if refusal is not None:  # the machine said no (disk, folder, server): no traceback
+            print(f"error: {refusal}", file=sys.stderr)
+            return EXIT_REFUSED
+        # a bug: the one case that deserves a traceback
         traceback.print_exc()
         print(f"error: {type(error).__name__} is a bug, not a bad input: please report it "
               f"with the traceback above ({BUG_REPORT})", file=sys.stderr)  # fmt: skip
@@ -327,9 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to run after --, e.g. -- dvc repro")
     if os.environ.get("PREFECT_API_URL"):
         return subprocess.call(command)
-    with prefect_server() as api_url:
-        print(f"Prefect server for this run: {api_url.removesuffix('/api')}", flush=True)
-        return subprocess.call(command, env={**os.environ, "PREFECT_API_URL": api_url})
+    try:
+        with prefect_server() as api_url:
+            print(f"Prefect server for this run: {api_url.removesuffix('/api')}", flush=True)
+            return subprocess.call(command, env={**os.environ, "PREFECT_API_URL": api_url})
+    except ServerStartError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_status
 
 
 if __name__ == "__main__":

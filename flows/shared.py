@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 
-from flows.server import prefect_server
+from flows.server import ServerStartError, prefect_server
 from proxyfl.launch.job import Placement, warm_ranks
 
 
@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         stack.enter_context(warm_ranks(Placement(), shared=True))  # imports meanwhile
         if os.environ.get("PREFECT_API_URL"):
             return subprocess.call(command)
-        api_url = stack.enter_context(prefect_server())
+        try:
+            api_url = stack.enter_context(prefect_server())
+        except ServerStartError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return error.exit_status
         print(f"Prefect server for this run: {api_url.removesuffix('/api')}", flush=True)
         return subprocess.call(command, env={**os.environ, "PREFECT_API_URL": api_url})
 

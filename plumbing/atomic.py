@@ -143,8 +143,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield temporary
         commit(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
+    except BaseException as error:
+        # a folder that refused the write may refuse the clean-up too: the first error says it
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a write's ENOSPC names no file: say which
         raise
 
 

@@ -5,6 +5,7 @@ servers, in subprocesses: the terminal a user sees."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,12 @@ SCRIPT = textwrap.dedent(
 
     @task
     def fails(kind: str) -> None:
+        if kind == "full":  # a real ENOSPC (/dev/full) while an atomic write is under way
+            import os
+            from plumbing.atomic import atomic_path
+
+            with atomic_path(sys.argv[2]):
+                os.write(os.open("/dev/full", os.O_WRONLY), b"the table")
         if kind == "damaged":
             raise DamagedFileError("runs/x/run.json", "its bytes are not those written",
                                    "train the run again")
@@ -68,6 +75,59 @@ def test_an_expected_error_in_a_task_is_one_line_without_a_traceback(
     assert "Traceback" not in output, output[-3000:]
     assert [row for row in output.splitlines() if row.startswith("error:")] == [line]
     assert "Finished in state Failed" in output  # Prefect's own one-line account stays
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_is_one_line_that_names_the_file_and_exit_3(tmp_path: Path) -> None:
+    script = tmp_path / "command.py"
+    script.write_text(SCRIPT)
+    table = tmp_path / "tables" / "accuracy.md"
+    code, output = _run(tmp_path, str(script), "full", str(table))
+    assert code == 3, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert [row for row in output.splitlines() if row.startswith("error:")] == [
+        f"error: {table}: no space left on its device (ENOSPC): free space there, or write "
+        "elsewhere"
+    ]
+    assert list(table.parent.iterdir()) == []  # no half-written file left behind
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """PREFECT_API_URL names a server that is gone (make serve's, stopped)."""
+    from flows.server import free_port
+
+    script = tmp_path / "command.py"
+    script.write_text(SCRIPT)
+    api = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    result = subprocess.run([sys.executable, str(script), "pipeline"], cwd=REPO, timeout=300,
+                            capture_output=True, text=True,
+                            env={**os.environ, "PREFECT_API_URL": api})  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    (line,) = [row for row in output.splitlines() if row.startswith("error:")]
+    assert line.startswith(f"error: the server at {api}") and "does not answer" in line
+    assert line.endswith("start it (make serve) or unset PREFECT_API_URL, and the command "
+                         "starts a server of its own")  # fmt: skip
+
+
+def test_a_prefect_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """Its port taken: the server exits at once, and the error says so with what it said,
+    not that it "did not start within 180 s"."""
+    import socket
+
+    from flows.server import ServerStartError, prefect_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerStartError) as raised, prefect_server(port=port):
+            pass
+    message = str(raised.value)
+    assert "exited with code" in message and "within" not in message
+    assert f"port {port} is already in use" in message.lower(), message  # what it said
+    assert raised.value.exit_status == 3
 
 
 def test_a_bug_keeps_its_traceback_and_says_where_to_report_it(tmp_path: Path) -> None:
