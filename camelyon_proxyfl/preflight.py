@@ -97,16 +97,15 @@ def writable_folder_findings(params: Params) -> list[Finding]:
 
 
 def _named_centres(params: Params, catalogue: Catalogue) -> list[Finding]:
-    labelled = {r.center for r in catalogue.slides if r.node_label is not None}
     named = {("preprocess.centers", c) for c in params.preprocess.centers}
     named |= {("train.centers", c) for c in params.train.centers}
     if "PrivateKT" in params.train.algorithms and params.train.options.public_pool == "center":
         named.add(("train.options.public_center", params.train.options.public_center))
     return [
-        Finding("error", key, f"centre {center} has no labelled slide under "
-                f"{catalogue.root} (centres with labelled slides: {sorted(labelled)})")
-        for key, center in sorted(named) if center not in labelled
-    ]  # fmt: skip
+        Finding("error", key, reason)
+        for key, center in sorted(named)
+        if (reason := catalogue.unlabelled_centre_reason(center)) is not None
+    ]
 
 
 def centre_size(

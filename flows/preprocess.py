@@ -279,10 +279,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # checked before any flow starts; the flow checks again for other callers
         require_dataset(config.data_root)
+        catalogue = scan_camelyon(config.data_root)
         if redo_slides:
-            check_slides_known(redo_slides, scan_camelyon(config.data_root).slides, config.centers)
+            check_slides_known(redo_slides, catalogue.slides, config.centers)
     except (DatasetRootError, UnknownSlidesError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    unknown = [reason for center in config.centers
+               if (reason := catalogue.unlabelled_centre_reason(center)) is not None]  # fmt: skip
+    for reason in unknown:  # as `pipeline --check` says it, before any work or file
+        print(f"error: preprocess.centers: {reason}", file=sys.stderr)
+    if unknown:
         return 2
     scheduler = config.scheduler_address
     return run_flow_command(

@@ -97,6 +97,16 @@ class Catalogue:
     def centers(self) -> list[int]:
         return sorted({slide.center for slide in self.slides})
 
+    def unlabelled_centre_reason(self, center: int) -> str | None:
+        """Why ``center`` cannot be preprocessed from this dataset (no slide of it has a
+        label), or ``None``: the one check of a centre a command is asked for, made before
+        any work (``preprocess``, ``pipeline --check``)."""
+        labelled = sorted({slide.center for slide in self.slides if slide.node_label is not None})
+        if center in labelled:
+            return None
+        return (f"centre {center} has no labelled slide under {self.root} (centres with "
+                f"labelled slides: {labelled})")  # fmt: skip
+
     def get(self, slide_id: str) -> SlideRecord:
         for slide in self.slides:
             if slide.slide_id == slide_id:

@@ -268,3 +268,19 @@ def test_redo_of_an_unknown_slide_exits_2_naming_it_and_writes_nothing(
     with pytest.raises(UnknownSlidesError, match="patient_099_node_0"):  # the flow checks too
         preprocess(config, redo_slides=("patient_099_node_0",))
     assert not (tmp_path / "p").exists() and not (tmp_path / "p-cache").exists()
+
+
+def test_a_centre_without_slides_exits_2_before_any_work_and_writes_nothing(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    """As `pipeline --check` says it: before a flow starts, a report or summary is written."""
+    out = tmp_path / "p"
+    assert _run(synthetic_dataset.root, out, "--centers", "0", "7", "9") == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: preprocess.centers: centre {c} has no labelled slide under "
+        f"{synthetic_dataset.root} (centres with labelled slides: "
+        f"{scan_camelyon(synthetic_dataset.root).centers})"
+        for c in (7, 9)
+    ]
+    assert not out.exists() and not (tmp_path / "p-cache").exists()

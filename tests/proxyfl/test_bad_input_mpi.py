@@ -28,8 +28,8 @@ CASES = {
         "missing",
         {},
         "centre 1: ",
-        "no such patch store; `dvc repro "
-        "preprocess@1` (or `python -m flows.preprocess --centers 1`) rebuilds it",
+        "no such patch store; `python -m flows.preprocess --centers 1` (or `dvc repro "
+        "preprocess@1`, where 1 is one of preprocess.centers) rebuilds it",
     ),
     "malformed store": (2, "malformed", {}, "centre 1: ", "not a readable HDF5 patch store"),
     "centre listed twice": (2, None, {"centers": [0, 0]}, "", "listed more than once"),

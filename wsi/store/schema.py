@@ -104,6 +104,8 @@ class PatchBatch:
 
 
 def rebuild_hint(center: int) -> str:
-    """The commands that (re)build ``center``'s store, for an error about it."""
-    return (f"`dvc repro preprocess@{center}` (or `python -m flows.preprocess --centers "
-            f"{center}`) rebuilds it")  # fmt: skip
+    """The commands that (re)build ``center``'s store, for an error about it: DVC's stage
+    exists only for a centre of ``preprocess.centers``, which the caller may not know."""
+    return (f"`python -m flows.preprocess --centers {center}` (or `dvc repro "
+            f"preprocess@{center}`, where {center} is one of preprocess.centers) "
+            "rebuilds it")  # fmt: skip
