@@ -41,7 +41,7 @@ from flows.artifacts import publish_failures, publish_table_1
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
-from plumbing.cli import exit_on_bad_parameters
+from plumbing.cli import exit_on_bad_parameters, refuse_unwritable
 from plumbing.locks import Busy, exclusive
 from plumbing.processes import start_command
 from tasks.data import require_dataset
@@ -272,10 +272,7 @@ def parse_config(argv: list[str] | None) -> tuple[PreprocessConfig, tuple[str, .
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config, redo_slides = parse_config(argv)
-    unwritable = config.unwritable_folders()
-    for key, reason in unwritable.items():
-        print(f"error: {key}: {reason}", file=sys.stderr)
-    if unwritable:
+    if refuse_unwritable(config.unwritable_folders()):
         return 2
     try:  # checked before any flow starts; the flow checks again for other callers
         require_dataset(config.data_root)

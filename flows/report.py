@@ -50,7 +50,7 @@ from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.report import ReportConfig, ReportParams, ReportSection
 from flows.artifacts import publish_report
 from flows.server import run_flow_command
-from plumbing.cli import exit_on_bad_parameters
+from plumbing.cli import exit_on_bad_parameters, refuse_unwritable
 from plumbing.processes import start_command
 from proxyfl.config import TrainOptions
 from tasks.report import finished_runs, report_files, timing_files
@@ -105,6 +105,8 @@ def parse_config(argv: list[str] | None) -> ReportConfig:
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
+    if refuse_unwritable(config.unwritable_folders()):
+        return 2
     return run_flow_command(lambda: report(config), failures=(ReportError,))
 
 

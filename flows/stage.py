@@ -39,7 +39,7 @@ from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.stage import StageSection
 from camelyon_proxyfl.params.staging import StagingParams
 from flows.server import run_flow_command
-from plumbing.cli import exit_on_bad_parameters
+from plumbing.cli import exit_on_bad_parameters, refuse_unwritable
 from plumbing.processes import start_command
 from tasks.stage import (
     centre_calls_file,
@@ -112,6 +112,11 @@ def parse_config(argv: list[str] | None) -> tuple[StagingParams, list[int], Step
 @exit_on_bad_parameters
 def main(argv: list[str] | None = None) -> int:
     params, centers, step = parse_config(argv)
+    written = {"all": ("stage.out", "stage.summary"), "centres": ("stage.out",),
+               "summary": ("stage.summary",)}[step]  # fmt: skip
+    unwritable = params.stage.unwritable_folders()
+    if refuse_unwritable({key: why for key, why in unwritable.items() if key in written}):
+        return 2
     outcome: dict[str, Any] = {}
 
     def run() -> None:

@@ -285,3 +285,12 @@ def exit_on_bad_parameters(main: Callable[..., int]) -> Callable[..., int]:
     wrapper.__name__ = main.__name__
     wrapper.__doc__ = main.__doc__
     return wrapper
+
+
+def refuse_unwritable(unwritable: Mapping[str, str]) -> bool:
+    """Print ``error: KEY: why`` for each output folder of ``unwritable`` (a section's
+    ``unwritable_folders()``); whether there was any. Every command checks its output
+    folders so before it starts any work, and exits 2 when one cannot be written."""
+    for key, reason in unwritable.items():
+        print(f"error: {key}: {reason}", file=sys.stderr)
+    return bool(unwritable)

@@ -13,6 +13,7 @@ from camelyon_proxyfl.params.audit import AuditSection
 from camelyon_proxyfl.params.base import Section, StageParams
 from camelyon_proxyfl.params.stage import StageSection
 from camelyon_proxyfl.params.train import TrainSection
+from plumbing.atomic import unwritable_reason
 from proxyfl.names import Algorithm
 
 
@@ -64,6 +65,14 @@ class ReportConfig(Section):
     staging_dir: Path | None = Field(
         None, description="the centres' staging folders, with the pictures (stage.out)"
     )
+
+    def unwritable_folders(self) -> dict[str, str]:
+        """Key -> why, for the report's folder when it cannot be written: checked before
+        any run is read or server started."""
+        reason = unwritable_reason(self.out, "the tables, metrics, curves, plots and "
+                                   "report.html are written there; make it writable, or set "
+                                   "report.out to a folder that is")  # fmt: skip
+        return {"report.out": reason} if reason else {}
 
     @property
     def runs(self) -> Path:

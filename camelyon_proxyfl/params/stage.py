@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from camelyon_proxyfl.params.base import Section
+from plumbing.atomic import unwritable_reason
 from wsi.nodes import ITC_MAX_UM, MACRO_MIN_UM, REFERENCE_SECTION_UM, NodeThresholds
 
 
@@ -24,6 +25,18 @@ class StageSection(Section):
     summary: Path = Field(
         Path("results/staging.json"), description="every method's staging measures"
     )
+
+    def unwritable_folders(self) -> dict[str, str]:
+        """Key -> why, for each folder the staging writes (``out``, ``summary``'s) that
+        cannot be written: checked before any slide is mapped or server started."""
+        writes = {"stage.out": (self.out, "each centre's maps and calls are written there"),
+                  "stage.summary": (self.summary.parent, f"{self.summary.name} is written "
+                                                         "there")}  # fmt: skip
+        reasons = {key: unwritable_reason(folder, f"{what}; make it writable, or set {key} "
+                                          "to a path where it is")
+                   for key, (folder, what) in writes.items()}  # fmt: skip
+        return {key: reason for key, reason in reasons.items() if reason is not None}
+
     batch_size: int = Field(
         256, ge=1, description="patches per inference batch (on a GPU: as many as fit)"
     )

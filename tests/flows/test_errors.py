@@ -207,3 +207,28 @@ def test_a_flow_run_whose_process_was_killed_is_marked_crashed_by_the_next_comma
     again = subprocess.run([sys.executable, str(script), "quick"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert again.returncode == 0 and "note:" not in again.stderr  # marked once, for good
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [(["flows.report", "--out", "{file}"], "report.out"),
+     (["flows.stage", "--step", "summary", "--summary", "{file}/staging.json"], "stage.summary"),
+     (["flows.stage", "--step", "centres", "--out", "{file}/staging"], "stage.out")],
+)  # fmt: skip
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path: Path, command: list[str], key: str
+) -> None:
+    """A path that is a file where the command writes a folder (read-only and other users'
+    folders are refused the same way, but not to root, who may write anywhere)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    args = [part.replace("{file}", str(blocker)) for part in command]
+    code, output = _run(tmp_path, "-m", *args)
+    assert code == 2, output[-3000:]
+    errors = [row for row in output.splitlines() if row.startswith("error:")]
+    assert (
+        len(errors) == 1
+        and errors[0].startswith(f"error: {key}: ")
+        and "not a directory" in errors[0]
+    )
+    assert "Flow run" not in output and "Traceback" not in output  # no flow was started
