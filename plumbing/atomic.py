@@ -18,13 +18,15 @@ writes to.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import json
 import logging
 import os
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ParamSpec, TypeVar
 
 import psutil
 
@@ -121,8 +123,71 @@ def commit(temporary: Path, path: Path) -> None:
     with temporary.open("rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+    _sync_directory(path.parent)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+# the writes of an all_or_nothing block: path -> its written temporary, committed together
+_WRITTEN_TOGETHER: contextvars.ContextVar[dict[Path, Path] | None] = contextvars.ContextVar(
+    "written_together", default=None
+)
+
+
+@contextlib.contextmanager
+def all_or_nothing() -> Iterator[None]:
+    """Every atomic write in the block (this thread's, and its context's copies') is
+    committed when the block ends normally, all together, or none is: a block that raises
+    (a full disk half-way, Ctrl-C) removes what it wrote and leaves every earlier file as
+    it was, never a set of outputs half new and half old. The files are written and synced
+    as the block goes; only their renames wait for its end, which need no space. (A power
+    loss during those renames may still leave some renamed: each file is whole either way.)
+
+    >>> with all_or_nothing():
+    ...     write_text(tables / "accuracy.md", table)
+    ...     write_text(out / "report.html", page)
+    """
+    if _WRITTEN_TOGETHER.get() is not None:  # nested: the outer block commits
+        yield
+        return
+    written: dict[Path, Path] = {}
+    token = _WRITTEN_TOGETHER.set(written)
+    try:
+        yield
+    except BaseException:
+        for temporary in written.values():
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+        raise
+    finally:
+        _WRITTEN_TOGETHER.reset(token)
+    for path, temporary in written.items():
+        os.replace(temporary, path)
+    for folder in {path.parent for path in written}:
+        _sync_directory(folder)
+
+
+def written_together(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` with every atomic write it makes in one :func:`all_or_nothing` block."""
+
+    @functools.wraps(function)
+    def together(*args: P.args, **kwargs: P.kwargs) -> R:
+        with all_or_nothing():
+            return function(*args, **kwargs)
+
+    return together
+
+
+def read_written(path: str | os.PathLike[str]) -> bytes:
+    """``path``'s bytes as this block wrote them: inside :func:`all_or_nothing`, a file
+    written in the block is still its temporary until the block ends."""
+    together = _WRITTEN_TOGETHER.get() or {}
+    return together.get(Path(path).absolute(), Path(path)).read_bytes()
+
+
+def _sync_directory(folder: Path) -> None:
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
-        directory = os.open(path.parent, os.O_RDONLY)
+        directory = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(directory)
         finally:
@@ -132,7 +197,8 @@ def commit(temporary: Path, path: Path) -> None:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """The :func:`temporary_path` of ``path`` for a library to write; committed onto
-    ``path`` when the block ends normally, removed when it raises (anything, Ctrl-C too).
+    ``path`` when the block ends normally (inside :func:`all_or_nothing`: when that block
+    does), removed when it raises (anything, Ctrl-C too).
 
     >>> with atomic_path(path) as temporary:
     ...     torch.save(state, temporary)
@@ -140,9 +206,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_path(path)
+    together = _WRITTEN_TOGETHER.get()
     try:
         yield temporary
-        commit(temporary, path)
+        if together is None:
+            commit(temporary, path)
+        else:  # synced now, renamed with the others at the end of the block
+            with temporary.open("rb+") as handle:
+                os.fsync(handle.fileno())
+            together[path.absolute()] = temporary
     except BaseException as error:
         # a folder that refused the write may refuse the clean-up too: the first error says it
         with contextlib.suppress(OSError):

@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 
 from plumbing.atomic import (
+    all_or_nothing,
+    atomic_path,
     parse_temporary,
     process_alive,
     process_start_time,
+    read_written,
     remove_stale_temporaries,
     temporary_path,
+    write_bytes,
+    write_text,
+    written_together,
 )
 
 
@@ -95,3 +101,39 @@ def test_a_reused_pid_does_not_keep_a_file(tmp_path: Path, live_pid: int) -> Non
     mine = _temporary(tmp_path, "center_2.h5", os.getpid(), age_s=1)  # we started earlier
     assert remove_stale_temporaries(tmp_path) == [old]
     assert fresh.exists() and mine.exists()
+
+
+def test_a_set_written_all_or_nothing_appears_at_once(tmp_path: Path) -> None:
+    """Inside the block the old files stay (read_written sees the new bytes); at its end
+    every new file is in place, and no temporary is left."""
+    (tmp_path / "table.md").write_text("old table")
+    with all_or_nothing():
+        write_text(tmp_path / "table.md", "new table")
+        write_bytes(tmp_path / "figure.png", b"new figure")
+        assert (tmp_path / "table.md").read_text() == "old table"
+        assert not (tmp_path / "figure.png").exists()
+        assert read_written(tmp_path / "figure.png") == b"new figure"
+    assert (tmp_path / "table.md").read_text() == "new table"
+    assert (tmp_path / "figure.png").read_bytes() == b"new figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figure.png", "table.md"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_half_way_leaves_the_previous_set_as_it_was(tmp_path: Path) -> None:
+    """The second file of the set meets a real ENOSPC: the first, written whole, is not
+    committed either; the previous files are untouched and nothing half-written stays."""
+    (tmp_path / "table.md").write_text("old table")
+    (tmp_path / "report.html").write_text("old page")
+
+    @written_together
+    def write_the_set() -> None:
+        write_text(tmp_path / "table.md", "new table")
+        with atomic_path(tmp_path / "report.html"):
+            os.write(os.open("/dev/full", os.O_WRONLY), b"new page")
+
+    with pytest.raises(OSError, match="No space left") as raised:
+        write_the_set()
+    assert raised.value.filename == str(tmp_path / "report.html")  # says which file
+    assert (tmp_path / "table.md").read_text() == "old table"
+    assert (tmp_path / "report.html").read_text() == "old page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "table.md"]

@@ -127,6 +127,7 @@ class ReportPaths:
         return [self.accuracy_png, self.macro_accuracy_png, self.curves_png, *audit]
 
 
+@atomic.written_together  # the whole set of files, or the previous set as it was
 def write_report(
     runs: Sequence[RunResult],
     out_dir: Path,
@@ -140,7 +141,8 @@ def write_report(
     n_resamples: int = N_RESAMPLES,
 ) -> ReportPaths:
     """Write tables, metrics.json, per-method curves, the figures and ``report.html`` under
-    ``out_dir``; the page's Table 1 and failures, the data line (synthetic or real slides)
+    ``out_dir``, all together or none (:func:`plumbing.atomic.all_or_nothing`: a failure
+    half-way, a full disk, leaves the previous report's files as they were); the page's Table 1 and failures, the data line (synthetic or real slides)
     and the patch geometry come from the centre reports and stores in ``stores_dir`` (not
     shown when it is None). ``selection`` (how ``runs`` were chosen,
     :func:`~analysis.report.select.select_runs`) adds its note on runs not listed and, in
@@ -258,7 +260,7 @@ def write_report(
     pictures, pictures_total = _staging_pictures(staged, staging_dir, staging_pictures_mb)
     page = report_html(
         accuracy=shown, privacy=privacy, accuracy_note=note, summary=summary_line(metrics),
-        figure_png=paths.curves_png.read_bytes(), figure_title=title, runs=runs,
+        figure_png=atomic.read_written(paths.curves_png), figure_title=title, runs=runs,
         runs_dir=str(runs[0].path.parent.parent), preprocessing=preprocessing,
         links=[path.relative_to(out_dir).as_posix()
                for path in paths.all() if path != paths.report_html],
@@ -267,7 +269,7 @@ def write_report(
         per_centre=per_centre, per_centre_note=centre_note,
         clinical=clinical, clinical_note=clinical_text,
         audit=recorded, audit_absent=_absent(audit),
-        audit_roc_png=paths.audit_roc_png.read_bytes() if paths.audit_roc_png else None,
+        audit_roc_png=atomic.read_written(paths.audit_roc_png) if paths.audit_roc_png else None,
         audit_roc_title=ROC_TITLE,
         staging=staged, staging_absent=staging_absent,
         staging_pictures=pictures, staging_pictures_total=pictures_total,
