@@ -144,8 +144,9 @@ def write_report(
     ``out_dir``, all together or none (:func:`plumbing.atomic.all_or_nothing`: a failure
     half-way, a full disk, leaves the previous report's files as they were); the page's
     Table 1 and failures, the data line (synthetic or real slides) and the patch geometry
-    come from the centre reports and stores in ``stores_dir`` (not shown when it is None). ``selection`` (how ``runs`` were chosen,
-    :func:`~analysis.report.select.select_runs`) adds its note on runs not listed and, in
+    come from the centre reports and stores in ``stores_dir`` (not shown when it is None).
+    ``selection`` (how ``runs`` were chosen, :func:`~analysis.report.select.select_runs`)
+    adds its note on runs not listed and, in
     ``tables/other_configurations.md`` and on the page, the runs of other parameters, each
     set apart and labelled with them. The runs' per-patch predictions (when recorded) give
     the per-centre accuracy, the clinical table (``n_resamples`` patient resamples per
