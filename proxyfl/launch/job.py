@@ -50,7 +50,12 @@ from proxyfl.launch.rundir import (
     read_recorded_run,
     write_config,
 )
-from proxyfl.launch.shared_memory import remove_orphaned_segments, warn_if_short
+from proxyfl.launch.shared_memory import (
+    remove_orphaned_segments,
+    remove_segments_since,
+    segment_names,
+    warn_if_short,
+)
 from proxyfl.names import CUDA_ALLOCATOR_SETTING, LAUNCHERS, Launcher
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
@@ -346,16 +351,20 @@ def run_job(
     Raises :class:`TrainingJobFailed` when the job exits non-zero, a signal ends one of its
     ranks, or it ends without a finished run.json. If the caller is interrupted (Ctrl-C, a
     cancelled flow run), the whole job's process group is terminated, so no rank is left
-    running. On one machine, the shared memory that killed ranks left behind (this job's,
-    or earlier jobs') is removed before and after (:mod:`proxyfl.launch.shared_memory`).
+    running. On one machine, the shared memory that killed ranks left behind is removed:
+    earlier jobs' before and after, this job's as soon as it has ended
+    (:mod:`proxyfl.launch.shared_memory`).
     """
+    before = set()
     if job.placement.single_machine:
         remove_orphaned_segments()
         warn_if_short(job.ranks)
+        before = segment_names()
     try:
         _run_job(job, on_line, tail_lines, env, on_round)
     finally:
         if job.placement.single_machine:
+            remove_segments_since(before)  # this job's, left by ranks a signal killed
             remove_orphaned_segments()
 
 

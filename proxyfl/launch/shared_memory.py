@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +91,55 @@ def orphaned_segments(
     return [path for path in candidates if str(path) not in mapped]
 
 
+def segment_names(shm_dir: Path = SHM_DIR) -> set[str]:
+    """The names of the MPI segments in ``shm_dir`` now (a job's launcher takes them
+    before it starts: :func:`remove_segments_since`)."""
+    if not shm_dir.is_dir():
+        return set()
+    return {entry.name for entry in os.scandir(shm_dir) if SEGMENT_NAME.fullmatch(entry.name)}
+
+
+def remove_segments_since(
+    before: Collection[str], shm_dir: Path = SHM_DIR, settle_seconds: float = 0.5
+) -> Cleared:
+    """Remove the segments made since ``before`` that no process maps, seen so twice
+    ``settle_seconds`` apart: once a job has ended, those of its ranks a signal killed
+    (Ctrl-C, SIGKILL) before they unlinked them, at once rather than after the grace
+    period. A job starting beside maps each of its segments a moment after making it, so
+    an unmapped new one that is still unmapped a moment later is no one's. Never raises."""
+
+    def unmapped_new() -> set[Path]:
+        new = [shm_dir / name for name in segment_names(shm_dir) - set(before)]
+        mine = [path for path in new if _owned(path)]
+        if not mine:
+            return set()
+        mapped = mapped_paths(shm_dir)
+        return {path for path in mine if str(path) not in mapped}
+
+    first = unmapped_new()
+    if not first:
+        return Cleared(0, 0)
+    time.sleep(settle_seconds)
+    return _remove(sorted(first & unmapped_new()), shm_dir)
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return path.stat(follow_symlinks=False).st_uid == os.getuid()
+    except OSError:
+        return False
+
+
 def remove_orphaned_segments(
     shm_dir: Path = SHM_DIR, grace_seconds: float = GRACE_SECONDS
 ) -> Cleared:
     """Remove :func:`orphaned_segments`; never raises (a launch goes on without it)."""
+    return _remove(orphaned_segments(shm_dir, grace_seconds), shm_dir)
+
+
+def _remove(paths: Iterable[Path], shm_dir: Path) -> Cleared:
     segments, freed = 0, 0
-    for path in orphaned_segments(shm_dir, grace_seconds):
+    for path in paths:
         try:
             held = path.stat().st_blocks * 512
             path.unlink()

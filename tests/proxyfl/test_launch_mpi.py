@@ -40,6 +40,8 @@ from proxyfl.launch.shared_memory import (
     mapped_paths,
     orphaned_segments,
     remove_orphaned_segments,
+    remove_segments_since,
+    segment_names,
     warn_if_short,
 )
 from proxyfl.results import predictions_path, read_predictions
@@ -365,8 +367,7 @@ def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
     error = failure.value
     assert error.exit_code == 128 + signal.SIGKILL and error.rank in (0, 1), str(error)
     assert "SIGKILL" in str(error)
-    assert {Path(path).name for path in segments} & _all_segments(), "some were left"
-    remove_orphaned_segments(grace_seconds=0)  # the launcher's waits 10 s: a short job
+    # removed by the launcher once the job ended (they are this job's), not 10 s later
     assert segments and not {Path(path).name for path in segments} & _all_segments()
 
 
@@ -381,6 +382,25 @@ def test_segments_mapped_by_a_living_process_are_kept(tmp_path: Path) -> None:
         cleared = remove_orphaned_segments(tmp_path, grace_seconds=0)
     assert cleared.segments == 1 and not orphaned.exists()
     assert mapped.exists() and other.exists()  # not an MPI segment's name
+
+
+def test_a_jobs_own_unmapped_segments_are_removed_at_once_and_no_others(
+    tmp_path: Path,
+) -> None:
+    """What the launcher removes once its job has ended: segments made since it started
+    that no process maps (its killed ranks'), however young; not one that was there before
+    (another job's, left to the grace period), nor one a process maps (a job beside)."""
+    earlier = tmp_path / "mpich_shm_0aaa_0"
+    earlier.write_bytes(b"\0" * mmap.PAGESIZE)
+    before = segment_names(tmp_path)
+    ours, beside = tmp_path / "4242:0:0", tmp_path / "mpich_shm_0bbb_0"
+    for path in (ours, beside):
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+    with open(beside, "r+b") as handle, mmap.mmap(handle.fileno(), 0):
+        cleared = remove_segments_since(before, tmp_path, settle_seconds=0.05)
+    assert cleared.segments == 1 and not ours.exists()
+    assert earlier.exists() and beside.exists()
+    assert remove_segments_since(segment_names(tmp_path), tmp_path).segments == 0  # no wait
 
 
 def test_too_little_shared_memory_for_the_ranks_is_warned_of(
