@@ -221,7 +221,7 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
 
 
 def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float) -> dict:
-    from proxyfl.launch.job import Placement
+    from proxyfl.launch.placement import Placement
 
     placement = Placement()  # the training jobs' own: this machine, ranks over shared memory
     command = [

@@ -176,7 +176,8 @@ def _job_seconds(ranks: int, warm: bool) -> float:
     import os
 
     from plumbing.warm import warm_server
-    from proxyfl.launch.job import RANK_IMPORTS, SHARED_MEMORY_ONLY, mpiexec_path
+    from proxyfl.launch.job import RANK_IMPORTS
+    from proxyfl.launch.placement import SHARED_MEMORY_ONLY, mpiexec_path
 
     launcher = mpiexec_path().with_name("mpiexec.gforker")
     env = {**os.environ, **SHARED_MEMORY_ONLY, "PYTHONPATH": str(REPO)}
@@ -200,7 +201,8 @@ def _flow_seconds(ranks: int, jobs: int, kept: bool) -> float:
     import os
 
     from plumbing.warm import kept_warm_server
-    from proxyfl.launch.job import RANK_IMPORTS, SHARED_MEMORY_ONLY
+    from proxyfl.launch.job import RANK_IMPORTS
+    from proxyfl.launch.placement import SHARED_MEMORY_ONLY
 
     env = {**os.environ, **SHARED_MEMORY_ONLY, "PYTHONPATH": str(REPO)}
     started = time.perf_counter()

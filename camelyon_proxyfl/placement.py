@@ -1,4 +1,4 @@
-"""Where the jobs of ``train:`` run: the one :class:`~proxyfl.launch.job.Placement` built from
+"""Where the jobs of ``train:`` run: the one :class:`~proxyfl.launch.placement.Placement` built from
 ``train.launcher``, ``train.hosts`` and ``train.hostfile``, and what can be checked of it
 before any launch (a hostfile that is not there, a host that does not answer ssh, no
 ``srun`` to call).
@@ -14,7 +14,7 @@ import shutil
 from camelyon_proxyfl.findings import Finding
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.launch.hosts import hostfile_hosts, named_hosts, unreachable_hosts
-from proxyfl.launch.job import Placement
+from proxyfl.launch.placement import Placement
 
 
 def placement(train: TrainSection) -> Placement:

@@ -25,7 +25,8 @@ import subprocess
 import sys
 
 from flows.server import ServerStartError, prefect_server
-from proxyfl.launch.job import Placement, warm_ranks
+from proxyfl.launch.job import warm_ranks
+from proxyfl.launch.placement import Placement
 
 
 def main(argv: list[str] | None = None) -> int:

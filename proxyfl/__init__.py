@@ -11,8 +11,9 @@ Rooms, by role (each module one idea):
 - contracts every role shares: :mod:`~proxyfl.config` (the validated run configuration),
   :mod:`~proxyfl.names`, :mod:`~proxyfl.results` (metrics.jsonl / run.json),
   :mod:`~proxyfl.rules` (what a configuration must meet against its data);
-- :mod:`proxyfl.launch` (the launcher the flows import, torch-free): ``job`` (one run as
-  an MPI job), ``rundir`` (what a launch does with a run directory), ``progress``;
+- :mod:`proxyfl.launch` (the launcher the flows import, torch-free): ``placement`` (where
+  a job's ranks run and what starts them), ``job`` (one run as an MPI job), ``rundir``
+  (what a launch does with a run directory), ``progress``;
 - :mod:`proxyfl.engine` (what a rank runs): ``access`` and ``data`` (the stores a rank
   opened, as datasets), ``models``, ``runtime`` (MPI, devices, seeds),
   ``local_training``, ``evaluate`` (accuracy, macro-accuracy), ``checkpoint``,

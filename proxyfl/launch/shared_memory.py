@@ -1,7 +1,7 @@
 """Shared-memory segments a killed job leaves in ``/dev/shm``, and their removal.
 
 Ranks on one machine talk through POSIX shared memory
-(:data:`~proxyfl.launch.job.SHARED_MEMORY_ONLY`): MPICH maps one ``mpich_shm_*`` segment
+(:data:`~proxyfl.launch.placement.SHARED_MEMORY_ONLY`): MPICH maps one ``mpich_shm_*`` segment
 per job, and libfabric's shm provider one ``PID:N:N`` region per rank, each unlinked at
 ``MPI_Finalize``. A rank killed by a signal
 never finalizes, so its segments stay, a few MB each, until the machine reboots. In a

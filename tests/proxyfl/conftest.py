@@ -20,7 +20,8 @@ import pytest
 
 from plumbing.output import passing_output
 from plumbing.warm import WarmRanks, kept_warm_server
-from proxyfl.launch.job import RANK_IMPORTS, Placement
+from proxyfl.launch.job import RANK_IMPORTS
+from proxyfl.launch.placement import Placement
 from wsi.store.schema import PatchBatch, StoreAttrs, store_path
 from wsi.store.writer import write_patch_store
 

@@ -32,7 +32,8 @@ from proxyfl.launch.hosts import (
     ssh_problem,
     unreachable_hosts,
 )
-from proxyfl.launch.job import JOB_LOG, Placement, TrainingJob, mpiexec_path, run_job
+from proxyfl.launch.job import JOB_LOG, TrainingJob, run_job
+from proxyfl.launch.placement import Placement, mpiexec_path
 from tasks.train import worth_retrying
 
 # not routed anywhere (RFC 5737's documentation range), and a name no resolver knows (RFC 6761)

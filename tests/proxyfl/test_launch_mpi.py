@@ -24,7 +24,6 @@ from proxyfl.engine.validation import read_failures
 from proxyfl.kept import trained_path
 from proxyfl.launch.job import (
     JOB_LOG,
-    Placement,
     TrainingJob,
     TrainingJobFailed,
     _raise_unless_finished,
@@ -33,6 +32,7 @@ from proxyfl.launch.job import (
     run_job,
     warm_ranks,
 )
+from proxyfl.launch.placement import Placement
 from proxyfl.launch.shared_memory import (
     RANK_SEGMENT_BYTES,
     SEGMENT_NAME,

@@ -102,7 +102,8 @@ def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() ->
     import subprocess
     import sys
 
-    from proxyfl.launch.job import Placement, rank_environment
+    from proxyfl.launch.job import rank_environment
+    from proxyfl.launch.placement import Placement
 
     probe = (
         "import os, sys, torch\n"

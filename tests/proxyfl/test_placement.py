@@ -21,14 +21,8 @@ from plumbing import warm_shim
 from plumbing.warm import WarmRanks
 from proxyfl.config import TrainConfig
 from proxyfl.launch.hosts import LAUNCH_EXTRA_ARGS_ENV
-from proxyfl.launch.job import (
-    FORK_LAUNCHER,
-    RANK_IMPORTS,
-    SHARED_MEMORY_ONLY,
-    Placement,
-    TrainingJob,
-    mpiexec_path,
-)
+from proxyfl.launch.job import RANK_IMPORTS, TrainingJob
+from proxyfl.launch.placement import FORK_LAUNCHER, SHARED_MEMORY_ONLY, Placement, mpiexec_path
 
 REPO = Path(__file__).resolve().parents[2]
 
