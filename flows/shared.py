@@ -8,8 +8,11 @@
   processes): the training jobs of every stage fork their ranks from it, its imports done
   once for the whole command instead of once a stage while Prefect starts the stage's
   flow run (the demo's start-up: 2.8-3.6 s a job with a server per stage, 0.1-0.2 s with
-  this one). A stage whose ranks need another environment, or run elsewhere than on this
-  machine, starts its own as it would without it.
+  this one). It runs with the CPU kernels' pin of the parameters file
+  (``machine.cpu_kernels``, :mod:`plumbing.kernels`), as the stages' ranks do. A stage
+  whose ranks need another environment, or run elsewhere than on this machine, starts
+  its own as it would without it (each job's machine.json says which server its ranks
+  were forked from).
 
 ``make demo`` runs ``dvc repro`` through this. Both servers die with this process, even
 when it is killed. Apart from ``python -m flows.server`` so that the stages, which import
@@ -23,8 +26,13 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+from camelyon_proxyfl.params.base import DEFAULT_PARAMS, load_sections
+from camelyon_proxyfl.params.machine import MachineParams
 from flows.server import ServerStartError, prefect_server
+from plumbing.cli import ConfigError
+from plumbing.kernels import pinned_environment
 from proxyfl.launch.job import warm_ranks
 from proxyfl.launch.placement import Placement
 
@@ -34,13 +42,24 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flows.shared", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
+    parser.add_argument(
+        "--config", type=Path, default=DEFAULT_PARAMS,
+        help="the parameters file whose machine.cpu_kernels the stages' ranks run with "
+        "(default: %(default)s; none there: native)",
+    )  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --, e.g. -- dvc repro")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(warm_ranks(Placement(), shared=True))  # imports meanwhile
+    try:
+        machine = load_sections(MachineParams, args.config, required=False).machine
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    pinned = pinned_environment(machine.cpu_kernels, {})
+    with contextlib.ExitStack() as stack:  # the server imports meanwhile
+        stack.enter_context(warm_ranks(Placement(), env=pinned, shared=True))
         if os.environ.get("PREFECT_API_URL"):
             return subprocess.call(command)
         try:

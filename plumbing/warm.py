@@ -30,6 +30,7 @@ finds no server, or whose server ends before forking its rank, starts the rank c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import importlib
@@ -49,6 +50,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from plumbing import warm_shim
 from plumbing.processes import die_with_parent
@@ -390,7 +392,7 @@ def _shared_with_us(environment: Mapping[str, str], preload: Sequence[str]) -> W
     folder = os.environ.get(SHARED_ENV)
     if not folder:
         return None
-    ranks = WarmRanks(Path(folder) / "socket")
+    ranks = WarmRanks(Path(folder) / "socket", origin="shared")
     try:
         served = json.loads((Path(folder) / SERVED_FILE).read_text())
     except (OSError, ValueError):
@@ -451,7 +453,9 @@ def kept_warm_server(
         if started is None:
             yield None
             return
-        entry = _KeptServer(dict(environment), tuple(preload), *started)
+        ranks, process = started
+        entry = _KeptServer(dict(environment), tuple(preload),
+                            dataclasses.replace(ranks, origin="kept"), process)  # fmt: skip
         with _kept_lock:
             _kept.append(entry)
         try:
@@ -531,9 +535,12 @@ def _started(
 
 @dataclass(frozen=True)
 class WarmRanks:
-    """A running warm server, as the launcher uses it."""
+    """A running warm server, as the launcher uses it, and whose it is: started for one
+    job, kept by this process for a block of jobs, or shared by the command that started
+    this process (each job's machine.json says which its ranks were forked from)."""
 
     socket_path: Path
+    origin: Literal["job", "kept", "shared"] = "job"
 
     def program(self, argv: list[str]) -> list[str]:
         """``argv`` (a rank's program) as the shim that has the server fork it."""

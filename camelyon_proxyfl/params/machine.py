@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from camelyon_proxyfl.params.base import Section
+from camelyon_proxyfl.params.base import Section, StageParams
 from plumbing.kernels import CpuKernels
 
 
@@ -17,3 +17,10 @@ class MachineSection(Section):
         "torch, oneDNN, MKL and OpenBLAS capped at AVX2, so that an AVX2 and an AVX-512 "
         "machine give the same bytes (the demo's, whose committed dvc.lock holds them)",
     )
+
+
+class MachineParams(StageParams):
+    """The one section a command that starts the stages' shared servers reads
+    (``python -m flows.shared``): the kernels the stages' ranks run with."""
+
+    machine: MachineSection = Field(default_factory=MachineSection)

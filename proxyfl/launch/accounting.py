@@ -23,8 +23,12 @@ from proxyfl.results import MACHINE_FILE, atomic_write_json
 logger = logging.getLogger(__name__)
 
 
-def record_launcher_wall(run_dir: Path, wall_seconds: float) -> dict[str, Any] | None:
-    """Add ``launcher`` (its wall and overhead seconds) to ``run_dir``'s machine.json's
+def record_launcher_wall(
+    run_dir: Path, wall_seconds: float, warm_server: str | None = None
+) -> dict[str, Any] | None:
+    """Add ``launcher`` (its wall and overhead seconds, and ``warm_server``: whose server
+    the ranks were forked from, ``job``, ``kept`` or ``shared`` (:class:`plumbing.warm.
+    WarmRanks`), None where they started cold) to ``run_dir``'s machine.json's
     ``timings``; returns it, or None (and changes nothing) when the job left no finished
     timings (a failed job, or one killed before its last record)."""
     path = Path(run_dir) / MACHINE_FILE
@@ -41,6 +45,7 @@ def record_launcher_wall(run_dir: Path, wall_seconds: float) -> dict[str, Any] |
         "wall_seconds": wall_seconds,
         "slowest_rank_process_seconds": slowest,
         "overhead_seconds": None if slowest is None else wall_seconds - slowest,
+        "warm_server": warm_server,
     }
     timings["launcher"] = launcher
     atomic_write_json(path, machine)

@@ -370,7 +370,8 @@ def _launch(
                     for progress in rounds.poll():
                         on_round(progress)
             exit_code = process.wait()
-            record_launcher_wall(job.run_dir, time.perf_counter() - started)
+            record_launcher_wall(job.run_dir, time.perf_counter() - started,
+                                 warm.origin if warm is not None else None)  # fmt: skip
         except BaseException:
             _terminate(process)
             raise

@@ -58,6 +58,13 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
                   "train@Joint-0", "train@PrivateKT-0", "canary@ProxyFL", "audit",
                   "stage@0", "stage@1", "staging", "report"):  # fmt: skip
         assert f"Running stage '{stage}'" in first.stdout
+    # every training job's ranks forked from flows.shared's one warm server, the kernels'
+    # pin of the stages included (a server per stage otherwise: 2-3 s of start-up a job)
+    canary_runs = yaml.safe_load((project / "params.yaml").read_text())["audit"]["canary_runs"]
+    for run in ("runs/ProxyFL/seed_0", "runs/Joint/seed_0", "runs/PrivateKT/seed_0",
+                f"{canary_runs}/ProxyFL/run"):  # fmt: skip
+        machine = json.loads((project / run / "machine.json").read_text())
+        assert machine["timings"]["launcher"]["warm_server"] == "shared", run
     # the staging: every method's test patients staged, each centre within its own folder
     staging = json.loads((project / "results" / "staging.json").read_text())
     assert set(staging["methods"]) == {"ProxyFL/seed_0", "Joint/seed_0", "PrivateKT/seed_0"}

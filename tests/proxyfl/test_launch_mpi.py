@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import mmap
+import os
 import shutil
 import signal
 import subprocess
@@ -545,6 +546,8 @@ def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -
     assert launcher["slowest_rank_process_seconds"] == max(lives)
     assert launcher["wall_seconds"] >= max(lives) and launcher["overhead_seconds"] >= 0
     assert launcher["overhead_seconds"] == pytest.approx(launcher["wall_seconds"] - max(lives))
+    cold = os.environ.get("PLUMBING_COLD_RANKS") == "1"
+    assert launcher["warm_server"] == (None if cold else "job")  # started for this job
     run_json = (job.run_dir / "run.json").read_text()  # the same bytes on any machine
     assert "startup" not in run_json and "launcher" not in run_json
 
