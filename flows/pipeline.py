@@ -49,6 +49,7 @@ from flows.server import address_towards, run_flow_command
 from flows.stage import staging
 from flows.train import train
 from plumbing.cli import exit_on_bad_parameters
+from plumbing.kernels import pin_this_command
 from plumbing.locks import Busy
 from plumbing.processes import start_command
 from proxyfl.canaries import CanaryPlanError
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     params = load_pipeline_params(command.params_file)
     if args.check:
         return print_findings(params, args.replace_runs)
+    # the stages' kernels, as dvc repro runs them: the same bytes from either path
+    pin_this_command(params.machine.cpu_kernels)
     unwritable = writable_folder_findings(params)  # before a server, or a slide, is started
     for finding in unwritable:
         print(finding, file=sys.stderr)

@@ -59,6 +59,20 @@ def in_effect(environment: Mapping[str, str] | None = None) -> dict[str, str]:
     return {name: environment[name] for name in PIN_VARIABLES if name in environment}
 
 
+def pin_this_command(kernels: str) -> None:
+    """Run this command again, in place, with ``kernels``' pin when its environment lacks
+    it (``os.execv`` of the same interpreter and arguments: the libraries read the pin
+    when they load, too late to set it in this process). For a command that computes
+    results and reads the parameters itself (``python -m flows.pipeline``), so that it
+    gives the bytes of the ``dvc repro`` stages, which ``python -m plumbing.kernels``
+    starts pinned. Returns only when the pin is already in effect (``native``: always)."""
+    pin = PINS[kernels]
+    if all(os.environ.get(name) == value for name, value in pin.items()):
+        return
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    os.execve(sys.executable, argv, pinned_environment(kernels, os.environ))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m plumbing.kernels KERNELS -- COMMAND ...``: exec ``COMMAND`` pinned."""
     args = list(sys.argv[1:] if argv is None else argv)

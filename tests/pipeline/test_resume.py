@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.pipeline.conftest import dvc_project, processes_of, tiny_params
 from tests.proxyfl.conftest import read_jsonl, run_mpi, write_stores
@@ -90,8 +91,9 @@ def test_a_killed_dvc_repro_resumes_to_the_metrics_of_an_uninterrupted_run(
 
     reference = project / "reference"
     config = run / "config.json"
+    kernels = yaml.safe_load((project / "params.yaml").read_text())["machine"]["cpu_kernels"]
     result = run_mpi(2, ["--config", str(config), "--data", str(project / "data" / "patches"),
-                         "--run-dir", str(reference), "--no-resume"])  # fmt: skip
+                         "--run-dir", str(reference), "--no-resume"], kernels=kernels)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     rows, expected = read_jsonl(run / "metrics.jsonl"), read_jsonl(reference / "metrics.jsonl")
     assert len(rows) == len(expected) > 0 and max(r["round"] for r in rows) == ROUNDS

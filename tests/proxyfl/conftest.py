@@ -18,6 +18,7 @@ import numpy as np
 import pathspec
 import pytest
 
+from plumbing.kernels import pinned_environment
 from plumbing.output import passing_output
 from plumbing.warm import WarmRanks, kept_warm_server
 from proxyfl.launch.job import RANK_IMPORTS
@@ -113,20 +114,29 @@ def warm_ranks() -> WarmRanks | None:
 
 
 def run_mpi(
-    n: int, module_args: Sequence[str], timeout: float = 240, script: Path | None = None
+    n: int,
+    module_args: Sequence[str],
+    timeout: float = 240,
+    script: Path | None = None,
+    kernels: str = "native",
 ) -> subprocess.CompletedProcess[str]:
     """``mpiexec -n N python -m mpi4py -m proxyfl.run ARGS`` (or a script), with a timeout;
-    the ranks forked from this test process's warm server (:func:`warm_ranks`)."""
+    the ranks forked from this test process's warm server (:func:`warm_ranks`), or, with
+    ``kernels`` other than native, started cold with that CPU kernels' pin (as a stage of
+    ``dvc.yaml`` runs them: :mod:`plumbing.kernels`)."""
     target = [str(script)] if script is not None else ["-m", "proxyfl.run"]
     program = [sys.executable, "-m", "mpi4py", *target, *map(str, module_args)]
-    warm = warm_ranks()
+    warm = warm_ranks() if kernels == "native" else None
     if warm is not None:
         program = warm.program(program)
     command = [*PLACEMENT.command_prefix(n), *program]
     # appended to by the launcher and by every rank (proxyfl.run writes around the fork
     # launcher's relay: plumbing.output), so each write lands at the end
     with tempfile.TemporaryFile("a+b") as out, tempfile.TemporaryFile("a+b") as err:
-        env = {**mpi_env(), **passing_output(out.fileno(), err.fileno())}
+        env = {
+            **pinned_environment(kernels, mpi_env()),
+            **passing_output(out.fileno(), err.fileno()),
+        }
         if warm is not None:
             env.update(warm.environment())
         status = subprocess.run(
