@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     params = load_pipeline_params(command.params_file)
     if args.check:
         return print_findings(params, args.replace_runs)
-    # the stages' kernels, as dvc repro runs them: the same bytes from either path
-    pin_this_command(params.machine.cpu_kernels)
+    if argv is None:  # this process's own command line: run it again pinned, if need be
+        # the stages' kernels, as dvc repro runs them: the same bytes from either path
+        pin_this_command(params.machine.cpu_kernels)
     unwritable = writable_folder_findings(params)  # before a server, or a slide, is started
     for finding in unwritable:
         print(finding, file=sys.stderr)

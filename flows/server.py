@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from plumbing.environment import environment_variable
 from plumbing.errors import PipelineError
 from plumbing.processes import parent_bound_command, stop_tree
 from plumbing.refusals import EXIT_REFUSED, machine_refusal
@@ -122,19 +123,6 @@ def address_towards(url: str) -> str:
 
 
 @contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-@contextlib.contextmanager
 def shared_prefect_api(host: str = "127.0.0.1") -> Iterator[str | None]:
     """The Prefect API that flow runs in this block, and every worker process they start,
     report to; yields its URL.
@@ -182,7 +170,7 @@ def _reporting_to(api_url: str) -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
-        stack.enter_context(_environment("PREFECT_API_URL", api_url))
+        stack.enter_context(environment_variable("PREFECT_API_URL", api_url))
         # New threads do not inherit the caller's settings context and fall back to the
         # process-global one, read from the environment at import: the thread that forwards
         # a process pool's logs and events would start a temporary server of its own. This

@@ -65,7 +65,9 @@ def pin_this_command(kernels: str) -> None:
     when they load, too late to set it in this process). For a command that computes
     results and reads the parameters itself (``python -m flows.pipeline``), so that it
     gives the bytes of the ``dvc repro`` stages, which ``python -m plumbing.kernels``
-    starts pinned. Returns only when the pin is already in effect (``native``: always)."""
+    starts pinned. Returns only when the pin is already in effect (``native``: always).
+    Only for a command parsing its own command line (``main(argv=None)``): it replaces
+    this process."""
     pin = PINS[kernels]
     if all(os.environ.get(name) == value for name, value in pin.items()):
         return

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from plumbing import warm_shim
+from plumbing.environment import environment_variable
 from plumbing.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -477,15 +478,8 @@ def _shared_for_commands(entry: _KeptServer, shared: bool) -> Iterator[None]:
     folder = entry.ranks.socket_path.parent
     served = {"environment": _served(entry.environment), "preload": list(entry.preload)}
     (folder / SERVED_FILE).write_text(json.dumps(served))  # before any command can read it
-    before = os.environ.get(SHARED_ENV)
-    os.environ[SHARED_ENV] = str(folder)
-    try:
+    with environment_variable(SHARED_ENV, str(folder)):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(SHARED_ENV, None)
-        else:
-            os.environ[SHARED_ENV] = before
 
 
 @contextlib.contextmanager
