@@ -15,8 +15,8 @@
   were forked from).
 
 ``make demo`` runs ``dvc repro`` through this. Both servers die with this process, even
-when it is killed. Apart from ``python -m flows.server`` so that the stages, which import
-that module, do not depend on the launcher's code.
+when it is killed. A module apart from ``python -m flows.server`` (one Prefect server
+only) so that the stages, which import that module, do not depend on the launcher's code.
 """
 
 from __future__ import annotations
