@@ -3,7 +3,7 @@
     camelyon-proxyfl pipeline [--config params.yaml]     slides -> stores -> runs -> tables
     camelyon-proxyfl preprocess | train | canary | audit | stage | report   one stage each
     camelyon-proxyfl serve                               Prefect deployments, served
-    camelyon-proxyfl synth | tile | privacy | job | server ...
+    camelyon-proxyfl synth | tile | privacy | job | server | sbatch ...
 
 Each subcommand is the ``main`` of one module, which also runs as ``python -m MODULE``
 with the same arguments; ``camelyon-proxyfl COMMAND --help`` lists them. Only the chosen
@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("proxyfl.run", "one training job's ranks (run under mpiexec -n K)"),
     "serve": ("flows.serve", "Prefect server, work pool, deployments and a worker, in one"),
     "server": ("flows.server", "run a command with a Prefect server shared by its flows"),
+    "sbatch": ("camelyon_proxyfl.sbatch", "the Slurm batch script of the training, checked"),
 }
 
 

@@ -1,7 +1,7 @@
 """Where the jobs of ``train:`` run: the one :class:`~proxyfl.launch.placement.Placement` built from
 ``train.launcher``, ``train.hosts`` and ``train.hostfile``, and what can be checked of it
 before any launch (a hostfile that is not there, a host that does not answer ssh, no
-``srun`` to call).
+``srun`` to call, a Slurm allocation too small for a job's ranks).
 
 Kept apart from :mod:`camelyon_proxyfl.params.train`, which the report and the audit read
 too: they launch nothing, so the launcher's code is not among what they depend on.
@@ -9,12 +9,14 @@ too: they launch nothing, so the launcher's code is not among what they depend o
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from camelyon_proxyfl.findings import Finding
 from camelyon_proxyfl.params.train import TrainSection
 from proxyfl.launch.hosts import hostfile_hosts, named_hosts, unreachable_hosts
 from proxyfl.launch.placement import Placement
+from proxyfl.launch.slurm import Allocation
 
 
 def placement(train: TrainSection) -> Placement:
@@ -41,12 +43,18 @@ def _hostfile_problem(train: TrainSection) -> str | None:
     return None
 
 
+def largest_job_ranks(train: TrainSection) -> int:
+    """The ranks of ``train``'s largest job: a rank per centre, Joint's one."""
+    return max(1 if algorithm == "Joint" else len(train.centers) for algorithm in train.algorithms)
+
+
 def placement_findings(train: TrainSection) -> list[Finding]:
     """An error for a hostfile hydra could not read, for each host of ``train.hosts`` or
     the hostfile that does not answer ssh within ``train.ssh_timeout_s`` (checked all at
     once, this machine's names excepted: :mod:`proxyfl.launch.hosts`), and for ``srun``
-    where none is on ``PATH`` (the keys' own combinations are validated with the
-    section)."""
+    where none is on ``PATH`` or the Slurm allocation this runs in has no room for the
+    largest job's ranks (:meth:`~proxyfl.launch.slurm.Allocation.refusal`; the keys' own
+    combinations are validated with the section)."""
     findings = []
     problem = _hostfile_problem(train)
     if problem is not None:
@@ -66,4 +74,8 @@ def placement_findings(train: TrainSection) -> list[Finding]:
             "srun is not on PATH: launcher srun runs inside a Slurm allocation (sbatch or "
             "salloc, on a node where Slurm's commands are installed); elsewhere use mpiexec",
         ))  # fmt: skip
+    allocation = Allocation.of(os.environ) if train.launcher == "srun" else None
+    refusal = allocation.refusal(largest_job_ranks(train)) if allocation is not None else None
+    if refusal is not None:
+        findings.append(Finding("error", "train.launcher", refusal))
     return findings

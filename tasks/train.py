@@ -58,7 +58,7 @@ def training_run(job: TrainingJob, replace: bool = False) -> Path:
 def _launch(job: TrainingJob, plan: LaunchPlan, name: str) -> None:
     logger = get_run_logger()
     logger.info("%s: %d rank(s) -> %s", name, job.ranks, plan.work)
-    logger.info("mpiexec command: %s", shlex.join(job.in_directory(plan.work).command()))
+    logger.info("launch command: %s", shlex.join(job.in_directory(plan.work).command()))
     artifact = create_progress_artifact(
         0.0, key=f"training-{job.algorithm.lower()}-seed-{job.seed}",
         description=f"{name}: starting {job.ranks} rank(s)",

@@ -45,6 +45,7 @@ SLOW_FILES = (
     "tests/pipeline/test_interrupt.py",
     "tests/pipeline/test_deployment.py",
     "tests/pipeline/test_resume.py",
+    "tests/slurm/",
     "_mpi.py",
 )
 
@@ -88,6 +89,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("clocked"))
         elif path.startswith("tests/flows/"):  # one Prefect test server, not one a worker
             item.add_marker(pytest.mark.xdist_group("flows"))
+        elif path.startswith("tests/slurm/"):  # one Slurm cluster, not one a worker
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     items.sort(key=_rank)  # stable: the files' own order otherwise
 
 

@@ -56,6 +56,7 @@ from proxyfl.launch.shared_memory import (
     segment_names,
     warn_if_short,
 )
+from proxyfl.launch.slurm import tasks_ended
 from proxyfl.names import CUDA_ALLOCATOR_SETTING
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
@@ -69,8 +70,8 @@ STOP_GRACE_S = 3.0
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
 # how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
 _RANK_SIGNALED = re.compile(r"^\[\d+\](\d+):Return code = -?\d+, signaled with (.+)$")
-# the signals the fork launcher sends the other ranks once one has died
-_LAUNCHER_STOPS = (signal.SIGQUIT, signal.SIGINT)
+# the signals a launcher sends the other ranks once one has died
+_LAUNCHER_STOPS = {"fork": (signal.SIGQUIT, signal.SIGINT), "srun": (signal.SIGTERM,)}
 _SIGNAL_BY_DESCRIPTION = {
     description: number
     for number in signal.valid_signals()
@@ -178,21 +179,36 @@ class TrainingJobFailed(RuntimeError):
 
 
 class _SignaledRanks:
-    """The ranks the fork launcher reports ended by a signal, in the order it reports
-    them: rank -> the signal's description ("Bus error")."""
+    """The ranks the launcher reports ended by a signal, in the order it reports them:
+    rank -> the signal's description ("Bus error"). MPICH's fork launcher says so in lines
+    of its own (and exits 0 all the same), srun in its ``task N: Killed`` lines
+    (:func:`~proxyfl.launch.slurm.tasks_ended`); hydra only in its exit code."""
 
-    def __init__(self) -> None:
+    def __init__(self, launcher: str) -> None:
+        self.launcher = launcher
         self.by_rank: dict[int, str] = {}
 
+    @classmethod
+    def of(cls, placement: Placement) -> _SignaledRanks | None:
+        if placement.fork_launcher() is not None:
+            return cls("fork")
+        return cls("srun") if placement.launcher == "srun" else None
+
     def add(self, line: str) -> None:
+        if self.launcher == "srun":
+            for rank, how in tasks_ended(line):
+                if how in _SIGNAL_BY_DESCRIPTION:  # not "Exited with exit code N"
+                    self.by_rank.setdefault(rank, how)
+            return
         match = _RANK_SIGNALED.match(line.strip())
         if match:
             self.by_rank.setdefault(int(match.group(1)), match.group(2).strip())
 
     def first(self) -> tuple[int, str] | None:
-        """The rank a signal ended first: the launcher stops the others with SIGINT or
-        SIGQUIT once one has died, so a rank ended by another signal is the cause."""
-        stops = {signal.strsignal(number) for number in _LAUNCHER_STOPS}
+        """The rank a signal ended first: once one has died the launcher stops the others
+        (the fork launcher with SIGINT or SIGQUIT, srun's --kill-on-bad-exit with
+        SIGTERM), so a rank ended by another signal is the cause."""
+        stops = {signal.strsignal(number) for number in _LAUNCHER_STOPS[self.launcher]}
         causes = [(rank, what) for rank, what in self.by_rank.items() if what not in stops]
         ended = causes or list(self.by_rank.items())
         return ended[0] if ended else None
@@ -333,10 +349,9 @@ def _launch(
     command = tree_bound_command(job.command(warm), STOP_GRACE_S)
     logger.info("launching %s", " ".join(job.command()))
     tails = _RankTails(tail_lines)
-    # only MPICH's fork launcher says in lines of its own which rank a signal ended, and
-    # exits 0 all the same; hydra and srun exit non-zero when one did (hydra with the
-    # signal's number, srun with 128 + it), and their words stay in the tails
-    signaled = _SignaledRanks() if job.placement.fork_launcher() is not None else None
+    # MPICH's fork launcher and srun say which rank a signal ended (the fork launcher then
+    # exits 0 all the same); hydra exits with the signal's number, its words in the tails
+    signaled = _SignaledRanks.of(job.placement)
     rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
     # one pipe for every line: the launcher's, and the ranks' (which on this machine write
     # to it themselves, around the fork launcher's relay: plumbing.output)
@@ -389,13 +404,15 @@ def _raise_unless_finished(
 ) -> None:
     """:class:`TrainingJobFailed` unless the job exited 0, no signal ended a rank and its
     run.json says finished (the fork launcher exits 0 when a signal ends its ranks: then
-    ``signaled`` holds what it reported; ``None`` for the other launchers)."""
+    ``signaled`` holds what it reported, as for srun; ``None`` for hydra). The exit code is
+    the killed rank's (128 + its signal), not the launcher's (srun's is 143 whichever rank
+    died: it stops the others with SIGTERM)."""
     recorded = read_failures(job.run_dir)
     first, code = (recorded[0] if recorded else None), exit_code
     ended = signaled.first() if signaled is not None else None
     if ended is not None:  # a signal ended a rank: failed, whatever the launcher exited
         signal_code, signal_failure = _signal_failure(*ended)
-        code = exit_code or signal_code
+        code = signal_code
         first = first or signal_failure  # a rank's own fault record says more, if any
     if code != 0 and not job.placement.single_machine and job.placement.launcher == "mpiexec":
         lost = lost_host(tails.lines_of(None))  # hydra's ssh to a host: name it, no retry

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proxyfl.launch.hosts import LAUNCH_EXTRA_ARGS_ENV, ssh_launch_options
+from proxyfl.launch.slurm import srun_cpus_per_task
 from proxyfl.names import LAUNCHERS, Launcher
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,9 @@ class Placement:
       hosts must see the run directory and the stores at the same paths.
     - ``srun``: inside a Slurm allocation (``sbatch``, ``salloc``), Slurm starts one task
       per rank where the allocation has room and gives each its GPUs; hosts and a
-      hostfile are refused, since Slurm decides the placement. No Slurm runs where the
-      tests run: its command line is checked, never run.
+      hostfile are refused, since Slurm decides the placement; each task gets the
+      allocation's ``--cpus-per-task`` (:func:`~proxyfl.launch.slurm.srun_cpus_per_task`).
+      ``tests/slurm/`` runs it on a Slurm cluster of this machine.
     """
 
     launcher: Launcher = "mpiexec"
@@ -97,7 +99,8 @@ class Placement:
     def command_prefix(self, ranks: int) -> list[str]:
         """The launcher's part of a job's command line, up to the program."""
         if self.launcher == "srun":
-            return ["srun", f"--ntasks={ranks}", *SRUN_OPTIONS]
+            return ["srun", f"--ntasks={ranks}", *srun_cpus_per_task(os.environ),
+                    *SRUN_OPTIONS]  # fmt: skip
         if self.hosts:
             return [str(mpiexec_path()), "-hosts", ",".join(self.hosts), "-n", str(ranks)]
         if self.hostfile is not None:

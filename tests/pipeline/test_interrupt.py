@@ -23,7 +23,7 @@ from wsi.synth import SynthManifest
 UNDER_WAY = {
     "flows.preprocess": "for flow 'preprocess'",
     "flows.train": "round 2/",
-    "flows.pipeline": "mpiexec command:",
+    "flows.pipeline": "launch command:",
 }
 
 

@@ -492,7 +492,7 @@ def _plain_safetensors(path: Path) -> Path:
 def test_the_rank_a_signal_ended_first_is_the_cause_not_those_the_launcher_stopped() -> None:
     """The fork launcher's own lines: once rank 1 dies of SIGBUS it stops rank 0 (SIGQUIT
     or SIGINT); the cause is rank 1, whatever order the lines come in."""
-    signaled = _SignaledRanks()
+    signaled = _SignaledRanks("fork")
     for line in (
         "[0]0:Return code = 0, signaled with Quit",
         "[rank 0] INFO something else",
@@ -500,10 +500,10 @@ def test_the_rank_a_signal_ended_first_is_the_cause_not_those_the_launcher_stopp
     ):
         signaled.add(line)  # fmt: skip
     assert signaled.first() == (1, "Bus error")
-    only_stopped = _SignaledRanks()
+    only_stopped = _SignaledRanks("fork")
     only_stopped.add("[0]1:Return code = 0, signaled with Interrupt")
     assert only_stopped.first() == (1, "Interrupt")
-    assert _SignaledRanks().first() is None
+    assert _SignaledRanks("fork").first() is None
 
 
 def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
@@ -518,12 +518,12 @@ def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
             (job.run_dir / "run.json").write_text(json.dumps({"status": state}))
         with pytest.raises(TrainingJobFailed, match=r"exited 0, but .*run\.json records no "
                            r"finished run") as failure:  # fmt: skip
-            _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))
+            _raise_unless_finished(job, 0, _SignaledRanks("fork"), _RankTails(5))
         assert failure.value.exit_code == 1 and failure.value.rank is None
         with pytest.raises(TrainingJobFailed, match="records no finished run"):
             _raise_unless_finished(job, 0, None, _RankTails(5))  # hydra's, srun's: no lines
     (job.run_dir / "run.json").write_text(json.dumps({"status": "finished"}))
-    _raise_unless_finished(job, 0, _SignaledRanks(), _RankTails(5))  # a finished run passes
+    _raise_unless_finished(job, 0, _SignaledRanks("fork"), _RankTails(5))  # a finished run passes
 
 
 def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -> None:

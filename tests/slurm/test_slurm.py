@@ -1,0 +1,220 @@
+"""Training under Slurm, on a one-node cluster of this machine (tests/slurm/cluster.py): the
+script ``camelyon-proxyfl sbatch`` writes, submitted with ``sbatch``, runs the Prefect train
+flow with ``--launcher srun`` inside its allocation and writes the bytes of the default
+launcher; a rank killed with SIGKILL is named with its signal, and the rerun resumes to the
+same bytes; an allocation or a queue that cannot hold the job is said before any work."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.pipeline.conftest import BIN
+from tests.proxyfl.conftest import dvc_hashed_files, write_stores
+from tests.slurm.cluster import SlurmCluster
+
+REPO = Path(__file__).resolve().parents[2]
+ROUNDS = 30  # long enough to kill a rank between two rounds
+# what a job may take from the kill of a rank to its end: srun's --kill-on-bad-exit stops
+# the others at once (SIGTERM; SIGKILL KillWait=5 s later), the flow records the failure
+ENDS_WITHIN_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_stores(tmp_path_factory.mktemp("slurm-stores"), centers=(0, 1))
+
+
+@pytest.fixture()
+def project(stores: Path, tmp_path: Path) -> Path:
+    """A project as a user has it on a cluster's shared filesystem: params.yaml training
+    ProxyFL (no retries) on two centres' stores, with relative paths, and the virtual
+    environment (this repository's, whose code it imports)."""
+    return _project(tmp_path / "project", stores)
+
+
+def _project(root: Path, stores: Path) -> Path:
+    shutil.copytree(stores, root / "data" / "patches")
+    (root / ".venv").symlink_to(BIN.parent)
+    params = {"train": {
+        "algorithms": ["ProxyFL"], "seeds": [0], "centers": [0, 1], "retries": 0,
+        "options": {"rounds": ROUNDS, "batch_size": 8, "proxy_model": "cnn1",
+                    "private_model": ["mlp"], "device": "cpu", "input_size": 16},
+    }}  # fmt: skip
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+RUN = Path("runs") / "ProxyFL" / "seed_0"  # train.runs' default, as params.yaml has it
+
+
+@pytest.fixture(scope="module")
+def reference(
+    stores: Path, tmp_path_factory: pytest.TempPathFactory, prefect_api: str
+) -> dict[str, bytes]:
+    """The same project's run with the default launcher (mpiexec on this machine): every
+    file DVC hashes."""
+    project = _project(tmp_path_factory.mktemp("reference") / "project", stores)
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_api,
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    trained = subprocess.run([sys.executable, "-m", "flows.train"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    return dvc_hashed_files(project / RUN)
+
+
+def _write_script(project: Path, env: dict[str, str], *options: str) -> Path:
+    """The script ``camelyon-proxyfl sbatch`` writes in ``project``, as the docs say to
+    (its default command: the train flow, with --launcher srun)."""
+    path = project / "train.sh"
+    written = subprocess.run(
+        ["camelyon-proxyfl", "sbatch", "--time", "00:15:00", *options, "-o", str(path)],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    return path
+
+
+def _submit(project: Path, env: dict[str, str], script: Path, *options: str, wait: bool = True
+            ) -> tuple[str, int, str]:  # fmt: skip
+    """``sbatch [--wait] OPTIONS SCRIPT`` from ``project``: the job's id, sbatch's exit code
+    and, once the job has ended, its output (``slurm-%j.out``)."""
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", *(["--wait"] if wait else []), *options, str(script)],
+        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    job = submitted.stdout.strip().split(";")[0].splitlines()[0] if submitted.stdout else ""
+    assert job.isdigit(), submitted.stdout + submitted.stderr
+    output = project / f"slurm-{job}.out"
+    return job, submitted.returncode, output.read_text() if wait else ""
+
+
+def _job_state(slurm: SlurmCluster, job: str) -> str:
+    shown = slurm.client("scontrol", "show", "job", "--oneliner", job)
+    found = re.search(r"JobState=(\S+)", shown.stdout)
+    return found.group(1) if found else "GONE"
+
+
+def _rank_pid(job: str, rank: int, timeout_s: float = 300) -> int:
+    """The process of ``rank`` of the training step of Slurm job ``job``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if (f"SLURM_JOB_ID={job}".encode() in environ and b"proxyfl.run" in command
+                    and f"SLURM_PROCID={rank}".encode() in environ):  # fmt: skip
+                return int(entry.name)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} of job {job} within {timeout_s:.0f} s")
+
+
+def _resumable(run: Path) -> bool:
+    """Both ranks have checkpointed a round, and rank 0 has recorded two."""
+    metrics = run / "metrics.jsonl"
+    rounds = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    checkpoints = [run / "checkpoints" / f"rank_{rank}" for rank in (0, 1)]
+    return rounds >= 2 and all(folder.is_dir() and any(folder.iterdir()) for folder in checkpoints)
+
+
+@pytest.mark.parametrize("cpus_per_task", [None, 1], ids=["slurms-cpus", "cpus-per-task"])
+def test_the_written_script_runs_the_train_flow_under_srun_to_the_default_launchers_bytes(
+    project: Path, slurm_env: dict[str, str], reference: dict[str, bytes],
+    cpus_per_task: int | None,
+) -> None:  # fmt: skip
+    options = ["--cpus-per-task", str(cpus_per_task)] if cpus_per_task else []
+    script = _write_script(project, slurm_env, *options)
+    assert ("--cpus-per-task" in script.read_text()) == bool(cpus_per_task)
+    _, status, output = _submit(project, slurm_env, script)
+    assert status == 0, output[-5000:]
+    assert re.search(r"launch command: srun --ntasks=2 ", output), output[-5000:]
+    assert "Finished in state Completed" in output, output[-5000:]
+    run = project / RUN
+    written = dvc_hashed_files(run)
+    assert written.keys() == reference.keys()
+    assert [path for path in written if written[path] != reference[path]] == []
+    # each rank was a task of the job's step, not a process of the launcher
+    machine = yaml.safe_load((run / "machine.json").read_text())
+    assert machine["timings"]["launcher"]["warm_server"] is None
+
+
+def test_a_killed_rank_is_named_with_its_signal_and_the_rerun_resumes_to_the_same_bytes(
+    project: Path, slurm: SlurmCluster, slurm_env: dict[str, str], reference: dict[str, bytes]
+) -> None:
+    script = _write_script(project, slurm_env)
+    run = project / RUN
+    job, status, _ = _submit(project, slurm_env, script, wait=False)
+    assert status == 0
+    pid = _rank_pid(job, 1)
+    deadline = time.monotonic() + 300
+    while not _resumable(run):  # a round every rank has checkpointed, then the kill
+        assert time.monotonic() < deadline and _job_state(slurm, job) in ("PENDING", "RUNNING")
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    while _job_state(slurm, job) in ("PENDING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() - killed < ENDS_WITHIN_S, f"job {job} still runs"
+        time.sleep(0.2)
+    output = (project / f"slurm-{job}.out").read_text()
+    assert _job_state(slurm, job) in ("FAILED", "GONE"), output[-5000:]
+    assert "failed with exit code 137; rank 1 failed at training: ended by signal SIGKILL" in (
+        output), output[-5000:]  # fmt: skip
+    rounds_done = len((run / "metrics.jsonl").read_text().splitlines())
+    assert 0 < rounds_done < ROUNDS
+
+    _, status, output = _submit(project, slurm_env, script)
+    assert status == 0, output[-5000:]
+    assert re.search(r"resuming after round [1-9]", output), output[-5000:]
+    written = dvc_hashed_files(run)
+    assert written.keys() == reference.keys()
+    assert [path for path in written if written[path] != reference[path]] == []
+
+
+def test_an_allocation_too_small_for_the_job_is_refused_before_any_work(
+    project: Path, slurm_env: dict[str, str]
+) -> None:
+    script = _write_script(project, slurm_env)
+    started = time.monotonic()
+    _, status, output = _submit(project, slurm_env, script, "--ntasks=1")  # not the 2 it asks
+    assert status != 0
+    assert "room for 1 task(s) of 1 CPU(s), and a training job needs 2" in output, output
+    assert "Ask for --ntasks=2" in output and "Traceback" not in output, output
+    assert not (project / "runs").exists()
+    assert time.monotonic() - started < 120
+
+
+def test_the_script_writer_says_when_no_node_could_ever_start_the_job(
+    project: Path, slurm: SlurmCluster, slurm_env: dict[str, str]
+) -> None:
+    """Slurm queues a job that no node can hold for ever; the writer asks sinfo first."""
+    too_many = ["--cpus-per-task", str(slurm.cpus)]  # two ranks of every CPU of the node
+    refused = subprocess.run(
+        ["camelyon-proxyfl", "sbatch", *too_many],
+        cwd=project, env=slurm_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"a node of the job needs {2 * slurm.cpus} CPU(s)" in refused.stderr
+    assert "queue the job for ever" in refused.stderr and "--overcommit" in refused.stderr
+    shared = subprocess.run(
+        ["camelyon-proxyfl", "sbatch", *too_many, "--overcommit"],
+        cwd=project, env=slurm_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shared.returncode == 0, shared.stderr
+    assert "#SBATCH --overcommit" in shared.stdout
