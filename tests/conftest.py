@@ -80,6 +80,7 @@ def _rank(item: pytest.Item) -> int:
     return next((i for i, name in enumerate(LONGEST_FIRST) if path == name), len(LONGEST_FIRST))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook has no order)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path.relative_to(REPO).as_posix()

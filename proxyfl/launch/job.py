@@ -70,6 +70,8 @@ STOP_GRACE_S = 3.0
 _RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
 # how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
 _RANK_SIGNALED = re.compile(r"^\[\d+\](\d+):Return code = -?\d+, signaled with (.+)$")
+# srun's words for a task that exited non-zero
+_TASK_EXITED = re.compile(r"^Exited with exit code (\d+)$")
 # the signals a launcher sends the other ranks once one has died
 _LAUNCHER_STOPS = {"fork": (signal.SIGQUIT, signal.SIGINT), "srun": (signal.SIGTERM,)}
 _SIGNAL_BY_DESCRIPTION = {
@@ -182,7 +184,9 @@ class _SignaledRanks:
     """The ranks the launcher reports ended by a signal, in the order it reports them:
     rank -> the signal's description ("Bus error"). MPICH's fork launcher says so in lines
     of its own (and exits 0 all the same), srun in its ``task N: Killed`` lines
-    (:func:`~proxyfl.launch.slurm.tasks_ended`); hydra only in its exit code."""
+    (:func:`~proxyfl.launch.slurm.tasks_ended`), which also say which task exited non-zero
+    first (``Exited with exit code N``: then the cause, not the tasks srun then stopped);
+    hydra only in its exit code."""
 
     def __init__(self, launcher: str) -> None:
         self.launcher = launcher
@@ -195,10 +199,9 @@ class _SignaledRanks:
         return cls("srun") if placement.launcher == "srun" else None
 
     def add(self, line: str) -> None:
-        if self.launcher == "srun":
+        if self.launcher == "srun":  # "Killed", "Terminated", "Exited with exit code N"
             for rank, how in tasks_ended(line):
-                if how in _SIGNAL_BY_DESCRIPTION:  # not "Exited with exit code N"
-                    self.by_rank.setdefault(rank, how)
+                self.by_rank.setdefault(rank, how)
             return
         match = _RANK_SIGNALED.match(line.strip())
         if match:
@@ -216,7 +219,13 @@ class _SignaledRanks:
 
 def _signal_failure(rank: int, description: str) -> tuple[int, RankFailure]:
     """The exit code a shell would give (128 + the signal's number) and the record of
-    rank ``rank`` ended by the signal the launcher described as ``description``."""
+    rank ``rank`` ended by the signal the launcher described as ``description`` (or, in
+    srun's words, ``Exited with exit code N``: N, and that it exited so)."""
+    exited = _TASK_EXITED.match(description)
+    if exited is not None:
+        code = int(exited.group(1))
+        return code, RankFailure(rank=rank, client=f"rank {rank}", phase="training",
+                                 error=f"exited with code {code}")  # fmt: skip
     number = _SIGNAL_BY_DESCRIPTION.get(description)
     hint = ""
     if number == signal.SIGBUS:

@@ -78,16 +78,26 @@ def test_srun_lines_name_the_tasks_that_ended_and_how() -> None:
     assert tasks_ended("[rank 1] INFO proxyfl.loop: task 1: Killed") == []
 
 
-def test_the_rank_srun_says_a_signal_ended_is_the_cause_not_those_it_stopped() -> None:
-    """srun's --kill-on-bad-exit stops the other tasks with SIGTERM once one has died."""
-    from proxyfl.launch.job import _SignaledRanks
+def test_the_first_task_srun_says_ended_badly_is_the_cause_not_those_it_stopped() -> None:
+    """srun's --kill-on-bad-exit stops the other tasks with SIGTERM (SIGKILL KillWait s
+    later) once one has died or exited non-zero: the first other end is the cause."""
+    from proxyfl.launch.job import _signal_failure, _SignaledRanks
 
     signaled = _SignaledRanks("srun")
     for line in ("srun: error: node0: tasks 0,2: Terminated",
-                 "srun: error: node0: task 3: Exited with exit code 1",
-                 "srun: error: node0: task 1: Bus error"):  # fmt: skip
+                 "srun: error: node0: task 1: Bus error",
+                 "srun: error: node0: task 3: Exited with exit code 1"):  # fmt: skip
         signaled.add(line)
     assert signaled.first() == (1, "Bus error")
+    code, failure = _signal_failure(1, "Bus error")
+    assert code == 135 and "SIGBUS" in failure.error and failure.rank == 1
+    exited = _SignaledRanks("srun")
+    for line in ("srun: error: node0: task 0: Exited with exit code 142",
+                 "srun: error: node0: task 1: Killed"):  # fmt: skip
+        exited.add(line)
+    assert exited.first() == (0, "Exited with exit code 142")
+    code, failure = _signal_failure(0, "Exited with exit code 142")
+    assert code == 142 and failure.error == "exited with code 142" and failure.rank == 0
     alone = _SignaledRanks("srun")
     alone.add("srun: error: node0: tasks 0-1: Terminated")  # scancel: every task alike
     assert alone.first() == (0, "Terminated")

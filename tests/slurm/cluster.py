@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import shutil
 import signal
 import socket
@@ -124,6 +125,9 @@ def write_config(root: Path, cpus: int, memory_mb: int, user: str) -> Path:
     host = socket.gethostname().split(".")[0]
     lines = [
         "ClusterName=test",
+        # job ids of their own: MPICH names the shared memory of a step after its job and
+        # step ids, and two clusters of one machine (two test runs) must not meet there
+        f"FirstJobId={random.randrange(1000, 1_000_000)}",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={_free_port()}",
         f"SlurmdPort={_free_port()}",
