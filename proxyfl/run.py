@@ -24,6 +24,7 @@ import atexit
 import ctypes
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -243,43 +244,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.warning("stopping after round %s (test hook)", config.stop_after_round)
         raise
     except Exception as failure:  # named for the launcher, then -m mpi4py aborts the job
-        from proxyfl.engine.memory import is_out_of_memory
-
-        if is_out_of_memory(failure):  # said as the pre-run check says it, and not retried
-            message = trainer.out_of_memory_message(failure, "a training round",
-                                                    trainer.largest_batch)  # fmt: skip
-            record_failure(run_dir, RankFailure(rank=rank, client=label(rank),
-                                                phase="training", error=message))  # fmt: skip
-            print(f"proxyfl.run: error: {label(rank)}: {message}", file=sys.stderr, flush=True)
-            comm.Abort(EXIT_BAD_INPUT)
-        record_failure(
-            run_dir,
-            RankFailure(
-                rank=rank,
-                client=label(rank),
-                phase="training",
-                error=f"{type(failure).__name__}: {failure}",
-            ),
-        )
+        _record_training_failure(failure, trainer, comm, run_dir, label(rank))
         raise
 
-    started = time.perf_counter()
-    write_trained_models(trainer)  # the models a hospital came for, kept with the run
-    if not config.keep_final_checkpoints:
-        ckpt.clear_checkpoints(run_dir, rank)
-    records = gather_json(comm, rank_record(trainer), root=0)
-    trainer.timings.records_seconds += time.perf_counter() - started
-    machines = gather_json(comm, rank_machine_record(trainer), root=0)
-    wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
-    startups = gather_json(comm, startup, root=0)
-    if rank == 0:  # run.json "finished" last: it says the run is whole
-        write_machine_json(config, machines, wall, startups)
-        record_digest(run_dir / METRICS_FILE)  # verified when read (proxyfl.kept)
-        write_run_json(config, size, records, status="finished")
-        record_digest(run_dir / RUN_FILE)
+    try:
+        started = time.perf_counter()
+        write_trained_models(trainer)  # the models a hospital came for, kept with the run
+        if not config.keep_final_checkpoints:
+            ckpt.clear_checkpoints(run_dir, rank)
+        records = gather_json(comm, rank_record(trainer), root=0)
+        trainer.timings.records_seconds += time.perf_counter() - started
+        machines = gather_json(comm, rank_machine_record(trainer), root=0)
+        wall = gather_json(comm, time.perf_counter() - wall_start, root=0)
+        startups = gather_json(comm, startup, root=0)
+        if rank == 0:  # run.json "finished" last: it says the run is whole
+            write_machine_json(config, machines, wall, startups)
+            record_digest(run_dir / METRICS_FILE)  # verified when read (proxyfl.kept)
+            write_run_json(config, size, records, status="finished")
+            record_digest(run_dir / RUN_FILE)
+    except Exception as failure:
+        _record_training_failure(failure, trainer, comm, run_dir, label(rank))
+        raise
     trainer.communicator.free()
     fatal_signals.close()
     return 0
+
+
+def _record_training_failure(
+    failure: Exception, trainer: Any, comm: Any, run_dir: Path, client: str
+) -> None:
+    """Leave ``failure`` for the launcher (:func:`record_failure`). Out of memory and the
+    machine's refusals (a full disk, a read-only folder: :func:`machine_refusal`) are said
+    in one line and end the job at once with their own exit status (2, 3), not retried;
+    any other failure is recorded and raised on (its traceback is a bug's)."""
+    from plumbing.refusals import EXIT_REFUSED, machine_refusal
+    from proxyfl.engine.memory import is_out_of_memory
+
+    rank = trainer.runtime.rank
+    if is_out_of_memory(failure):  # said as the pre-run check says it, and not retried
+        message = trainer.out_of_memory_message(failure, "a training round",
+                                                trainer.largest_batch)  # fmt: skip
+        status = EXIT_BAD_INPUT
+    elif (refusal := machine_refusal(failure)) is not None:
+        message, status = refusal, EXIT_REFUSED
+    else:
+        error = f"{type(failure).__name__}: {failure}"
+        record_failure(run_dir, RankFailure(rank=rank, client=client, phase="training",
+                                            error=error))  # fmt: skip
+        return
+    record_failure(run_dir, RankFailure(rank=rank, client=client, phase="training",
+                                        error=message))  # fmt: skip
+    # the launcher reads this line where the record could not be written (a full disk)
+    print(f"proxyfl.run: error: {client}: {message}", file=sys.stderr, flush=True)
+    # the launcher stops every rank once one aborts (SIGINT, then SIGQUIT), this one too
+    # while it aborts: no traceback of an interrupted abort, no core file
+    for number in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_IGN)
+    comm.Abort(status)
 
 
 def preflight(trainer: Any) -> tuple[float | None, str | None]:

@@ -12,6 +12,7 @@ from prefect.client.schemas.objects import State, TaskRun
 from prefect.logging import get_run_logger
 
 from plumbing.locks import Busy, exclusive
+from plumbing.refusals import EXIT_REFUSED
 from proxyfl.engine.validation import EXIT_BAD_INPUT
 from proxyfl.launch.hosts import HostLostError
 from proxyfl.launch.job import JOB_LOG, TrainingJob, TrainingJobFailed, launch_planned
@@ -21,12 +22,13 @@ from wsi.store.schema import StoreError
 
 
 def worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State) -> bool:
-    """A job that failed on bad input (exit 2) fails the same way again; others (a killed
-    rank, a lost node, out of memory) may go through when resumed."""
+    """A job that failed on bad input (exit 2) or that the machine refused (exit 3: a full
+    disk, a read-only folder) fails the same way again; others (a killed rank, a lost node)
+    may go through when resumed."""
     try:
         state.result()
     except TrainingJobFailed as error:
-        return error.exit_code != EXIT_BAD_INPUT
+        return error.exit_code not in (EXIT_BAD_INPUT, EXIT_REFUSED)
     except (RunConflict, StoreError, Busy, HostLostError):  # the same again
         return False
     except Exception:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from plumbing.output import passing_output
 from plumbing.processes import tree_bound_command
+from plumbing.refusals import EXIT_REFUSED
 from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
@@ -63,6 +64,8 @@ from proxyfl.results import METRICS_FILE, RUN_FILE
 logger = logging.getLogger(__name__)
 
 JOB_LOG = "job.log"
+# how a rank the machine refused says so (proxyfl.run), before the job ends with exit 3
+RANK_REFUSAL_PREFIX = "proxyfl.run: error: "
 # seconds a stopped job's processes have between SIGTERM and SIGKILL: a rank loses at most
 # the round under way (checkpoints are written whole or not at all)
 STOP_GRACE_S = 3.0
@@ -158,7 +161,9 @@ class TrainingJobFailed(RuntimeError):
     """The MPI job failed: it exited non-zero, a rank was ended by a signal (128 + the
     signal's number, as a shell says it), or it exited 0 without finishing its run. The
     message names the run, the exit code, the rank that failed first and why, and that
-    rank's last lines."""
+    rank's last lines; where the machine refused a rank (a full disk, a read-only folder:
+    exit 3, :data:`~plumbing.refusals.EXIT_REFUSED`), one line that names the path, the
+    cause and what to do, and :attr:`exit_status` 3."""
 
     def __init__(
         self,
@@ -171,6 +176,11 @@ class TrainingJobFailed(RuntimeError):
         self.job, self.exit_code, self.failure, self.lines = job, exit_code, failure, lines
         self.rank = failure.rank if failure is not None else None
         who = failure.client if failure is not None else "the job"
+        if exit_code == EXIT_REFUSED:
+            refused = failure.error if failure is not None else "the machine refused a write"
+            super().__init__(f"{job.algorithm} seed {job.seed}: {who}: {refused} (full log: "
+                             f"{job.run_dir / JOB_LOG})")  # fmt: skip
+            return
         why = f" at {failure.phase}: {failure.error}" if failure is not None else ""
         why = f": {reason}" if failure is None and reason else why
         tail = "\n".join(f"  {line}" for line in lines)
@@ -178,6 +188,11 @@ class TrainingJobFailed(RuntimeError):
             f"{job.algorithm} seed {job.seed} failed with exit code {exit_code}; {who} failed"
             f"{why}; its last lines (full log: {job.run_dir / JOB_LOG}):\n{tail}"
         )
+
+    @property
+    def exit_status(self) -> int:
+        """The command's exit status for this failure: 3 where the machine refused, else 1."""
+        return EXIT_REFUSED if self.exit_code == EXIT_REFUSED else 1
 
 
 class _SignaledRanks:
@@ -246,8 +261,14 @@ class _RankTails:
     def __init__(self, keep: int) -> None:
         self.by_rank: dict[int | None, deque[str]] = defaultdict(lambda: deque(maxlen=keep))
         self._current: int | None = None
+        self.refused: RankFailure | None = None  # the first rank that said the machine refused
 
     def add(self, line: str) -> None:
+        if self.refused is None and line.startswith(RANK_REFUSAL_PREFIX):
+            client, _, message = line.removeprefix(RANK_REFUSAL_PREFIX).partition(": ")
+            rank = re.match(r"rank (\d+)", client)
+            self.refused = RankFailure(rank=int(rank.group(1)) if rank else 0, client=client,
+                                       phase="training", error=message)  # fmt: skip
         prefix = _RANK_PREFIX.search(line)
         if prefix:
             self._current = int(prefix.group(1))
@@ -413,20 +434,24 @@ def _raise_unless_finished(
 ) -> None:
     """:class:`TrainingJobFailed` unless the job exited 0, no signal ended a rank and its
     run.json says finished (the fork launcher exits 0 when a signal ends its ranks: then
-    ``signaled`` holds what it reported, as for srun; ``None`` for hydra). The exit code is
-    the killed rank's (128 + its signal), not the launcher's (srun's is 143 whichever rank
-    died: it stops the others with SIGTERM)."""
+    ``signaled`` holds what it reported, as for srun; ``None`` for hydra). Under srun the
+    exit code is the first failed task's (128 + its signal, or its own), not srun's (143
+    whichever task died: it stops the others with SIGTERM)."""
     recorded = read_failures(job.run_dir)
     first, code = (recorded[0] if recorded else None), exit_code
     ended = signaled.first() if signaled is not None else None
     if ended is not None:  # a signal ended a rank: failed, whatever the launcher exited
         signal_code, signal_failure = _signal_failure(*ended)
-        code = signal_code
+        # the fork launcher's own exit code stands when it has one (a rank's Abort(3): the
+        # others it then stopped are not the cause); srun's is 143 whichever task died
+        code = signal_code if signaled.launcher == "srun" else (exit_code or signal_code)
         first = first or signal_failure  # a rank's own fault record says more, if any
     if code != 0 and not job.placement.single_machine and job.placement.launcher == "mpiexec":
         lost = lost_host(tails.lines_of(None))  # hydra's ssh to a host: name it, no retry
         if lost is not None:
             raise lost
+    if code == EXIT_REFUSED and first is None:  # its record not written: the disk it names
+        first = tails.refused
     if code != 0:
         raise TrainingJobFailed(job, code, first, tails.lines_of(first.rank if first else None))
     state = read_recorded_run(job.run_dir).state

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import prefect_home_from
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
@@ -177,7 +179,7 @@ SLEEPER = textwrap.dedent(
 
 
 def test_a_flow_run_whose_process_was_killed_is_marked_crashed_by_the_next_command(
-    tmp_path: Path,
+    tmp_path: Path, prefect_home_template: Path
 ) -> None:
     """SIGKILL (a power loss) leaves its flow run Running in Prefect's database; the next
     command on that database marks it Crashed, and says so in one line."""
@@ -187,7 +189,8 @@ def test_a_flow_run_whose_process_was_killed_is_marked_crashed_by_the_next_comma
 
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    home = prefect_home_from(prefect_home_template, tmp_path / "prefect-home")
+    env = {**os.environ, "PREFECT_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen([sys.executable, str(script), "sleep"], cwd=REPO, env=env,

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from flows.preprocess import main
+from tests.conftest import prefect_home_from
 from wsi.synth import SynthManifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,11 +123,13 @@ def kill_all(processes: dict[tuple[int, float], str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def flow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A user's environment with no Prefect server configured (own PREFECT_HOME, shared
-    by this module's runs so that only the first server creates its database)."""
+def flow_env(tmp_path_factory: pytest.TempPathFactory, prefect_home_template: Path
+             ) -> dict[str, str]:  # fmt: skip
+    """A user's environment with no Prefect server configured (own PREFECT_HOME, a copy of
+    the run's migrated one, shared by this module's runs)."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
-    env.update({"PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")),
+    home = prefect_home_from(prefect_home_template, tmp_path_factory.mktemp("home") / "prefect")
+    env.update({"PREFECT_HOME": str(home),
                 "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})  # fmt: skip
     return env
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import prefect_home_from
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -86,21 +88,28 @@ def write_params(path: Path, params: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.fixture()
-def tool_env(tmp_path: Path) -> dict[str, str]:
-    """The environment a user's shell has after `source .venv/bin/activate`."""
+def tool_environment(prefect_home: Path) -> dict[str, str]:
+    """The environment a user's shell has after `source .venv/bin/activate`, with a
+    Prefect home of its own."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update({"DO_NOT_TRACK": "1", "DVC_NO_ANALYTICS": "1",
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-                "PREFECT_HOME": str(tmp_path / "prefect-home"),
+                "PREFECT_HOME": str(prefect_home),
                 "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})  # fmt: skip
     env.pop("PREFECT_API_URL", None)
     # DVC runs stage commands with `$SHELL -c`, else /bin/sh: test with /bin/sh (dash on
     # Debian, which forks a command that bash would exec), as on a machine with no SHELL
     env["SHELL"] = "/bin/sh"
     return env
+
+
+@pytest.fixture()
+def tool_env(tmp_path: Path, prefect_home_template: Path) -> dict[str, str]:
+    """:func:`tool_environment`, its Prefect home the test's own (migrated: a copy of the
+    run's template)."""
+    return tool_environment(prefect_home_from(prefect_home_template, tmp_path / "prefect-home"))
 
 
 def processes_of(project: Path) -> list[str]:
