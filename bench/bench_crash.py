@@ -325,23 +325,36 @@ def crash_point(command: CrashCommand, copy: Path, env: dict[str, str], instant_
     return point
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench crash", description=__doc__)
-    parser.add_argument("--points", type=int, default=40)
+def campaign_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, points: int,
+    commands: Sequence[str],
+) -> argparse.Namespace | None:  # fmt: skip
+    """A campaign's options (``--points``, ``--seed``, ``--commands``, ``--source``,
+    ``--keep``, and what ``parser`` already has), parsed; ``None`` after saying so when the
+    source holds no outputs to copy."""
+    parser.add_argument("--points", type=int, default=points)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--commands", nargs="+", choices=sorted(COMMANDS),
-                        default=sorted(COMMANDS))  # fmt: skip
+                        default=list(commands))  # fmt: skip
     parser.add_argument(
         "--source",
         type=Path,
         default=ROOT,
-        help="the project whose demo outputs are copied (default: this one)",
+        help="the project whose outputs are copied (default: this one)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the copy (its path is said)")
     args = parser.parse_args(argv)
     if not (args.source / "runs").is_dir() or not (args.source / "data" / "patches").is_dir():
         print(f"error: {args.source}: no demo outputs to copy (run `make demo` first)",
               file=sys.stderr)  # fmt: skip
+        return None
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench crash", description=__doc__)
+    args = campaign_arguments(parser, argv, 40, sorted(COMMANDS))
+    if args is None:
         return 2
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     try:

@@ -53,9 +53,9 @@ import psutil
 from bench.bench_crash import (
     COMMANDS,
     PYTHON,
-    ROOT,
     CrashCommand,
     _ordinary,
+    campaign_arguments,
     copy_processes,
     make_copy,
     stuck_flow_runs,
@@ -300,22 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--points", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    commands = sorted(name for name in COMMANDS if name != "dvc")  # flows, not dvc's own
-    parser.add_argument("--commands", nargs="+", choices=sorted(COMMANDS), default=commands)
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
-    parser.add_argument(
-        "--source",
-        type=Path,
-        default=ROOT,
-        help="the project whose outputs are copied (default: this one)",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the copy (its path is said)")
-    args = parser.parse_args(argv)
-    if not (args.source / "runs").is_dir() or not (args.source / "data" / "patches").is_dir():
-        print(f"error: {args.source}: no outputs to copy (run `make demo` first)",
-              file=sys.stderr)  # fmt: skip
+    flows = sorted(name for name in COMMANDS if name != "dvc")  # flows, not dvc's own
+    args = campaign_arguments(parser, argv, 30, flows)
+    if args is None:
         return 2
     folder = Path(tempfile.mkdtemp(prefix="faults-"))
     try:
