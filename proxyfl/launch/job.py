@@ -439,6 +439,8 @@ def _raise_unless_finished(
     whichever task died: it stops the others with SIGTERM)."""
     recorded = read_failures(job.run_dir)
     first, code = (recorded[0] if recorded else None), exit_code
+    if first is None and exit_code == EXIT_REFUSED:  # a full disk kept its record unwritten
+        first = tails.refused  # the rank's own line: the cause, not the ranks stopped after
     ended = signaled.first() if signaled is not None else None
     if ended is not None:  # a signal ended a rank: failed, whatever the launcher exited
         signal_code, signal_failure = _signal_failure(*ended)
@@ -450,8 +452,6 @@ def _raise_unless_finished(
         lost = lost_host(tails.lines_of(None))  # hydra's ssh to a host: name it, no retry
         if lost is not None:
             raise lost
-    if code == EXIT_REFUSED and first is None:  # its record not written: the disk it names
-        first = tails.refused
     if code != 0:
         raise TrainingJobFailed(job, code, first, tails.lines_of(first.rank if first else None))
     state = read_recorded_run(job.run_dir).state

@@ -526,6 +526,39 @@ def test_a_launcher_exiting_0_without_a_finished_run_fails_the_job(
     _raise_unless_finished(job, 0, _SignaledRanks("fork"), _RankTails(5))  # a finished run passes
 
 
+def test_a_rank_the_machine_refused_fails_the_job_in_one_line_and_is_not_retried(
+    stores: Path, tmp_path: Path
+) -> None:
+    """A rank whose disk filled says so and aborts with 3 (proxyfl.run); the fork launcher
+    exits 3 and stops the other rank (SIGINT). The job's error is the rank's line, whose
+    failure record the full disk kept from being written, exit status 3, and the training
+    task does not retry it."""
+    from prefect.states import Failed
+
+    from tasks.train import worth_retrying
+
+    job = _job(stores, tmp_path / "run")
+    job.run_dir.mkdir(parents=True)
+    said = ("runs/x/ranks/rank_1.json: no space left on its device (ENOSPC): free space "
+            "there, or write elsewhere")  # fmt: skip
+    tails, signaled = _RankTails(5), _SignaledRanks("fork")
+    for line in ("[rank 1] INFO proxyfl.loop: round 1/2 client 1: ...",
+                 f"proxyfl.run: error: rank 1 (centre 1): {said}",
+                 "Traceback (most recent call last):", "OSError: [Errno 28] ...",
+                 "[0]0:Return code = 0, signaled with Interrupt"):  # fmt: skip
+        tails.add(line)
+        signaled.add(line)
+    with pytest.raises(TrainingJobFailed) as raised:
+        _raise_unless_finished(job, 3, signaled, tails)
+    error = raised.value
+    assert error.exit_code == 3 and error.exit_status == 3 and error.rank == 1
+    assert str(error) == (f"ProxyFL seed 0: rank 1 (centre 1): {said} (full log: "
+                          f"{job.run_dir / 'job.log'})")  # fmt: skip
+    assert not worth_retrying(None, None, Failed(data=error))  # type: ignore[arg-type]
+    other = TrainingJobFailed(job, 137, None, ["a line"])
+    assert other.exit_status == 1 and worth_retrying(None, None, Failed(data=other))  # type: ignore[arg-type]
+
+
 def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -> None:
     """machine.json splits the job's time: each rank's start-up (process created -> its
     clock), set-up and loop phases add up to its process's life, and the launcher's wall
