@@ -165,7 +165,8 @@ def write_report(
     recorded.
 
     Every file is replaced atomically; curve CSVs of methods no longer present are removed,
-    and so are the audit's files of an earlier report when there is no audit now.
+    and so are the audit's files of an earlier report when there is no audit now, and the
+    temporaries an earlier report's cut-short writes left.
     """
     if not runs:
         raise ReportError("no runs to report")
@@ -173,6 +174,10 @@ def write_report(
     staged, staging_absent = _read_staging(staging, runs)
     out_dir = Path(out_dir)
     tables = out_dir / "tables"
+    # what an earlier report could not remove (its writes cut short on a folder that was
+    # read-only then, or by a power loss): its temporaries, once their writer is gone
+    for folder in (out_dir, tables, out_dir / "curves", out_dir / "plots"):
+        atomic.remove_stale_temporaries(folder)
     paths = ReportPaths(
         accuracy_md=tables / "accuracy.md",
         accuracy_csv=tables / "accuracy.csv",
