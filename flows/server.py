@@ -299,6 +299,11 @@ def run_flow_command(
     exception is a bug: its traceback, then where to report it, and 1."""
     from prefect import tags as prefect_tags
 
+    # a log handler that fails says nothing (the stdlib's advice for a program in use):
+    # Prefect's log worker would write "--- Error logging to API ---" and, without a line
+    # end, the server's error, into the line that says what happened (a server that stopped
+    # answering, a full disk), which the run's own failure then says in one line
+    logging.raiseExceptions = False
     expected = (PipelineError, *failures, ServerStartError)
     try:
         with tracebacks_for_bugs_only(expected), shared_prefect_api(host):

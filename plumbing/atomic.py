@@ -30,6 +30,8 @@ from typing import IO, Any, ParamSpec, TypeVar
 
 import psutil
 
+from plumbing.refusals import naming
+
 log = logging.getLogger(__name__)
 
 _TEMPORARY = re.compile(r"\.(?P<target>.+)\.(?P<pid>[0-9]+)\.tmp")
@@ -208,19 +210,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     temporary = temporary_path(path)
     together = _WRITTEN_TOGETHER.get()
     try:
-        yield temporary
-        if together is None:
-            commit(temporary, path)
-        else:  # synced now, renamed with the others at the end of the block
-            with temporary.open("rb+") as handle:
-                os.fsync(handle.fileno())
-            together[path.absolute()] = temporary
-    except BaseException as error:
+        with naming(path):  # a write's ENOSPC names no file: say which
+            yield temporary
+            if together is None:
+                commit(temporary, path)
+            else:  # synced now, renamed with the others at the end of the block
+                with temporary.open("rb+") as handle:
+                    os.fsync(handle.fileno())
+                together[path.absolute()] = temporary
+    except BaseException:
         # a folder that refused the write may refuse the clean-up too: the first error says it
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.filename is None:
-            error.filename = str(path)  # a write's ENOSPC names no file: say which
         raise
 
 

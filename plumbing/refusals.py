@@ -9,7 +9,9 @@ that wraps the ``OSError`` it met, an atomic write's clean-up that failed in tur
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 from collections.abc import Iterator
 
 EXIT_REFUSED = 3
@@ -62,3 +64,20 @@ def machine_refusal(error: BaseException, server_hint: str = "") -> str | None:
             where = cause.filename if cause.filename is not None else "writing"
             return f"{where}: {what} ({errno.errorcode[cause.errno]}): {to_do}"
     return None
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A refusal raised inside (an ``OSError`` of :func:`machine_refusal`'s), or found in
+    the chain of what was raised (torch's writer raises its own ``RuntimeError`` on the
+    ``OSError`` of the write that failed), that names no file names ``path``: a buffered
+    write's ENOSPC or EROFS, met at a write or at the flush of a close, says no file, and
+    its one line must say which. Other errors are left as they are (a fork's EAGAIN in the
+    block is not about ``path``)."""
+    try:
+        yield
+    except BaseException as error:
+        for cause in _chain(error):
+            if isinstance(cause, OSError) and cause.filename is None and cause.errno in _WHAT_TO_DO:
+                cause.filename = str(path)
+        raise

@@ -200,8 +200,13 @@ class _Server:
                 self._close(rank)
                 return None
             return self._fork(rank, request)
-        # a shim says nothing after its request: this is its end (mpiexec killed it)
-        if not connection.recv(1):
+        # a shim says nothing after its request: this is its end (mpiexec killed it; a
+        # shim killed with bytes unread resets the connection instead of closing it)
+        try:
+            ended = not connection.recv(1)
+        except OSError:
+            ended = True
+        if ended:
             if rank.ended_at is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(rank.pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ import atexit
 import ctypes
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -301,6 +302,10 @@ def _record_training_failure(
     for number in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(number, signal.SIG_IGN)
     comm.Abort(status)
+    # MPI_Abort returns where the launcher is already ending the job (another rank aborted
+    # first): this rank ends all the same, with its status, not with a bug's traceback
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def preflight(trainer: Any) -> tuple[float | None, str | None]:
@@ -357,5 +362,24 @@ def leave(status: int) -> NoReturn:
     raise AssertionError("exit returned")  # pragma: no cover
 
 
+def stopped() -> NoReturn:
+    """End a rank its launcher stopped with SIGINT (another rank failed and the launcher
+    ends the job, or Ctrl-C) as ``-m mpi4py`` ends one that raised (MPI_Abort, status 1),
+    in one line instead of the traceback of whatever frame the signal interrupted: what
+    stopped the job is said by the rank that failed, or by the launcher."""
+    from mpi4py import MPI
+
+    print(f"proxyfl.run: rank {MPI.COMM_WORLD.Get_rank()} stopped (SIGINT)", file=sys.stderr,
+          flush=True)  # fmt: skip
+    for number in (signal.SIGINT, signal.SIGQUIT):  # no second traceback while it aborts
+        signal.signal(number, signal.SIG_IGN)
+    MPI.COMM_WORLD.Abort(1)
+    os._exit(1)  # where MPI_Abort returns: the launcher is already ending the job
+
+
 if __name__ == "__main__":
-    leave(main())
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        stopped()
+    leave(status)

@@ -274,6 +274,38 @@ def test_a_malformed_request_is_refused_and_its_descriptors_closed(
         assert json.loads(out.read_text())["pid"] != process.pid, "the server is gone"
 
 
+def test_a_shim_gone_with_its_reply_unread_ends_its_rank_and_not_the_server(
+    modules: Path, tmp_path: Path
+) -> None:
+    """A shim killed before it read the server's reply ("pid N") resets the connection: the
+    server's read meets ECONNRESET, not an end of file. It ends that rank, as for a shim
+    that closed, and goes on forking (it once died of it, with a traceback, mid-job)."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        assert warm is not None
+        out = tmp_path / "reset.json"
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"reset")
+        os.close(write_end)
+        rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out), "PROBE_VALUE": "v",
+                    "PROBE_FD": "5"}  # fmt: skip
+        body = json.dumps({"argv": [sys.executable, "-m", "warm_probe", "sleep"],
+                           "env": rank_env, "cwd": str(tmp_path), "fds": [5],
+                           "shim_pid": os.getpid()}).encode()  # fmt: skip
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(str(warm.socket_path))
+        socket.send_fds(connection, [HEADER.pack(len(body))], [read_end])
+        connection.sendall(body)
+        os.close(read_end)
+        _wait_for(Path(str(out) + ".ready"))  # forked, so the reply was sent
+        connection.close()  # with the reply unread: a reset
+        rank = json.loads(out.read_text())["pid"]
+        assert _gone(rank), "the rank of the reset connection still runs"
+        process, after = _start(warm, env, tmp_path, "after", "exit", "0")
+        assert process.wait(timeout=60) == 0
+        assert json.loads(after.read_text())["pid"] != process.pid, "the server is gone"
+
+
 _BEFORE: set[int] = set()  # warm servers this process had when the test began
 
 

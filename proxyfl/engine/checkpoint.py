@@ -72,7 +72,11 @@ def save_checkpoint(
     """Write ``state`` atomically, then delete all but the newest ``keep`` checkpoints."""
     path = checkpoint_path(run_dir, rank, round_number)
     with atomic_path(path) as temporary:  # removed if saving fails or is interrupted
-        torch.save(state, temporary)
+        # into a handle of ours: a full disk is then the OSError of its write (ENOSPC, named
+        # by atomic_path, under the RuntimeError torch's writer ends with), where torch's
+        # own writer of a path says only "file write failed"
+        with temporary.open("wb") as handle:
+            torch.save(state, handle)
         # recorded before the rename: a checkpoint in place always has its record (a kill
         # between the two leaves a record alone, which the next write of that round replaces)
         record_digest(path, contents=temporary)

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
-from plumbing.atomic import atomic_path, write_text
+from plumbing.atomic import write_bytes, write_text
 from plumbing.verified import DamagedFileError, record_digest, recorded_digest, verify
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
@@ -82,8 +82,9 @@ def save_trained(model: nn.Module, path: Path, card: ModelCard) -> None:
     beside it as JSON, each written atomically: the same weights give the same bytes."""
     tensors = {name: tensor.detach().cpu().contiguous()
                for name, tensor in model.state_dict().items()}  # fmt: skip
-    with atomic_path(path) as temporary:
-        save_file(tensors, str(temporary), metadata={CARD_KEY: card.to_json()})
+    # serialised here and written by write_bytes: a full disk is the OSError of that write
+    # (ENOSPC, naming the file), where safetensors' own writer raises its SafetensorError
+    write_bytes(path, save(tensors, metadata={CARD_KEY: card.to_json()}))
     record_digest(path)
     write_text(path.with_suffix(".json"), card.to_json())
     record_digest(path.with_suffix(".json"))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from plumbing.output import passing_output
 from plumbing.processes import tree_bound_command
-from plumbing.refusals import EXIT_REFUSED
+from plumbing.refusals import EXIT_REFUSED, naming
 from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
@@ -390,6 +390,9 @@ def _launch(
         process_env.update(passing_output(write_end, write_end))
     with (
         open(read_end, encoding="utf-8", errors="replace") as output,
+        # a full disk's write to the log, or the flush of its last line at close, names no
+        # file: this one
+        naming(job.run_dir / JOB_LOG),
         # appended, a header per attempt, each line on disk as it comes: an attempt killed
         # outright (kill -9) keeps its lines, and its resume does not erase them
         open(job.run_dir / JOB_LOG, "a", encoding="utf-8", buffering=1) as log_file,

@@ -81,3 +81,26 @@ def test_a_small_fault_campaign_says_one_line_loses_nothing_and_reruns_to_the_sa
     assert re.search(r"point +3: report +server +at +71% of its time", output), output[-3000:]
     assert ("0 said it badly, 0 lost or mixed something, 0 left something behind, 0 reran "
             "to other bytes") in output, output[-3000:]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for each point (needs root)")
+def test_a_full_disk_mid_training_is_one_line_and_the_rerun_resumes_to_the_same_bytes(
+    tiny_project: Path, tool_env: dict[str, str]
+) -> None:
+    """Training on a disk that fills half-way: a rank's checkpoint, record or the job's log
+    meets ENOSPC (torch's writer wraps it in its own RuntimeError, the log's write names no
+    file); the command says which file in one line, exit 3, and the rerun with room gives
+    the reference's bytes."""
+    campaign = subprocess.run(
+        [sys.executable, "-m", "bench", "faults", "--source", str(tiny_project), "--points",
+         "1", "--commands", "train", "--faults", "full", "--seed", "28"],
+        cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    output = campaign.stdout + campaign.stderr
+    assert campaign.returncode == 0, output[-6000:]
+    # seed 28: room for 55 % of the bytes the reference training wrote
+    assert re.search(r"point +1: train +full +at +55% of its bytes: exit 3; ok", output), (
+        output[-3000:])  # fmt: skip
+    assert ("0 said it badly, 0 lost or mixed something, 0 left something behind, 0 reran "
+            "to other bytes") in output, output[-3000:]  # fmt: skip

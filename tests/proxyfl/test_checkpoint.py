@@ -3,6 +3,7 @@ tampered one is refused rather than run."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from plumbing.atomic import remove_stale_temporaries, temporary_path
+from plumbing.refusals import machine_refusal
 from proxyfl.engine.checkpoint import (
     CheckpointWriter,
     available_rounds,
@@ -24,6 +26,8 @@ from proxyfl.engine.checkpoint import (
     save_checkpoint,
 )
 from proxyfl.engine.evaluate import Scores
+from proxyfl.engine.models import build_model
+from proxyfl.engine.trained import CLASSES, NORMALISATION, ModelCard, save_trained
 
 
 class _Unpicklable:
@@ -32,6 +36,42 @@ class _Unpicklable:
 
     def __reduce__(self) -> tuple[object, ...]:
         raise self.error
+
+
+def _card() -> ModelCard:
+    return ModelCard(
+        architecture="cnn1", n_classes=2, input_size=32, patch_size=32,
+        normalisation=NORMALISATION, classes=CLASSES[:2],
+        evaluated_model="private", algorithm="Regular", seed=0, client=0, center=0, rounds=1,
+        config_digest="0" * 64,
+    )  # fmt: skip
+
+
+# A disk with no room: the temporary a write goes to is a link to /dev/full (every write
+# to it fails with ENOSPC), as a full file system fails a write, without mounting one.
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("written", ["checkpoint", "trained model"])
+def test_a_full_disk_is_an_oserror_that_names_the_file_and_leaves_nothing(
+    tmp_path: Path, written: str
+) -> None:
+    """torch's and safetensors' own writers of a path say "file write failed" or raise their
+    own error type on a full disk: the rank's one line (``machine_refusal``) needs the
+    ENOSPC of a write, with the file it was for."""
+    if written == "checkpoint":
+        path = checkpoint_path(tmp_path, 0, 1)
+        save = lambda: save_checkpoint(tmp_path, 0, 1, {"w": torch.zeros(300_000)})  # noqa: E731
+    else:
+        path = tmp_path / "models" / "client_0" / "private.safetensors"
+        save = lambda: save_trained(build_model("cnn1", 2, 32), path, _card())  # noqa: E731
+    path.parent.mkdir(parents=True)
+    temporary_path(path).symlink_to("/dev/full")
+    with pytest.raises(OSError) as raised:
+        save()
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert machine_refusal(raised.value) == (
+        f"{path}: no space left on its device (ENOSPC): free space there, or write elsewhere"
+    )
+    assert list(path.parent.iterdir()) == []  # the temporary (here the link) removed
 
 
 @pytest.mark.parametrize("error", [RuntimeError("disk gone"), KeyboardInterrupt()])
