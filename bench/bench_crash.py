@@ -138,6 +138,9 @@ class CrashCommand:
     argv: Sequence[str]
     prepare: Callable[[Path], None]
     outputs: Sequence[str]
+    # outputs that say what happened, a failure included (preprocess's summary of every
+    # centre): a failed command rewrites them to say it failed, which is not half-written
+    records: Sequence[str] = ()
 
     def digests(self, copy: Path) -> dict[str, str]:
         digests = tree_digests(copy, [o for o in self.outputs if (copy / o).exists()], _ordinary)
@@ -195,7 +198,9 @@ COMMANDS: dict[str, CrashCommand] = {
         CrashCommand("preprocess", [PYTHON, "-m", "flows.preprocess", "--centers", "2"],
                      _remove("data/patches/center_2.h5", "data/patches/center_2.json",
                              "data/patches/center_2.inputs.json"),
-                     ["data/patches/center_2.h5", "data/patches/center_2.json"]),
+                     ["data/patches/center_2.h5", "data/patches/center_2.json",
+                      "data/patches/failures.json", "data/patches/summary.json",
+                      "data/patches/summary.csv"], records=["data/patches/summary.csv"]),
         CrashCommand("train", [PYTHON, "-m", "flows.train", "--algorithms", "Regular",
                                "--seeds", "0"],
                      _remove("runs/Regular/seed_0"),
@@ -205,6 +210,16 @@ COMMANDS: dict[str, CrashCommand] = {
                      _change_pictures_budget, ["results/report.html", "results/tables"]),
     )
 }  # fmt: skip
+
+
+# the commands in the pipeline's order: a reference of a command is taken after those
+# upstream of it wrote theirs (the report of the runs the train reference trained)
+PIPELINE_ORDER = ("preprocess", "train", "stage", "report", "dvc")
+
+
+def upstream_first(names: Sequence[str]) -> list[str]:
+    """``names`` in :data:`PIPELINE_ORDER`, the order their references are taken in."""
+    return sorted(names, key=PIPELINE_ORDER.index)
 
 
 def make_copy(source: Path, folder: Path) -> Path:
@@ -375,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         references: dict[str, tuple[float, dict[str, str]]] = {}
-        for name in args.commands:
+        for name in upstream_first(args.commands):
             command = COMMANDS[name]
             command.prepare(copy)
             code, seconds, output = run_command(command, copy, env)

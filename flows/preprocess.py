@@ -44,8 +44,10 @@ from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import exit_on_bad_parameters, refuse_unwritable
 from plumbing.locks import Busy, exclusive
 from plumbing.processes import start_command
+from plumbing.refusals import EXIT_REFUSED
 from tasks.data import require_dataset
 from tasks.preprocess import (
+    REFUSED,
     center_store,
     dropped_candidates,
     patch_summary,
@@ -67,7 +69,13 @@ from wsi.summary import (
 
 
 class PreprocessFailed(RuntimeError):
-    """Raised at the end of the flow when a centre fell short (or --strict and a slide failed)."""
+    """Raised at the end of the flow when a centre fell short (or --strict and a slide failed).
+    :attr:`exit_status` 3 where the machine refused every centre that failed (no room for
+    its store), else 1."""
+
+    def __init__(self, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class UnknownSlidesError(ValueError):
@@ -150,7 +158,7 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
         )
         for center in to_build
     ]
-    failed = dict(short)
+    failed, refused = dict(short), set()
     for center, future in zip(
         to_build, _with_progress(store_futures, "centre stores"), strict=True
     ):
@@ -160,6 +168,8 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             record_failed_center(center, failed[center], config.out, grouped.failures[center])
         elif outcome.status == "failed":
             failed[center] = outcome.error or "failed"
+            if future.state.name == REFUSED:
+                refused.add(center)
 
     rows = patch_summary(config.out, grouped.unplaced)
     reports = read_center_reports(config.out)
@@ -169,7 +179,8 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     publish_table_1(rows)
     publish_failures(failures)
     if failed:
-        raise PreprocessFailed("; ".join(failed[center] for center in sorted(failed)))
+        raise PreprocessFailed("; ".join(failed[center] for center in sorted(failed)),
+                               EXIT_REFUSED if refused == set(failed) else 1)  # fmt: skip
     if config.strict and failures:
         raise PreprocessFailed(f"{len(failures)} slide or catalogue failure(s) and --strict is set")
     return [report for report in reports if report.center in config.centers]

@@ -13,6 +13,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Failed
 
 import wsi.preprocess
+from plumbing.refusals import machine_refusal
 from tasks.freshness import freshness_state
 from wsi.cache import CandidateCache
 from wsi.catalogue import SlideRecord, scan_camelyon
@@ -27,7 +28,7 @@ from wsi.preprocess import (
 )
 from wsi.sampling import SlidePatches
 from wsi.slide import Backend
-from wsi.store.schema import StoreError
+from wsi.store.schema import StoreError, StoreSpaceError
 from wsi.summary import CenterReport, SlideFailure, write_summary
 
 
@@ -90,6 +91,10 @@ def slide_candidates(
     return patches
 
 
+REFUSED = "Refused"
+"""The name of a centre store's Failed state where the machine refused its writing."""
+
+
 @task(name="center store", task_run_name="center_{center}.h5")
 def center_store(
     center: int,
@@ -107,26 +112,33 @@ def center_store(
     or DVC owns this output.
 
     A centre that cannot be built ends Failed with a one-line reason and a failed report,
-    its earlier store kept as it was (:func:`wsi.preprocess.record_failed_center`).
+    its earlier store kept as it was (:func:`wsi.preprocess.record_failed_center`); the
+    state is named :data:`REFUSED` where the machine refused (no room for the store).
     """
     logger = get_run_logger()
+    refused = False  # the machine said no (a full disk, a folder it cannot write)
     try:
         report = wsi.preprocess.center_store(
             center, slides, patch, sampling, out, backend, slide_failures, records, inputs
         )
     except (InsufficientPatchesError, StoreError) as error:
         logger.error("center_%d.h5: %s", center, error)
-        reason = str(error)
+        reason, refused = str(error), isinstance(error, StoreSpaceError)
     except Exception as error:
-        logger.exception("center_%d.h5: unexpected failure", center)
-        reason = f"{type(error).__name__}: {error}"
+        refusal = machine_refusal(error)
+        if refusal is None:
+            logger.exception("center_%d.h5: unexpected failure", center)
+            reason = f"{type(error).__name__}: {error}"
+        else:
+            logger.error("center_%d.h5: %s", center, refusal)
+            reason, refused = refusal, True
     else:
         logger.info(
             "center_%d.h5: train %s, test %s", center, report.counts["train"], report.counts["test"]
         )
         return report
     failed = record_failed_center(center, reason, out, slide_failures)
-    return Failed(message=reason, data=failed)
+    return Failed(message=reason, data=failed, name=REFUSED if refused else "Failed")
 
 
 @task(name="store up to date?", task_run_name="center_{center}.h5 up to date?")

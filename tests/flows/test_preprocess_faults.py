@@ -3,15 +3,22 @@ the centre's report, the exit code) while the rest of the run finishes."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from flows.preprocess import main
 from wsi.catalogue import scan_camelyon
 from wsi.store.reader import read_store_info
 from wsi.store.schema import store_path
+from wsi.store.space import free_bytes
 from wsi.synth import SynthManifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,3 +113,43 @@ def test_a_failed_rebuild_keeps_the_finished_store_and_the_rerun_rebuilds_it(
     assert main([*args, "--patches-per-class", "6"]) == 0  # stale: its report is the failure
     assert json.loads((out / "center_0.json").read_text())["status"] == "complete"
     assert (out / "center_0.h5").read_bytes() == finished["center_0.h5"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs to fill (needs root)")
+def test_a_rebuild_on_a_full_disk_is_refused_and_keeps_the_finished_store(
+    synthetic_dataset: SynthManifest, tmp_path: Path, capsys
+) -> None:
+    """The stores' folder on a real 8 MiB filesystem, filled after a first build: the
+    rebuild (other parameters) finds no room for the store before writing it, says so in
+    one line, exits 3 (the machine refused) and keeps the finished store and the record of
+    its inputs byte for byte; with room again, the rerun builds it."""
+    out = tmp_path / "patches"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(out)], check=True)
+    try:
+        args = ("--config", str(REPO / "params.yaml"), "--data-root",
+                str(synthetic_dataset.root), "--out", str(out), "--cache-dir",
+                str(tmp_path / "cache"), "--centers", "0", "--patch-size", "128", "--level",
+                "0", "--workers", "2")  # fmt: skip
+        assert main([*args, "--patches-per-class", "6"]) == 0
+        finished = {name: (out / name).read_bytes()
+                    for name in ("center_0.h5", "center_0.inputs.json")}  # fmt: skip
+        ballast = out / "ballast"
+        with ballast.open("wb") as handle:  # all but 64 KiB: less than the store needs
+            handle.write(b"\0" * (free_bytes(out) - 65536))
+        capsys.readouterr()
+        assert main([*args, "--patches-per-class", "5"]) == 3
+        error = capsys.readouterr().err
+        said = [line for line in error.splitlines() if line.startswith("error:")]
+        assert len(said) == 1 and re.fullmatch(
+            rf"error: {re.escape(str(out / 'center_0.h5'))}: needs [0-9,]+ bytes but only "
+            r"[0-9,]+ are free on its filesystem", said[0]), error[-3000:]  # fmt: skip
+        assert "Traceback" not in error
+        assert {name: (out / name).read_bytes() for name in finished} == finished
+        assert json.loads((out / "center_0.json").read_text())["status"] == "failed"
+        ballast.unlink()
+        assert main([*args, "--patches-per-class", "6"]) == 0
+        assert (out / "center_0.h5").read_bytes() == finished["center_0.h5"]
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run(["umount", "-l", str(out)], check=False)

@@ -29,7 +29,14 @@ from wsi.store.provenance import (
     source_files,
 )
 from wsi.store.reader import PatchSplitReader, read_store_info
-from wsi.store.schema import SCHEMA_VERSION, PatchBatch, StoreAttrs, StoreError, store_path
+from wsi.store.schema import (
+    SCHEMA_VERSION,
+    PatchBatch,
+    StoreAttrs,
+    StoreError,
+    StoreSpaceError,
+    store_path,
+)
 from wsi.store.space import disk_full_errno, free_bytes, store_bytes_needed
 from wsi.store.writer import PatchStoreWriter, write_patch_store
 
@@ -420,7 +427,7 @@ def test_preflight_refuses_a_store_that_cannot_fit(small_disk: Path) -> None:
     needed = store_bytes_needed(sizes, 32)
     assert needed == 1000 * (32 * 32 * 3 + 512) + 256 * 1024
     with (
-        pytest.raises(StoreError) as caught,
+        pytest.raises(StoreSpaceError) as caught,
         PatchStoreWriter(small_disk / "center_2.h5", BIG, sizes),
     ):
         pytest.fail("the writer must not start")
@@ -438,7 +445,7 @@ def test_disk_filling_up_during_the_write(small_disk: Path) -> None:
     free_before = free_bytes(small_disk)
     unclosable = len(store_writer._UNCLOSABLE)
     with (
-        pytest.raises(StoreError) as caught,
+        pytest.raises(StoreSpaceError) as caught,
         PatchStoreWriter(small_disk / "center_2.h5", BIG, BIG_SIZES) as writer,
     ):
         _fill(small_disk, leave=600_000)  # someone else takes space after the check
@@ -460,7 +467,7 @@ def test_disk_full_when_the_store_is_flushed(small_disk: Path) -> None:
     free_before = free_bytes(small_disk)
     unclosable = len(store_writer._UNCLOSABLE)
     with (
-        pytest.raises(StoreError, match="no space left on device") as caught,
+        pytest.raises(StoreSpaceError, match="no space left on device") as caught,
         PatchStoreWriter(small_disk / "center_2.h5", BIG, BIG_SIZES) as writer,
     ):
         _write_big(writer)

@@ -43,6 +43,12 @@ class StoreError(PipelineError):
         return StoreError(self.path, f"{self.reason}; {rebuild_hint(center)}")
 
 
+class StoreSpaceError(StoreError):
+    """The filesystem has no room for a store (found before writing, or by a write): the
+    machine's refusal (exit 3, :data:`plumbing.refusals.EXIT_REFUSED`), not the slides' or
+    the parameters'."""
+
+
 def store_path(directory: str | os.PathLike[str], center: int) -> Path:
     """Where centre ``center``'s store lives inside ``directory``."""
     return Path(directory) / f"center_{center}.h5"

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from wsi.store.schema import StoreError
+from wsi.store.schema import StoreSpaceError
 
 STORE_FIXED_OVERHEAD = 256 * 1024
 """Bytes a store needs besides its patches, whatever their number: superblock, groups,
@@ -44,11 +44,11 @@ def free_bytes(path: str | os.PathLike[str]) -> int:
 
 
 def check_free_space(path: str | os.PathLike[str], needed: int) -> None:
-    """Raise :class:`StoreError` naming ``path``, the bytes needed and the bytes free when
+    """Raise :class:`StoreSpaceError` naming ``path``, the bytes needed and the bytes free when
     the filesystem that would hold ``path`` has fewer than ``needed`` bytes free."""
     free = free_bytes(path)
     if free < needed:
-        raise StoreError(
+        raise StoreSpaceError(
             path, f"needs {needed:,} bytes but only {free:,} are free on its filesystem"
         )
 

@@ -15,7 +15,13 @@ import numpy as np
 
 from plumbing.atomic import commit, remove_stale_temporaries, temporary_path
 from wsi.store.provenance import Provenance
-from wsi.store.schema import SPLITS, UTF8_STRING, PatchBatch, StoreAttrs, StoreError
+from wsi.store.schema import (
+    SPLITS,
+    UTF8_STRING,
+    PatchBatch,
+    StoreAttrs,
+    StoreSpaceError,
+)
 from wsi.store.space import check_free_space, disk_full_errno, free_bytes, store_bytes_needed
 
 log = logging.getLogger(__name__)
@@ -38,11 +44,11 @@ class PatchStoreWriter:
     and whatever store was at ``path`` before is left untouched.
 
     Entering removes the temporaries of ``path`` left by killed runs
-    (:func:`plumbing.atomic.remove_stale_temporaries`), then raises :class:`StoreError`
+    (:func:`plumbing.atomic.remove_stale_temporaries`), then raises :class:`StoreSpaceError`
     before creating anything when the filesystem has less free space than
     :func:`store_bytes_needed`. If the disk fills up all the same (another writer), the
     write, flush or close that fails with ENOSPC, EDQUOT or EFBIG ends in one
-    :class:`StoreError` ("no space left on device", the bytes needed and free), chained
+    :class:`StoreSpaceError` ("no space left on device", the bytes needed and free), chained
     from the HDF5 error, with the temporary removed.
     """
 
@@ -180,7 +186,7 @@ class PatchStoreWriter:
             f"{os.strerror(code).lower()} writing the store: it needs {self.bytes_needed:,} "
             f"bytes, {free_bytes(self.path):,} are free"
         )
-        raise StoreError(self.path, reason) from error
+        raise StoreSpaceError(self.path, reason) from error
 
 
 def write_patch_store(
