@@ -25,6 +25,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -223,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_seconds, error = preflight(trainer)
     _fail_if_any(comm, error, label, run_dir)
     trainer.timings.compile_seconds += compile_seconds or 0.0
+    _refuse_without_room(trainer, comm, run_dir, label(rank))
 
     if not config.resume or start_round == 0:
         ckpt.clear_checkpoints(run_dir, rank)
@@ -293,10 +295,16 @@ def _record_training_failure(
         record_failure(run_dir, RankFailure(rank=rank, client=client, phase="training",
                                             error=error))  # fmt: skip
         return
-    record_failure(run_dir, RankFailure(rank=rank, client=client, phase="training",
-                                        error=message))  # fmt: skip
+    _abort(comm, run_dir, RankFailure(rank=rank, client=client, phase="training",
+                                      error=message), status)  # fmt: skip
+
+
+def _abort(comm: Any, run_dir: Path, failure: RankFailure, status: int) -> NoReturn:
+    """Record ``failure``, say it in one line and end the job with ``status``."""
+    record_failure(run_dir, failure)
     # the launcher reads this line where the record could not be written (a full disk)
-    print(f"proxyfl.run: error: {client}: {message}", file=sys.stderr, flush=True)
+    print(f"proxyfl.run: error: {failure.client}: {failure.error}", file=sys.stderr,
+          flush=True)  # fmt: skip
     # the launcher stops every rank once one aborts (SIGINT, then SIGQUIT), this one too
     # while it aborts: no traceback of an interrupted abort, no core file
     for number in (signal.SIGINT, signal.SIGQUIT):
@@ -306,6 +314,31 @@ def _record_training_failure(
     # first): this rank ends all the same, with its status, not with a bug's traceback
     sys.stderr.flush()
     os._exit(status)
+
+
+def _refuse_without_room(trainer: Any, comm: Any, run_dir: Path, client: str) -> None:
+    """End the job with exit 3 before round 1 where the filesystem of ``run_dir`` lacks
+    the room its checkpoints and kept models will take (every rank's
+    :func:`~proxyfl.engine.checkpoint.rank_bytes_needed`, summed by rank 0, which checks
+    its own filesystem: ranks of other hosts writing elsewhere are counted all the same):
+    the machine's refusal said before hours of training, not at the end of the first
+    round."""
+    from plumbing.refusals import EXIT_REFUSED
+    from proxyfl.engine import checkpoint as ckpt
+
+    rank = trainer.runtime.rank
+    needed = ckpt.rank_bytes_needed(trainer.checkpointed_model_bytes,
+                                    trainer.config.keep_checkpoints,
+                                    ckpt.checkpoints_on_disk(run_dir, rank))  # fmt: skip
+    needs = gather_json(comm, needed, root=0)
+    if rank == 0 and (free := shutil.disk_usage(run_dir).free) < sum(needs):
+        message = (f"{run_dir}: the run needs about {sum(needs):,} bytes for the checkpoints "
+                   f"and models of its {len(needs)} rank(s) but only {free:,} are free on "
+                   "its filesystem: free space there, or set train.runs to a folder with "
+                   "room")  # fmt: skip
+        _abort(comm, run_dir, RankFailure(rank=rank, client=client, phase="setup",
+                                          error=message), EXIT_REFUSED)  # fmt: skip
+    comm.Barrier()  # no rank trains before rank 0 found the room
 
 
 def preflight(trainer: Any) -> tuple[float | None, str | None]:

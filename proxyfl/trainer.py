@@ -333,6 +333,14 @@ class ClientTrainer:
         return largest_plausible_batch(len(self.data.train), q)
 
     @property
+    def checkpointed_model_bytes(self) -> int:
+        """The bytes of the weights (and buffers) of the models its checkpoints hold: the
+        shared model and the private one, if any (:meth:`state_dict`)."""
+        models = [self.training.model, *([self.private] if self.private is not None else [])]
+        return sum(tensor.numel() * tensor.element_size()
+                   for model in models for tensor in model.state_dict().values())  # fmt: skip
+
+    @property
     def dp(self) -> PrivateTraining | FuncPrivateTraining | PlainTraining:
         """The shared model's training (DP-SGD, or plain for PrivateKT); old name of
         :attr:`training`."""

@@ -85,6 +85,36 @@ def save_checkpoint(
     return path
 
 
+CHECKPOINT_MODEL_COPIES = 3
+"""A checkpoint's bound in copies of its models' weights: the weights, and an optimizer's
+state of at most two tensors of their size (Adam's two moments; SGD's momentum, one)."""
+CHECKPOINT_OTHER_BYTES = 256 * 1024
+"""A bound on the rest of a checkpoint and the run's records of a rank (generator states,
+accountant history, send log, scores): small beside the models."""
+
+
+def rank_bytes_needed(model_bytes: int, keep: int, on_disk: int = 0) -> int:
+    """Bytes a rank's run still needs on its filesystem, ``model_bytes`` being the size of
+    the weights it checkpoints (its shared and private models): with checkpoint size
+    ``C = 3 model_bytes + 256 KiB`` (:data:`CHECKPOINT_MODEL_COPIES`), the writer holds
+    ``keep + 1`` checkpoints at once (the next is written before the oldest goes), and the
+    run keeps the models once more at its end:
+
+        ``needed = max(0, (keep + 1) C - on_disk) + model_bytes``
+
+    where ``on_disk`` is what its checkpoints already take (a resumed run)."""
+    checkpoint = CHECKPOINT_MODEL_COPIES * model_bytes + CHECKPOINT_OTHER_BYTES
+    return max(0, (keep + 1) * checkpoint - on_disk) + model_bytes
+
+
+def checkpoints_on_disk(run_dir: Path, rank: int) -> int:
+    """Bytes the checkpoints of ``rank`` take now (their digests included)."""
+    directory = checkpoint_dir(run_dir, rank)
+    if not directory.is_dir():
+        return 0
+    return sum(entry.stat().st_size for entry in directory.iterdir() if entry.is_file())
+
+
 def repair_hint(run_dir: Path) -> str:
     """What to do about a checkpoint that does not verify."""
     return (f"the run resumes from an older intact checkpoint, or from round 1 without one "

@@ -85,13 +85,15 @@ def test_a_small_fault_campaign_says_one_line_loses_nothing_and_reruns_to_the_sa
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for each point (needs root)")
-def test_a_full_disk_mid_training_is_one_line_and_the_rerun_resumes_to_the_same_bytes(
+def test_a_disk_without_room_for_training_is_one_line_and_the_rerun_gives_the_same_bytes(
     tiny_project: Path, tool_env: dict[str, str]
 ) -> None:
-    """Training on a disk that fills half-way: a rank's checkpoint, record or the job's log
-    meets ENOSPC (torch's writer wraps it in its own RuntimeError, the log's write names no
-    file); the command says which file in one line, exit 3, and the rerun with room gives
-    the reference's bytes."""
+    """Training with room for half of what it writes: its ranks find, before round 1, that
+    the checkpoints and models will not fit (proxyfl.run); the command says so in one
+    line, exit 3, nothing of the run is half-written, and the rerun with room gives the
+    reference's bytes. (A disk that fills mid-round names the file too: torch's and
+    safetensors' writers, tests/proxyfl/test_checkpoint.py; the launcher's own
+    refusal, test_launch_mpi.py.)"""
     campaign = subprocess.run(
         [sys.executable, "-m", "bench", "faults", "--source", str(tiny_project), "--points",
          "1", "--commands", "train", "--faults", "full", "--seed", "28"],

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,10 +20,14 @@ import torch
 from plumbing.atomic import remove_stale_temporaries, temporary_path
 from plumbing.refusals import machine_refusal
 from proxyfl.engine.checkpoint import (
+    CHECKPOINT_MODEL_COPIES,
+    CHECKPOINT_OTHER_BYTES,
     CheckpointWriter,
     available_rounds,
     checkpoint_path,
+    checkpoints_on_disk,
     load_checkpoint,
+    rank_bytes_needed,
     save_checkpoint,
 )
 from proxyfl.engine.evaluate import Scores
@@ -296,3 +301,27 @@ def test_a_checkpoint_in_place_always_has_its_record_and_a_record_alone_is_no_ro
     digest_path(checkpoint_path(tmp_path, 0, 3)).write_text("sha256:" + "0" * 64 + "\n")
     clear_checkpoints(tmp_path, 0)
     assert not checkpoint_dir(tmp_path, 0).exists()
+
+
+def test_a_checkpoint_is_within_the_bound_the_room_check_takes(
+    tmp_path: Path, helpers: Any
+) -> None:
+    """A real checkpoint after a round (its Adam optimizers' two moments made): more than
+    twice its models' weights, at most CHECKPOINT_MODEL_COPIES of them plus
+    CHECKPOINT_OTHER_BYTES: the size proxyfl.run's room check counts for each of the
+    keep + 1 checkpoints a rank holds at once."""
+    trainer = helpers.one_client(tmp_path)
+    trainer.train_round()
+    weights = trainer.checkpointed_model_bytes
+    path = save_checkpoint(tmp_path / "run", 0, 1, trainer.state_dict(1))
+    assert (
+        weights < path.stat().st_size <= CHECKPOINT_MODEL_COPIES * weights + CHECKPOINT_OTHER_BYTES
+    )
+    needed = rank_bytes_needed(weights, keep=2)
+    checkpoint = CHECKPOINT_MODEL_COPIES * weights + CHECKPOINT_OTHER_BYTES
+    assert needed == 3 * checkpoint + weights
+    # a resumed run with its two checkpoints on disk needs one more, and its models
+    assert rank_bytes_needed(weights, keep=2, on_disk=2 * checkpoint) == checkpoint + weights
+    assert checkpoints_on_disk(tmp_path / "run", 0) == sum(
+        p.stat().st_size for p in path.parent.iterdir()
+    )

@@ -6,6 +6,7 @@ import contextlib
 import json
 import mmap
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -557,6 +558,34 @@ def test_a_rank_the_machine_refused_fails_the_job_in_one_line_and_is_not_retried
     assert not worth_retrying(None, None, Failed(data=error))  # type: ignore[arg-type]
     other = TrainingJobFailed(job, 137, None, ["a line"])
     assert other.exit_status == 1 and worth_retrying(None, None, Failed(data=other))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (needs root)")
+def test_a_run_without_room_for_its_checkpoints_is_refused_before_round_one(
+    stores: Path, tmp_path: Path
+) -> None:
+    """The runs' folder on a real 1 MiB filesystem: the ranks set up, then rank 0 finds
+    less room than the checkpoints and models of both ranks take (proxyfl.run) and ends
+    the job in one line with exit status 3 before any round, not retried."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(runs)], check=True)
+    try:
+        job = _job(stores, runs / "run")
+        with pytest.raises(TrainingJobFailed) as raised:
+            run_job(job, on_line=lambda _: None)
+        error = raised.value
+        assert error.exit_status == 3 and error.rank == 0, str(error)
+        assert re.fullmatch(
+            rf"ProxyFL seed 0: rank 0 \(centre 0\): {re.escape(str(job.run_dir))}: the run "
+            r"needs about [0-9,]+ bytes for the checkpoints and models of its 2 rank\(s\) but "
+            r"only [0-9,]+ are free on its filesystem: free space there, or set train.runs to "
+            rf"a folder with room \(full log: {re.escape(str(job.run_dir / 'job.log'))}\)",
+            str(error)), str(error)  # fmt: skip
+        assert not (job.run_dir / "metrics.jsonl").exists()  # no round ran
+        assert not list((job.run_dir / "checkpoints").glob("*/*.pt"))
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
 
 
 def test_the_phases_account_for_a_jobs_wall_time(stores: Path, tmp_path: Path) -> None:
