@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,7 +31,8 @@ COMMAND = (
 
 def _started_from_a_shell_that_exits(prefix: str, marker: Path) -> None:
     # the shell lives 2 s (past the command's start_command), then exits
-    script = f'{prefix} {sys.executable} -c "{COMMAND}" {marker} >/dev/null 2>&1 & sleep 2'
+    command = f"{shlex.quote(sys.executable)} -c {shlex.quote(COMMAND)} {shlex.quote(str(marker))}"
+    script = f"{prefix} {command} >/dev/null 2>&1 & sleep 2"
     subprocess.run(
         ["bash", "-c", script], cwd=REPO, check=True, timeout=30,
         # a terminal's shell: SIGHUP at its default, whatever the suite inherited (under

@@ -103,7 +103,10 @@ def _wait_for(path: Path, timeout: float = 60.0) -> None:
 def _gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:  # gone, or gone between two looks
             return True
         time.sleep(0.02)
     return False
