@@ -125,9 +125,13 @@ class HostLostError(PipelineError):
         self.host = host
 
 
-def lost_host(lines: Iterable[str]) -> HostLostError | None:
+def lost_host(lines: Iterable[str], reached_over_ssh: Iterable[str] = ()) -> HostLostError | None:
     """The first ssh failure among a launch's output ``lines`` (a host ssh could not
-    reach, or lost), as an error naming the host; ``None`` when ssh said nothing wrong."""
+    reach, or lost), as an error naming the host; ``None`` when ssh said nothing wrong.
+
+    Some of ssh's words name no host (a banner that never came); where no other line names
+    one, and the launch reached one host over ssh (``reached_over_ssh``: its hosts that are
+    not this machine), it is that host."""
     unnamed = None
     for line in lines:
         for pattern in _SSH_FAILURES:
@@ -136,8 +140,11 @@ def lost_host(lines: Iterable[str]) -> HostLostError | None:
                 continue
             if match.group("host"):
                 return HostLostError(match.group("host").rstrip(".:"), line.strip())
-            unnamed = unnamed or HostLostError("", line.strip())
-    return unnamed
+            unnamed = unnamed or line.strip()
+    if unnamed is None:
+        return None
+    remote = {host for host in reached_over_ssh if not is_this_machine(host)}
+    return HostLostError(remote.pop() if len(remote) == 1 else "", unnamed)
 
 
 def ssh_program() -> str:

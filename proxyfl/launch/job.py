@@ -38,7 +38,7 @@ from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
 from proxyfl.launch.accounting import record_launcher_wall
-from proxyfl.launch.hosts import lost_host
+from proxyfl.launch.hosts import lost_host, named_hosts
 from proxyfl.launch.placement import Placement
 from proxyfl.launch.progress import RoundFollower, RoundProgress
 from proxyfl.launch.rundir import (
@@ -452,7 +452,9 @@ def _raise_unless_finished(
         code = signal_code if signaled.launcher == "srun" else (exit_code or signal_code)
         first = first or signal_failure  # a rank's own fault record says more, if any
     if code != 0 and not job.placement.single_machine and job.placement.launcher == "mpiexec":
-        lost = lost_host(tails.lines_of(None))  # hydra's ssh to a host: name it, no retry
+        # hydra's ssh to a host: name it, no retry
+        reached = named_hosts(job.placement.hosts, job.placement.hostfile)
+        lost = lost_host(tails.lines_of(None), reached)
         if lost is not None:
             raise lost
     if code != 0:

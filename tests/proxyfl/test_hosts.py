@@ -166,6 +166,11 @@ def test_a_lost_host_is_named_from_ssh_s_own_words() -> None:
     unnamed = lost_host(["Connection timed out during banner exchange"])
     assert unnamed is not None and unnamed.host == ""
     assert str(unnamed).startswith("a host: ssh failed while launching")
+    # named by the launch instead: the one host it reached over ssh (this machine's names
+    # are not reached so); of two, which one is not known
+    banner = ["Connection timed out during banner exchange"]
+    assert lost_host(banner, ["localhost", "node-b"]).host == "node-b"  # type: ignore[union-attr]
+    assert lost_host(banner, ["node-b", "node-c"]).host == ""  # type: ignore[union-attr]
     assert lost_host(["[rank 1] ValueError: bad input", "exit code 2"]) is None
 
 
