@@ -2,7 +2,7 @@
 spawned workers are, and bound to the process that opened their pool (Linux).
 
 **Start-up.** A spawned worker is a fresh interpreter that imports its task's modules
-(Prefect: 1.5-2.5 s of CPU a worker, often most of a small task's cost). A worker of
+(Prefect, torch: 1-3 s of CPU a worker, often most of a small task's cost). A worker of
 :func:`worker_context` forks from :mod:`multiprocessing`'s fork server instead: a
 single-threaded process, one per process that opens pools, that imports ``preload`` once
 and serves every later pool of that process. It starts as a spawned worker would, once
