@@ -13,30 +13,28 @@ The reference models of LiRA offline are independent of each other (each one see
 :func:`proxyfl.engine.runtime.derived_seed`), so W workers train W of them side by side:
 with one thread each, the W processes are what uses the cores. W changes the time only.
 
-Workers fork from a fork server that imported torch and the reference training once
-(:mod:`plumbing.forkserver`; no copy of the parent's threads or torch state, as spawned
-ones, without importing torch again each), and die with the process that started them,
+Workers are started with ``spawn`` (no copy of the parent's threads or torch state) and
+are bound to the process that started them (:func:`plumbing.processes.die_with_parent`),
 so that none outlives the audit even when it is killed outright.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
 import torch
 
-from plumbing import forkserver
+from plumbing.processes import die_with_parent
 
 AUDIT_THREADS = 1
-# what a worker runs (analysis.audit.references.reference_logits), imported by the server
-_WORKER_MODULES = ("torch", "analysis.audit.references")
 
 
-def _start_worker(parent_pid: int, environment: dict[str, str]) -> None:
-    forkserver.start_worker(parent_pid, environment)
+def _start_worker(parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     torch.set_num_threads(AUDIT_THREADS)
 
 
@@ -52,10 +50,9 @@ def audit_processes(workers: int) -> Iterator[Executor | None]:
         if workers <= 1:
             yield None
             return
-        context = forkserver.worker_context(_WORKER_MODULES)
-        forkserver.ensure_running()  # from this thread, which outlives the pool
+        context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                 initargs=(os.getpid(), dict(os.environ))) as pool:  # fmt: skip
+                                 initargs=(os.getpid(),)) as pool:  # fmt: skip
             try:
                 yield pool
             except BaseException:

@@ -32,12 +32,10 @@ def two_threads() -> Iterator[None]:
 
 
 def _pool_workers() -> set[int]:
-    """This process's pool workers: its fork server's children (plumbing.forkserver; not
-    the server, nor multiprocessing's resource tracker: both live as long as this process,
-    by design)."""
-    return {worker.pid for child in psutil.Process().children()
-            if "multiprocessing.forkserver" in " ".join(child.cmdline())
-            for worker in child.children()}  # fmt: skip
+    """This process's spawned workers (not multiprocessing's resource tracker, which
+    lives as long as this process, by design)."""
+    return {child.pid for child in psutil.Process().children()
+            if "spawn_main" in " ".join(child.cmdline())}  # fmt: skip
 
 
 def _patches() -> tuple[np.ndarray, np.ndarray]:
