@@ -227,7 +227,7 @@ def task_runner(config: PreprocessConfig) -> TaskRunner:
     Local workers die with this process, even when it is killed (:mod:`flows.processes`).
     """
     if config.runner == "process":
-        return ParentBoundProcessPool(max_workers=config.workers, preload=("flows.preprocess",))
+        return ParentBoundProcessPool(max_workers=config.workers)
     from prefect_dask import DaskTaskRunner  # imports distributed: only when asked for
 
     if config.scheduler_address:

@@ -52,14 +52,8 @@ def is_prefect_server(command_line: str) -> bool:
 
 
 def is_spawned_worker(command_line: str) -> bool:
-    """A Dask worker (multiprocessing's spawn start method)."""
+    """A process-pool or Dask worker (multiprocessing's spawn start method)."""
     return "multiprocessing.spawn" in command_line
-
-
-def is_pool_process(command_line: str) -> bool:
-    """A process-pool worker or the fork server it forked from (flows.processes: a worker
-    has its server's command line)."""
-    return "multiprocessing.forkserver" in command_line
 
 
 @dataclass
@@ -105,8 +99,7 @@ class Descendants:
             self._stop.wait(0.2)
 
     def workers_seen(self) -> int:
-        """Dask's workers, or a process pool's workers and their fork server."""
-        return sum(is_spawned_worker(line) or is_pool_process(line) for line in self.seen.values())
+        return sum(map(is_spawned_worker, self.seen.values()))
 
 
 def alive(processes: dict[tuple[int, float], str]) -> dict[tuple[int, float], str]:
@@ -175,8 +168,7 @@ def pool_run(
 
 def test_a_run_and_its_pool_workers_report_to_one_prefect_server(pool_run: PoolRun) -> None:
     assert pool_run.returncode == 0
-    # the fork server and its two workers (flows.processes)
-    assert pool_run.descendants.workers_seen() == 3, "the tasks ran in pool workers"
+    assert pool_run.descendants.workers_seen() >= 2, "the tasks ran in pool workers"
     assert pool_run.descendants.most_servers == 1, "one server for the flow and its workers"
     servers = [c for c in pool_run.descendants.seen.values() if is_prefect_server(c)]
     assert len(servers) == 1 and " server start " in servers[0], servers
@@ -215,7 +207,7 @@ def test_a_killed_run_leaves_no_process_behind(
             before = descendants.sample()
             process.kill()
             process.wait(timeout=10)
-            assert sum(map(is_pool_process, before.values())) == 3, before  # server, 2 workers
+            assert sum(map(is_spawned_worker, before.values())) == 2, before
             assert sum(map(is_prefect_server, before.values())) == 1, before
             deadline = time.monotonic() + 10
             while alive(before) and time.monotonic() < deadline:
