@@ -43,6 +43,7 @@ from proxyfl.config import TrainConfig
 from proxyfl.engine.timings import process_age
 from proxyfl.engine.validation import (
     EXIT_BAD_INPUT,
+    EXIT_STOPPED,
     FatalSignalRecord,
     RankFailure,
     SetupError,
@@ -397,17 +398,17 @@ def leave(status: int) -> NoReturn:
 
 def stopped() -> NoReturn:
     """End a rank its launcher stopped with SIGINT (another rank failed and the launcher
-    ends the job, or Ctrl-C) as ``-m mpi4py`` ends one that raised (MPI_Abort, status 1),
-    in one line instead of the traceback of whatever frame the signal interrupted: what
-    stopped the job is said by the rank that failed, or by the launcher."""
+    ends the job, or Ctrl-C) by MPI_Abort with :data:`EXIT_STOPPED`, in one line instead of
+    the traceback of whatever frame the signal interrupted: what stopped the job is said by
+    the rank that failed, or by the launcher."""
     from mpi4py import MPI
 
     print(f"proxyfl.run: rank {MPI.COMM_WORLD.Get_rank()} stopped (SIGINT)", file=sys.stderr,
           flush=True)  # fmt: skip
     for number in (signal.SIGINT, signal.SIGQUIT):  # no second traceback while it aborts
         signal.signal(number, signal.SIG_IGN)
-    MPI.COMM_WORLD.Abort(1)
-    os._exit(1)  # where MPI_Abort returns: the launcher is already ending the job
+    MPI.COMM_WORLD.Abort(EXIT_STOPPED)
+    os._exit(EXIT_STOPPED)  # where MPI_Abort returns: the launcher is already ending the job
 
 
 if __name__ == "__main__":

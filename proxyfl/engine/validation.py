@@ -30,6 +30,10 @@ from proxyfl.results import RUN_FILE
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 EXIT_BAD_INPUT = 2
+EXIT_STOPPED = 128 + signal.SIGINT
+"""A rank's status when its launcher stopped it (the shell's for a command ended by SIGINT):
+never the cause of a failed job (proxyfl.launch.job), which another rank or the launcher
+says."""
 
 
 class SetupError(PipelineError):

@@ -36,7 +36,12 @@ from plumbing.processes import tree_bound_command
 from plumbing.refusals import EXIT_REFUSED, naming
 from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
-from proxyfl.engine.validation import RankFailure, clear_failures, read_failures
+from proxyfl.engine.validation import (
+    EXIT_STOPPED,
+    RankFailure,
+    clear_failures,
+    read_failures,
+)
 from proxyfl.launch.accounting import record_launcher_wall
 from proxyfl.launch.hosts import lost_host, named_hosts
 from proxyfl.launch.placement import Placement
@@ -449,7 +454,9 @@ def _raise_unless_finished(
         signal_code, signal_failure = _signal_failure(*ended)
         # the fork launcher's own exit code stands when it has one (a rank's Abort(3): the
         # others it then stopped are not the cause); srun's is 143 whichever task died
-        code = signal_code if signaled.launcher == "srun" else (exit_code or signal_code)
+        # (not a stopped rank's EXIT_STOPPED: a consequence, its abort racing the signal's)
+        stood = exit_code not in (0, EXIT_STOPPED)
+        code = signal_code if signaled.launcher == "srun" or not stood else exit_code
         first = first or signal_failure  # a rank's own fault record says more, if any
     if code != 0 and not job.placement.single_machine and job.placement.launcher == "mpiexec":
         # hydra's ssh to a host: name it, no retry
