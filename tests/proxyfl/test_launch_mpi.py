@@ -560,6 +560,29 @@ def test_a_rank_the_machine_refused_fails_the_job_in_one_line_and_is_not_retried
     assert other.exit_status == 1 and worth_retrying(None, None, Failed(data=other))  # type: ignore[arg-type]
 
 
+def test_a_stopped_ranks_abort_is_never_the_cause_of_a_killed_ranks_job(
+    stores: Path, tmp_path: Path
+) -> None:
+    """Rank 0 SIGKILLed, rank 1 stopped by the launcher (SIGINT) and aborting with
+    EXIT_STOPPED before the launcher reports the kill: the job failed with the signal
+    (137, rank 0), not with the stopped rank's 130, whichever reached the launcher first."""
+    from proxyfl.engine.validation import EXIT_STOPPED
+
+    job = _job(stores, tmp_path / "run")
+    job.run_dir.mkdir(parents=True)
+    tails, signaled = _RankTails(5), _SignaledRanks("fork")
+    for line in ("[rank 1] INFO proxyfl.loop: round 1/5 client 1: ...",
+                 "proxyfl.run: rank 1 stopped (SIGINT)",
+                 "[0]0:Return code = 0, signaled with Killed"):  # fmt: skip
+        tails.add(line)
+        signaled.add(line)
+    for launcher_exit in (EXIT_STOPPED, 0):
+        with pytest.raises(TrainingJobFailed) as raised:
+            _raise_unless_finished(job, launcher_exit, signaled, tails)
+        assert raised.value.exit_code == 128 + signal.SIGKILL and raised.value.rank == 0
+        assert "SIGKILL" in str(raised.value)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (needs root)")
 def test_a_run_without_room_for_its_checkpoints_is_refused_before_round_one(
     stores: Path, tmp_path: Path
