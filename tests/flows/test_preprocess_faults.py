@@ -29,7 +29,7 @@ def _run(root: Path, out: Path, *extra: str) -> int:
         [
             *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
             *("--out", str(out), "--cache-dir", str(out.parent / "cache")),
-            *("--centers", "0", "1", "--patch-size", "128", "--level", "0", "--workers", "2"),
+            *("--centers", "0", "1", "--patch-size", "128", "--level", "0", "--workers", "1"),
             *extra,
         ]
     )
@@ -99,7 +99,7 @@ def test_a_failed_rebuild_keeps_the_finished_store_and_the_rerun_rebuilds_it(
     out = tmp_path / "patches"
     args = ("--config", str(REPO / "params.yaml"), "--data-root", str(synthetic_dataset.root),
             "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--centers", "0",
-            "--patch-size", "128", "--level", "0", "--workers", "2")  # fmt: skip
+            "--patch-size", "128", "--level", "0", "--workers", "1")  # fmt: skip
     assert main([*args, "--patches-per-class", "6"]) == 0
     finished = {name: (out / name).read_bytes() for name in ("center_0.h5", "center_0.inputs.json")}
 
@@ -130,7 +130,7 @@ def test_a_rebuild_on_a_full_disk_is_refused_and_keeps_the_finished_store(
         args = ("--config", str(REPO / "params.yaml"), "--data-root",
                 str(synthetic_dataset.root), "--out", str(out), "--cache-dir",
                 str(tmp_path / "cache"), "--centers", "0", "--patch-size", "128", "--level",
-                "0", "--workers", "2")  # fmt: skip
+                "0", "--workers", "1")  # fmt: skip
         assert main([*args, "--patches-per-class", "6"]) == 0
         finished = {name: (out / name).read_bytes()
                     for name in ("center_0.h5", "center_0.inputs.json")}  # fmt: skip

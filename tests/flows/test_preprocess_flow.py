@@ -33,8 +33,9 @@ PATCH_SIZE = 128
 PER_CLASS = 6
 
 
-def _flags(root: Path, out: Path, workers: int = 2) -> list[str]:
-    """The preprocessing command line every test shares (small patches, two centres)."""
+def _flags(root: Path, out: Path, workers: int = 1) -> list[str]:
+    """The preprocessing command line every test shares (small patches, two centres; one
+    pool worker, two for the stores every test reads: :func:`built`)."""
     return [
         *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
         *("--out", str(out), "--cache-dir", str(out.parent / f"{out.name}-cache")),
@@ -43,14 +44,15 @@ def _flags(root: Path, out: Path, workers: int = 2) -> list[str]:
     ]
 
 
-def _run(root: Path, out: Path, *extra: str) -> int:
-    return main([*_flags(root, out), *extra])
+def _run(root: Path, out: Path, *extra: str, workers: int = 1) -> int:
+    return main([*_flags(root, out, workers), *extra])
 
 
 @pytest.fixture(scope="module")
 def built(synthetic_dataset: SynthManifest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both centres' stores, their slides cut by two pool workers at once."""
     out = tmp_path_factory.mktemp("run") / "patches"
-    assert _run(synthetic_dataset.root, out) == 0
+    assert _run(synthetic_dataset.root, out, workers=2) == 0
     return out
 
 
@@ -148,7 +150,7 @@ def test_a_store_is_up_to_date_until_an_input_it_depends_on_changes(
 
     assert reasons() == {0: None, 1: None}
     assert reasons(("--seed", "5")) == dict.fromkeys((0, 1), "its parameters changed")
-    assert reasons(("--workers", "1", "--backend", "tiffslide")) == {0: None, 1: None}
+    assert reasons(("--workers", "3", "--backend", "tiffslide")) == {0: None, 1: None}
 
     slide = next(r for r in scan_camelyon(root).slides if r.center == 1)
     stat = slide.path.stat()

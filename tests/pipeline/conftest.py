@@ -20,17 +20,22 @@ BIN = Path(sys.executable).parent
 
 
 def tiny_params(**paths: Any) -> dict[str, Any]:
-    """params.yaml with two centres, small patches, two quick methods and one round."""
+    """params.yaml with two centres, small patches, two quick methods and one round; one
+    worker process for the slides, the stores and the reference models (the pools' own
+    tests run two: tests/flows/test_preprocess_runner.py, tests/wsi/test_synth.py,
+    tests/analysis/test_audit_workers.py). At this size a second worker costs more than
+    it saves: each spawned one imports Prefect or torch again, 2-6 s of CPU under coverage."""
     params = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text()))
     params["data"]["synth"].update(
-        {"patients_per_center": 2, "num_centers": 2, "width": 3072, "height": 2048, "seed": 8}
-    )
+        {"patients_per_center": 2, "num_centers": 2, "width": 3072, "height": 2048, "seed": 8,
+         "workers": 1}
+    )  # fmt: skip
     params["preprocess"].update(
         {
             "centers": [0, 1],
             "patch_size": 128,
             "level": 0,
-            "workers": 2,
+            "workers": 1,
             "patches_per_class": {0: 6, 1: 6},
         }  # one per centre, as dvc.yaml reads it
     )
@@ -39,7 +44,7 @@ def tiny_params(**paths: Any) -> dict[str, Any]:
         {"rounds": 1, "batch_size": 4, "proxy_model": "cnn1", "private_model": ["mlp"],
          "input_size": 16, "device": "cpu"}
     )  # fmt: skip
-    params["audit"].update({"reference_models": 2, "bootstrap": 20})
+    params["audit"].update({"reference_models": 2, "bootstrap": 20, "workers": 1})
     params["audit"]["canary"].update({"count": 4, "guesses": [1, 2]})
     for dotted, value in paths.items():
         section, key = dotted.split("__")
