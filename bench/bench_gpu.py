@@ -17,7 +17,8 @@ may be absent: only ``wsi`` and ``proxyfl`` are imported), it
    compiled after the pre-run check. ``--all-variants`` adds the DP step per engine,
    precision and compilation;
 3. (b) runs a 3-round ProxyFL job of 4 ranks through the launcher ``flows.train`` uses
-   (:func:`proxyfl.launch.job.run_job`, its ranks forked from the warm server): wall,
+   (:func:`proxyfl.launch.job.run_job`, its ranks forked from the warm server that every
+   job of (b)-(e) shares, as a flow's jobs do): wall,
    per-phase seconds, peak memory per rank, GPU utilisation (nvidia-smi, when present);
 4. (c) determinism: the same job again, and one stopped after round 2 and resumed:
    identical metrics or not;
@@ -546,6 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from proxyfl.config import TrainOptions
     from proxyfl.engine.compilation import use_compile_cache
+    from proxyfl.launch.job import warm_ranks
+    from proxyfl.launch.placement import Placement
 
     if not args.smoke and not torch.cuda.is_available():
         say("bench gpu: no CUDA GPU visible; `python -m bench gpu --smoke` runs it on a CPU")
@@ -593,45 +596,48 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "recompiles", "peak_gpu_allocated_gb", "peak_rss_gb", "error"]))  # fmt: skip
     save("(a)")
 
-    say(f"== (b) ProxyFL, {sizes.centers} ranks, {sizes.rounds} rounds ==")
-    base = run_training("base", work, stores_dir, sizes)
-    figures["job"] = asdict(base)
-    say("\n".join(_job_lines(base)))
-    if sizes.device == "cuda":  # the paper's runs compile: the same job, its graphs cached by (a)
-        compiled = run_training("compiled", work, stores_dir, sizes, compile="on")
-        figures["job_compiled"] = asdict(compiled)
-        say("\n".join(_job_lines(compiled)))
-    save("(b)")
+    # the jobs of (b)-(e) fork their ranks from one warm server, as the jobs of a flow do:
+    # torch and Opacus imported once, not once a job (started after (a), which it would time)
+    with warm_ranks(Placement()):
+        say(f"== (b) ProxyFL, {sizes.centers} ranks, {sizes.rounds} rounds ==")
+        base = run_training("base", work, stores_dir, sizes)
+        figures["job"] = asdict(base)
+        say("\n".join(_job_lines(base)))
+        if sizes.device == "cuda":  # the paper's runs compile: the same job, graphs cached by (a)
+            compiled = run_training("compiled", work, stores_dir, sizes, compile="on")
+            figures["job_compiled"] = asdict(compiled)
+            say("\n".join(_job_lines(compiled)))
+        save("(b)")
 
-    if not args.skip_determinism and base.ok:
-        say("== (c) determinism ==")
-        again = run_training("again", work, stores_dir, sizes)
-        stopped = run_training("resumed", work, stores_dir, sizes,
-                               stop_after_round=sizes.rounds - 1)  # fmt: skip
-        resumed = run_training("resumed", work, stores_dir, sizes, resume=True)
-        figures["determinism"] = {
-            "two_runs": compare_runs(work, "base", "again"),
-            "stop_and_resume": compare_runs(work, "base", "resumed"),
-            "jobs": [asdict(j) for j in (again, stopped, resumed)],
-        }
-        for name in ("two_runs", "stop_and_resume"):
-            say(f"{name}: {json.dumps(figures['determinism'][name])}")
-        save("(c)")
+        if not args.skip_determinism and base.ok:
+            say("== (c) determinism ==")
+            again = run_training("again", work, stores_dir, sizes)
+            stopped = run_training("resumed", work, stores_dir, sizes,
+                                   stop_after_round=sizes.rounds - 1)  # fmt: skip
+            resumed = run_training("resumed", work, stores_dir, sizes, resume=True)
+            figures["determinism"] = {
+                "two_runs": compare_runs(work, "base", "again"),
+                "stop_and_resume": compare_runs(work, "base", "resumed"),
+                "jobs": [asdict(j) for j in (again, stopped, resumed)],
+            }
+            for name in ("two_runs", "stop_and_resume"):
+                say(f"{name}: {json.dumps(figures['determinism'][name])}")
+            save("(c)")
 
-    if base.ok:
-        say("== (d) projected at Table 1's size, 30 rounds ==")
-        figures["projection"] = project(base, steps, stores["counts"], sizes)
-        say(json.dumps(figures["projection"], indent=1))
-        save("(d)")
+        if base.ok:
+            say("== (d) projected at Table 1's size, 30 rounds ==")
+            figures["projection"] = project(base, steps, stores["counts"], sizes)
+            say(json.dumps(figures["projection"], indent=1))
+            save("(d)")
 
-    say("== (e) a batch that does not fit ==")
-    options: dict[str, Any] = {"batch_size": sizes.oom_batch, "rounds": 1,
-                               "input_size": sizes.oom_input, "proxy_model": "resnet18_gn",
-                               "private_model": ["resnet18_gn"]}  # fmt: skip
-    oom = run_training("too_large", work, stores_dir, sizes, **options)
-    figures["out_of_memory"] = asdict(oom)
-    say(f"exit ok={oom.ok} after {oom.wall_s} s:\n{oom.message}")
-    save("(e)")
+        say("== (e) a batch that does not fit ==")
+        options: dict[str, Any] = {"batch_size": sizes.oom_batch, "rounds": 1,
+                                   "input_size": sizes.oom_input, "proxy_model": "resnet18_gn",
+                                   "private_model": ["resnet18_gn"]}  # fmt: skip
+        oom = run_training("too_large", work, stores_dir, sizes, **options)
+        figures["out_of_memory"] = asdict(oom)
+        say(f"exit ok={oom.ok} after {oom.wall_s} s:\n{oom.message}")
+        save("(e)")
     say(f"== bench gpu: {figures['seconds']} s; figures in {work / 'gpu.json'} ==")
     failed = not base.ok or oom.ok
     return 1 if failed else 0

@@ -4,6 +4,7 @@ the one command a GPU's few minutes depend on cannot rot."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,11 @@ def test_bench_gpu_smoke_measures_every_figure(tmp_path: Path) -> None:
     assert "out of memory on cpu" in oom["message"] and "lower train.options" in oom["message"]
     assert "Traceback" not in oom["message"]
     assert "== bench gpu:" in done.stdout
+    # the jobs of (b)-(e) forked their ranks from the one warm server the bench kept for them
+    cold = os.environ.get("PLUMBING_COLD_RANKS") == "1"
+    for name in ("base", "again", "resumed"):
+        machine = json.loads((tmp_path / "work" / "runs" / name / "machine.json").read_text())
+        assert machine["timings"]["launcher"]["warm_server"] == (None if cold else "kept"), name
 
 
 def test_the_wheelhouse_asks_for_every_wheel_an_older_glibc_built() -> None:
