@@ -102,7 +102,8 @@ def prefect_server(
                         if exit_code is not None
                         else f"did not answer within {timeout_s:.0f} s")  # fmt: skip
                 raise ServerStartError(f"Prefect server on {api_url} {when}; it said: {said}")
-            time.sleep(0.5)
+            time.sleep(0.1)  # a refused connection costs nothing; 0.5 s polls made every
+            # command wait 0.25 s longer on average for its server
         yield api_url
     finally:
         stop_tree(server.pid)  # `prefect server start` and the uvicorn it runs
