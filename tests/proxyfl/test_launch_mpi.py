@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,28 @@ OPTIONS = {
     "rounds": 1, "batch_size": 8, "proxy_model": "cnn1", "private_model": "mlp",
     "device": "cpu", "sigma": 1.0, "clip": 1.0, "lr": 1e-2,
 }  # fmt: skip
+# pytest sets PYTEST_CURRENT_TEST anew for each phase of each test, and a kept warm server
+# serves only the environment it was started with: pinned for the jobs of _run_job, so that
+# they all match this module's server (one_warm_server)
+SHARED_SERVER_ENV = {"PYTEST_CURRENT_TEST": "tests/proxyfl/test_launch_mpi.py"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_warm_server() -> Iterator[None]:
+    """One kept warm server for the module's jobs run by :func:`_run_job`, as a flow's jobs
+    share one (:func:`~proxyfl.launch.job.warm_ranks`), instead of each importing torch in a
+    server of its own (~2 s of CPU a job). The tests of what a job's own server does
+    (started for it, for a block, inheriting ignored signals) call ``run_job`` itself."""
+    with warm_ranks(Placement(), env=SHARED_SERVER_ENV):
+        yield
+
+
+def _run_job(
+    job: TrainingJob, on_line: Callable[[str], None], env: dict[str, str] | None = None
+) -> None:
+    """``run_job``, its ranks forked from this module's server where the job's placement
+    and ``env`` leave the ranks' environment that server's."""
+    run_job(job, on_line=on_line, env={**SHARED_SERVER_ENV, **(env or {})})
 
 
 def _job(
@@ -85,7 +108,7 @@ def _threads(ranks: int) -> int:
 def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Path) -> None:
     lines: list[str] = []
     job = _job(stores, tmp_path / "run")
-    run_job(job, on_line=lines.append)
+    _run_job(job, on_line=lines.append)
     assert any("[rank 0]" in line and "round 1/1" in line for line in lines)
     assert any("[rank 1]" in line and "round 1/1" in line for line in lines)
     header, *logged = (job.run_dir / JOB_LOG).read_text().splitlines()
@@ -96,6 +119,10 @@ def test_a_job_streams_every_rank_and_writes_its_log(stores: Path, tmp_path: Pat
     # would list Triton's objects as "leaked", a hundred lines a rank
     assert not [line for line in lines if "nanobind" in line or "leaked" in line]
     assert not (job.run_dir / "checkpoints").exists()  # a finished run keeps no checkpoints
+    # its ranks forked from this module's kept server (one_warm_server)
+    launcher = json.loads((job.run_dir / "machine.json").read_text())["timings"]["launcher"]
+    cold = os.environ.get("PLUMBING_COLD_RANKS") == "1"
+    assert launcher["warm_server"] == (None if cold else "kept")
     # the fork launcher sets no MPI_LOCALNRANKS: each rank still takes its share of cores,
     # in deterministic mode without its fill, and compiles nothing here (a CPU, auto)
     for rank in _rank_records(job):
@@ -116,7 +143,8 @@ def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
                 if "plumbing.warm" in p.cmdline() and p.pid not in others]  # fmt: skip
 
     others: set[int] = set()
-    others.update(p.pid for p in servers())  # kept for other tests' jobs (conftest's run_mpi)
+    others.update(p.pid for p in servers())  # kept for other tests' jobs (run_mpi's, this
+    # module's: one_warm_server)
 
     with warm_ranks(Placement()):
         (kept,) = servers()
@@ -136,14 +164,14 @@ def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
 def test_joint_runs_as_one_rank(stores: Path, tmp_path: Path) -> None:
     job = _job(stores, tmp_path / "joint", algorithm="Joint")
     assert job.command()[1:3] == ["-n", "1"] and job.ranks == 1
-    run_job(job, on_line=lambda _: None)
+    _run_job(job, on_line=lambda _: None)
     assert json.loads((job.run_dir / "run.json").read_text())["world_size"] == 1
     (rank,) = _rank_records(job)
     assert rank["torch_threads"] == _threads(1)  # every core of this machine (2 on CI's)
     # train.options.torch_threads overrides the placement
     job = _job(stores, tmp_path / "one_thread", algorithm="Joint")
     job = TrainingJob(job.config.model_copy(update={"torch_threads": 1}), job.placement)
-    run_job(job, on_line=lambda _: None)
+    _run_job(job, on_line=lambda _: None)
     assert [rank["torch_threads"] for rank in _rank_records(job)] == [1]
 
 
@@ -168,7 +196,7 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
     _corrupt_training_images(store_path(data, 1))
     job = _job(data, tmp_path / "run")
     with pytest.raises(TrainingJobFailed) as failure:
-        run_job(job, on_line=lambda _: None)
+        _run_job(job, on_line=lambda _: None)
     error = failure.value
     assert error.exit_code != 0
     # named from the record the rank left, not from what the log says (patches load at setup)
@@ -226,7 +254,7 @@ def test_a_job_on_this_machine_listens_on_no_network(helpers: Any, tmp_path: Pat
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1, 2, 3))
     job = _job(data, tmp_path / "run", centers=(0, 1, 2, 3))
     sockets = _JobSockets()
-    run_job(job, on_line=sockets.sample)
+    _run_job(job, on_line=sockets.sample)
     assert len(sockets.rank_pids) == 4, "sampled while every rank was running"
     assert sockets.listening == set()
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
@@ -364,7 +392,7 @@ def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
                     killed.append(process.pid)
 
     with pytest.raises(TrainingJobFailed) as failure:
-        run_job(job, on_line=kill_every_rank)
+        _run_job(job, on_line=kill_every_rank)
     assert len(killed) == 2, "both ranks were running when they were killed"
     error = failure.value
     assert error.exit_code == 128 + signal.SIGKILL and error.rank in (0, 1), str(error)
@@ -433,8 +461,8 @@ def test_the_same_job_writes_the_same_run_anywhere(
         (tmp_path / place).mkdir()
         shutil.copytree(stores, tmp_path / place / "stores")
         monkeypatch.chdir(tmp_path / place)  # relative paths, as params.yaml gives them
-        run_job(_job(Path("stores"), Path("runs/ProxyFL/seed_0"), rounds=2),
-                on_line=lambda _: None, env=env)  # fmt: skip
+        _run_job(_job(Path("stores"), Path("runs/ProxyFL/seed_0"), rounds=2),
+                 on_line=lambda _: None, env=env)  # fmt: skip
         hashed.append(helpers.dvc_hashed_files(tmp_path / place / "runs" / "ProxyFL" / "seed_0"))
     kernels = [{client["kernels"] for client in json.loads(files["run.json"])["clients"]}
                for files in hashed]  # fmt: skip
@@ -462,7 +490,7 @@ def test_the_kept_models_load_in_one_line_and_give_the_runs_predictions(
     """Each client's final models are kept as safetensors with their card; loaded with
     the README's line, they give the final round's predictions on the test patches."""
     job = _job(stores, tmp_path / "run", rounds=2)
-    run_job(job, on_line=lambda _: None)
+    _run_job(job, on_line=lambda _: None)
     run = json.loads((job.run_dir / "run.json").read_text())
     for client in (0, 1):
         predictions = read_predictions(predictions_path(job.run_dir, client))
@@ -596,7 +624,7 @@ def test_a_run_without_room_for_its_checkpoints_is_refused_before_round_one(
     try:
         job = _job(stores, runs / "run")
         with pytest.raises(TrainingJobFailed) as raised:
-            run_job(job, on_line=lambda _: None)
+            _run_job(job, on_line=lambda _: None)
         error = raised.value
         assert error.exit_status == 3 and error.rank == 0, str(error)
         assert re.fullmatch(
