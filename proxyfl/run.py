@@ -398,17 +398,19 @@ def leave(status: int) -> NoReturn:
 
 def stopped() -> NoReturn:
     """End a rank its launcher stopped with SIGINT (another rank failed and the launcher
-    ends the job, or Ctrl-C) by MPI_Abort with :data:`EXIT_STOPPED`, in one line instead of
-    the traceback of whatever frame the signal interrupted: what stopped the job is said by
-    the rank that failed, or by the launcher."""
+    ends the job, or Ctrl-C) with :data:`EXIT_STOPPED`, in one line instead of the
+    traceback of whatever frame the signal interrupted: what stopped the job is said by the
+    rank that failed, or by the launcher.
+
+    It exits, never MPI_Abort: given an abort, MPICH's fork launcher exits with the abort's
+    code at once and never prints which rank a signal ended, so a rank the OOM killer
+    SIGKILLed (the one its peers are stopped for) was reported as the stopped rank's 130.
+    Exiting, the launcher reaps every rank and names the signal (proxyfl.launch.job)."""
     from mpi4py import MPI
 
     print(f"proxyfl.run: rank {MPI.COMM_WORLD.Get_rank()} stopped (SIGINT)", file=sys.stderr,
           flush=True)  # fmt: skip
-    for number in (signal.SIGINT, signal.SIGQUIT):  # no second traceback while it aborts
-        signal.signal(number, signal.SIG_IGN)
-    MPI.COMM_WORLD.Abort(EXIT_STOPPED)
-    os._exit(EXIT_STOPPED)  # where MPI_Abort returns: the launcher is already ending the job
+    os._exit(EXIT_STOPPED)  # no MPI_Finalize: its peers are being stopped, or are dead
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ from proxyfl.launch.shared_memory import (
     segment_names,
     warn_if_short,
 )
-from proxyfl.launch.slurm import tasks_ended
+from proxyfl.launch.slurm import empty_srun_options, tasks_ended
 from proxyfl.names import CUDA_ALLOCATOR_SETTING
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
@@ -340,6 +340,10 @@ def rank_environment(placement: Placement, env: Mapping[str, str] | None = None)
     the placement needs (before the launch adds its descriptors and its warm server); CUDA's
     allocator with expandable segments unless the user chose its settings."""
     merged = {**os.environ, **(env or {}), **placement.environment(), "PYTHONUNBUFFERED": "1"}
+    if empty := empty_srun_options(merged):  # a batch script's export of an unset variable
+        logger.info("%s set but empty: launching as if unset", ", ".join(empty))
+        for name in empty:
+            del merged[name]
     # before any process of the job imports torch (proxyfl.engine.runtime.configure_torch)
     merged.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOCATOR_SETTING)
     return merged

@@ -14,7 +14,11 @@ for the allocation the jobs need.
 
 ``srun`` of Slurm 22.05 to 23.02 does not take ``--cpus-per-task`` from the allocation
 (``SLURM_CPUS_PER_TASK``), only from its own option or ``SRUN_CPUS_PER_TASK``:
-:func:`srun_cpus_per_task` passes the allocation's on, so that a script need not.
+:func:`srun_cpus_per_task` passes the allocation's on, so that a script need not. Many
+sites' batch templates do it themselves (``export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK``),
+which sets it empty where the job asked for no ``--cpus-per-task``; srun then refuses every
+step (``Invalid numeric value "" for --cpus-per-task``): :func:`empty_srun_options` finds
+such variables, which the launch leaves out, as if unset.
 """
 
 from __future__ import annotations
@@ -109,6 +113,14 @@ def srun_cpus_per_task(environment: Mapping[str, str]) -> list[str]:
     if environment.get("SRUN_CPUS_PER_TASK") or not given.isdigit():
         return []
     return [f"--cpus-per-task={given}"]
+
+
+def empty_srun_options(environment: Mapping[str, str]) -> list[str]:
+    """The ``SRUN_*`` variables of ``environment`` set to nothing (or blanks). srun reads
+    each as one of its options, and an empty value is no value: it refuses the step
+    instead of running as if the variable were unset."""
+    return sorted(name for name, value in environment.items()
+                  if name.startswith("SRUN_") and not value.strip())  # fmt: skip
 
 
 def tasks_ended(line: str) -> list[tuple[int, str]]:

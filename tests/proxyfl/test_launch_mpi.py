@@ -370,33 +370,36 @@ def test_a_rank_ended_by_a_fatal_signal_is_named_with_the_signal(
     assert json.loads((job.run_dir / "run.json").read_text())["status"] != "finished"
 
 
-def test_ranks_killed_fail_the_job_though_the_launcher_exits_0(
-    helpers: Any, tmp_path: Path
+@pytest.mark.parametrize("killed_ranks", [(1,), (0, 1)], ids=["one", "every"])
+def test_ranks_killed_fail_the_job_naming_sigkill(
+    helpers: Any, tmp_path: Path, killed_ranks: tuple[int, ...]
 ) -> None:
-    """MPICH's fork launcher exits 0 when SIGKILL (the OOM killer's) ends its ranks: the
-    launch fails all the same, naming the signal, and the shared memory the killed ranks
-    could not release is removed once no process maps it."""
+    """The OOM killer SIGKILLs the largest process, the rank itself (not a warm rank's shim):
+    the launch fails naming SIGKILL and a killed rank, whether the launcher stopped the
+    other rank first (it then exits 130 and says nothing of the killed one if the stopped
+    rank aborts: it exits instead) or the other was killed too (the fork launcher then
+    exits 0). The shared memory the killed ranks could not release is removed once no
+    process maps it."""
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1))
     job = _job(data, tmp_path / "run", rounds=5)  # killed after round 1: mid-run
     killed: list[int] = []
     segments: set[str] = set()  # what the ranks mapped in /dev/shm when they were killed
 
-    def kill_every_rank(line: str) -> None:
+    def kill_ranks(line: str) -> None:
         if not killed and "[rank " in line:
-            ranks = [_rank_process(rank) for rank in (0, 1)]
-            running = [_forked_rank(process) for process in ranks if process is not None]
-            segments.update(mapped_paths(SHM_DIR, running))
-            for process in ranks:
-                if process is not None:
-                    process.kill()
-                    killed.append(process.pid)
+            started = [_rank_process(rank) for rank in (0, 1)]
+            ranks = [_forked_rank(process) for process in started if process is not None]
+            segments.update(mapped_paths(SHM_DIR, ranks))
+            for rank in killed_ranks:
+                ranks[rank].kill()
+                killed.append(rank)
 
     with pytest.raises(TrainingJobFailed) as failure:
-        _run_job(job, on_line=kill_every_rank)
-    assert len(killed) == 2, "both ranks were running when they were killed"
+        _run_job(job, on_line=kill_ranks)
+    assert killed == list(killed_ranks), "the ranks were running when they were killed"
     error = failure.value
-    assert error.exit_code == 128 + signal.SIGKILL and error.rank in (0, 1), str(error)
-    assert "SIGKILL" in str(error)
+    assert error.exit_code == 128 + signal.SIGKILL and error.rank in killed_ranks, str(error)
+    assert "SIGKILL" in str(error) and f"rank {error.rank}" in str(error)
     # removed by the launcher once the job ended (they are this job's), not 10 s later
     assert segments and not {Path(path).name for path in segments} & _all_segments()
 
@@ -591,9 +594,9 @@ def test_a_rank_the_machine_refused_fails_the_job_in_one_line_and_is_not_retried
 def test_a_stopped_ranks_abort_is_never_the_cause_of_a_killed_ranks_job(
     stores: Path, tmp_path: Path
 ) -> None:
-    """Rank 0 SIGKILLed, rank 1 stopped by the launcher (SIGINT) and aborting with
-    EXIT_STOPPED before the launcher reports the kill: the job failed with the signal
-    (137, rank 0), not with the stopped rank's 130, whichever reached the launcher first."""
+    """Rank 0 SIGKILLed, rank 1 stopped by the launcher (SIGINT) and exiting with
+    EXIT_STOPPED (the fork launcher then exits 130), or killed too (it exits 0): the job
+    failed with the signal (137, rank 0), not with the stopped rank's 130."""
     from proxyfl.engine.validation import EXIT_STOPPED
 
     job = _job(stores, tmp_path / "run")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from proxyfl.launch.job import rank_environment
 from proxyfl.launch.placement import Placement
-from proxyfl.launch.slurm import Allocation, srun_cpus_per_task, tasks_ended
+from proxyfl.launch.slurm import Allocation, empty_srun_options, srun_cpus_per_task, tasks_ended
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,26 @@ def test_the_allocations_cpus_per_task_reach_srun_where_it_would_not_take_them()
     both = {"SLURM_CPUS_PER_TASK": "8", "SRUN_CPUS_PER_TASK": "8"}
     assert srun_cpus_per_task(both) == []  # srun reads its own variable
     assert srun_cpus_per_task({"SLURM_CPUS_PER_TASK": ""}) == []
+
+
+def test_an_empty_srun_variable_is_left_out_of_the_launch_as_if_unset(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK`` in a script whose job asked for
+    no --cpus-per-task sets it empty: srun would refuse the step, so the launch leaves it
+    out (and says so in one line); set, it reaches srun as it is."""
+    exported = {"SRUN_CPUS_PER_TASK": "", "SRUN_X": " ", "SRUN_Y": "2", "SLURM_CPUS_PER_TASK": ""}
+    assert empty_srun_options(exported) == ["SRUN_CPUS_PER_TASK", "SRUN_X"]
+    monkeypatch.setenv("SRUN_CPUS_PER_TASK", "")
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    placement = Placement(launcher="srun")
+    with caplog.at_level("INFO", logger="proxyfl.launch.job"):
+        environment = rank_environment(placement)
+    assert "SRUN_CPUS_PER_TASK" not in environment
+    assert "SRUN_CPUS_PER_TASK set but empty: launching as if unset" in caplog.text
+    assert placement.command_prefix(2)[:2] == ["srun", "--ntasks=2"]
+    monkeypatch.setenv("SRUN_CPUS_PER_TASK", "2")
+    assert rank_environment(placement)["SRUN_CPUS_PER_TASK"] == "2"
 
 
 def test_the_srun_command_line_carries_the_allocations_cpus_per_task(

@@ -89,6 +89,14 @@ def _write_script(project: Path, env: dict[str, str], *options: str) -> Path:
     return path
 
 
+def _export_after_options(script: Path, line: str) -> None:
+    """``line`` in ``script`` after its ``#SBATCH`` options, as a site's template has it."""
+    lines = script.read_text().splitlines()
+    last_option = max(i for i, text in enumerate(lines) if text.startswith("#SBATCH"))
+    lines.insert(last_option + 1, line)
+    script.write_text("\n".join(lines) + "\n")
+
+
 def _submit(project: Path, env: dict[str, str], script: Path, *options: str, wait: bool = True
             ) -> tuple[str, int, str]:  # fmt: skip
     """``sbatch [--wait] OPTIONS SCRIPT`` from ``project``: the job's id, sbatch's exit code
@@ -161,6 +169,9 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_rerun_resumes_to_the_sam
 ) -> None:
     script = _write_script(project, slurm_env)  # Slurm's one CPU a task
     assert "--cpus-per-task" not in script.read_text()
+    # many sites' templates pass the allocation's on: without --cpus-per-task it is empty,
+    # and the job runs as if it were unset
+    _export_after_options(script, "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK")
     run = project / RUN
     job, status, _ = _submit(project, slurm_env, script, wait=False)
     assert status == 0
