@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from camelyon_proxyfl.params.base import DEFAULT_PARAMS, config_option, load_sections
+from camelyon_proxyfl.params.base import (
+    DEFAULT_PARAMS,
+    config_option,
+    enter_project,
+    from_folder,
+    load_sections,
+)
 from camelyon_proxyfl.params.train import TrainParams
 from camelyon_proxyfl.placement import largest_job_ranks
 from plumbing.atomic import write_text
@@ -194,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-name", default="camelyon-proxyfl")
     parser.add_argument("--repository", type=Path, default=Path.cwd(),
                         help="where the job runs: this repository, at the same path on the "
-                        "nodes (default: here)")  # fmt: skip
+                        "nodes (default: the folder of params.yaml)")  # fmt: skip
     parser.add_argument("--no-cluster-check", action="store_true",
                         help="do not ask sinfo whether a node can take the job")  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, default=None,
@@ -207,7 +213,9 @@ def _parser() -> argparse.ArgumentParser:
 
 @exit_on_bad_parameters
 def main(argv: Sequence[str] | None = None) -> int:
+    started_in = enter_project(argv)  # the repository: where params.yaml is, from below
     args = _parser().parse_args(argv)
+    args.output = from_folder(started_in, args.output)
     path, required = config_option(argv)
     train = load_sections(TrainParams, path, required=required).train
     for name in ("nodes", "ranks_per_gpu"):

@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from camelyon_proxyfl.params.base import enter_project
 from flows.server import ServerStartError, prefect_server
+from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError
 from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
 
 POOL = "proxyfl"  # prefect.yaml's work pool
@@ -126,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4200, help="API and UI port")
     parser.add_argument("--pool", default=POOL, help="process work pool of prefect.yaml")
     args = parser.parse_args(argv)
+    try:
+        enter_project([])  # prefect.yaml's deployments run in the project's folder
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_PARAMETERS
     # Ctrl-C stops everything, even when started where SIGINT is ignored (a background
     # job of a script); SIGTERM (a service manager, `kill`) stops as Ctrl-C does
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from camelyon_proxyfl.params.base import DEFAULT_PARAMS, load_sections
+from camelyon_proxyfl.params.base import DEFAULT_PARAMS, enter_project, load_sections
 from camelyon_proxyfl.params.machine import MachineParams
 from flows.server import ServerStartError, prefect_server
 from plumbing.cli import ConfigError
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument(
-        "--config", type=Path, default=DEFAULT_PARAMS,
+        "--config", type=Path, default=None,
         help="the parameters file whose machine.cpu_kernels the stages' ranks run with "
-        "(default: %(default)s; none there: native)",
+        f"(default: the project's {DEFAULT_PARAMS}; none: native)",
     )  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("give the command to run after --, e.g. -- dvc repro")
     try:
-        machine = load_sections(MachineParams, args.config, required=False).machine
+        if args.config is None:  # the command runs in the project's folder, as dvc's do
+            enter_project([])
+        machine = load_sections(MachineParams, args.config or DEFAULT_PARAMS,
+                                required=False).machine  # fmt: skip
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
@@ -85,7 +85,9 @@ def _argparse_options(annotation: Any) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction}
     if annotation in (int, float):
         return {"type": annotation}
-    return {}  # str, Path, ...: the model converts
+    if isinstance(annotation, type) and issubclass(annotation, PurePath):
+        return {"type": Path}  # a path typed in a subfolder is of that folder's
+    return {}  # str, ...: the model converts
 
 
 def _shown(value: Any) -> str:

@@ -322,3 +322,44 @@ def test_srun_where_there_is_none_stops_a_launch(
     params = _with_train_keys(tmp_path, launcher="srun")
     assert train_main(["--config", str(params)]) == 2
     assert "train.launcher: srun is not on PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(PARSERS))
+def test_a_command_started_below_the_project_reads_the_projects_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """From ``results/`` (or deeper) a command finds the folder holding params.yaml, as git
+    and DVC find theirs, and reads it as it does from there."""
+    project = tmp_path / "project"
+    (project / "results" / "tables").mkdir(parents=True)
+    (project / "params.yaml").write_text(DEMO)
+    monkeypatch.chdir(project)
+    at_root = PARSERS[command]([])
+    monkeypatch.chdir(project / "results" / "tables")
+    assert PARSERS[command]([]) == at_root
+    assert Path.cwd() == project  # where its relative paths (runs/, data/) are
+
+
+def test_a_path_typed_below_the_project_is_of_the_folder_it_was_typed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    (project / "results").mkdir(parents=True)
+    (project / "params.yaml").write_text(DEMO)
+    monkeypatch.chdir(project / "results")
+    config = report_parse(["--out", "elsewhere", "--runs", str(tmp_path / "runs")])
+    assert config.out == project / "results" / "elsewhere"
+    assert config.runs == tmp_path / "runs"  # absolute: as typed
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_outside_any_project_a_command_says_where_it_looked_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert COMMANDS[command]([]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1, said
+    assert str(tmp_path) in said[0] and "no params.yaml here nor in any folder above" in said[0]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()

@@ -76,7 +76,8 @@ def test_the_docs_show_the_script_the_writer_writes_for_the_papers_configuration
 def test_bad_options_and_a_missing_parameters_file_are_one_line_each(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)  # no params.yaml: the built-in defaults, four centres
+    (tmp_path / "params.yaml").write_text("")  # an empty one: the built-in defaults, four centres
+    monkeypatch.chdir(tmp_path)
     assert main(["--nodes", "0"]) == 2
     assert "--nodes must be at least 1" in capsys.readouterr().err
     assert main(["--gpus-per-node", "1", "--no-cluster-check"]) == 2
@@ -88,3 +89,29 @@ def test_bad_options_and_a_missing_parameters_file_are_one_line_each(
     assert "#SBATCH --ntasks=4" in written and written.endswith(
         "python -m flows.train --launcher srun\n")  # fmt: skip
     assert (tmp_path / "train.sh").stat().st_mode & 0o100
+
+
+def test_from_a_subfolder_the_script_is_the_projects_and_typed_paths_are_the_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started below the project's folder, the command reads its params.yaml and runs the
+    job there, as from that folder (git's and DVC's walk up); ``-o`` names a file of the
+    folder it was typed in. Outside any project it says where it looked, in one line."""
+    project = tmp_path / "project"
+    (project / "results" / "deeper").mkdir(parents=True)
+    (project / "params.yaml").write_text("train:\n  centers: [0, 1]\n")
+    monkeypatch.chdir(project)
+    assert main(["--no-cluster-check", "-o", "root.sh"]) == 0
+    monkeypatch.chdir(project / "results" / "deeper")
+    assert main(["--no-cluster-check", "-o", "sub.sh"]) == 0
+    written = (project / "results" / "deeper" / "sub.sh").read_text()
+    assert written == (project / "root.sh").read_text()
+    assert "#SBATCH --ntasks=2" in written and f"cd {project}" in written
+    capsys.readouterr()
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    assert main(["--no-cluster-check"]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and str(outside) in said[0] and "params.yaml" in said[0], said

@@ -4,6 +4,9 @@ class, a stage's own view of the file, and the command whose flags set the file'
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -21,6 +24,8 @@ from plumbing.cli import (
     read_yaml,
     validate,
 )
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PARAMS = Path("params.yaml")
 # every section of a parameters file (camelyon_proxyfl.params.whole.Params' fields)
@@ -77,6 +82,53 @@ class StageParams(Section):
 Stage = TypeVar("Stage", bound=StageParams)
 
 
+def project_root(start: Path) -> Path | None:
+    """The project ``start`` is in: the nearest of ``start`` and the folders above it that
+    holds ``params.yaml`` (as git looks for ``.git`` and DVC for ``.dvc``); ``None`` in
+    none. Every relative path of the file is relative to that folder."""
+    for folder in (start, *start.parents):
+        if (folder / DEFAULT_PARAMS).is_file():
+            return folder
+    return None
+
+
+def enter_project(argv: Sequence[str] | None) -> Path | None:
+    """Make the project's folder (:func:`project_root` of the working directory) this
+    process's working directory, so that a command started in a subfolder (``results/``)
+    reads the project's ``params.yaml`` and its paths as one started there does. Returns
+    the folder the command was started in where it moved (paths the user typed are
+    relative to it: :func:`from_folder`), else ``None``. A ``--config`` given names the
+    file itself: nothing moves. A :class:`ConfigError` where no folder holds the file."""
+    if config_option(argv)[1]:
+        return None
+    started = Path.cwd()
+    root = project_root(started)
+    if root is None:
+        raise ConfigError(
+            started, f"no {DEFAULT_PARAMS} here nor in any folder above it: run the command "
+            f"in the project's folder (the one holding {DEFAULT_PARAMS}) or below it, or name "
+            "the parameters file with --config",
+        )  # fmt: skip
+    if root == started:
+        return None
+    os.chdir(root)
+    logger.info("project: %s (its %s)", root, DEFAULT_PARAMS)
+    return started
+
+
+def from_folder(started: Path | None, value: Any) -> Any:
+    """``value`` (a flag's: a path, or a list of them) with each relative path made
+    relative to ``started``, the folder the command was started in (:func:`enter_project`);
+    anything else as it is."""
+    if started is None:
+        return value
+    if isinstance(value, Path):
+        return value if value.is_absolute() else started / value
+    if isinstance(value, list):
+        return [from_folder(started, item) for item in value]
+    return value
+
+
 def config_option(argv: Sequence[str] | None) -> tuple[Path, bool]:
     """The ``--config`` file of ``argv`` (default ``params.yaml``) and whether it was given."""
     early = argparse.ArgumentParser(add_help=False)
@@ -99,8 +151,15 @@ class ParamsCommand(Generic[Stage]):
         self, stage: type[Stage], prog: str, description: str, argv: Sequence[str] | None
     ) -> None:
         self.stage, self.argv = stage, argv
+        words = sys.argv[1:] if argv is None else argv
+        asking_for_help = bool({"-h", "--help"} & set(words))
+        try:
+            self.started_in = enter_project(argv)
+        except ConfigError:
+            if not asking_for_help:
+                raise
+            self.started_in = None
         self.params_file, explicit = config_option(argv)
-        asking_for_help = argv is not None and bool({"-h", "--help"} & set(argv))
         try:
             self.document = read_yaml(self.params_file, required=explicit)
         except ConfigError:
@@ -153,6 +212,8 @@ class ParamsCommand(Generic[Stage]):
     def parse(self) -> tuple[argparse.Namespace, Stage]:
         """The parsed flags and the stage's sections validated with them laid over it."""
         args = self.parser.parse_args(self.argv)
+        for name, value in vars(args).items():  # as typed in the folder it was started in
+            setattr(args, name, from_folder(self.started_in, value))
         values = given(args, self.flags)
         refuse_renamed_keys(self.document, list(self.stage.model_fields), self.params_file)
         merged = layered(self.document, values)

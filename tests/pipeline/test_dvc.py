@@ -151,6 +151,12 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     assert {path.name: _sha(path) for path in outputs} == before_switch
     assert "up to date" in _dvc(project, tool_env, "status")
 
+    # from a subfolder, as from the project's: the report of the same runs, byte for byte
+    below = subprocess.run(["camelyon-proxyfl", "report"], cwd=project / "results" / "tables",
+                           env=tool_env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert below.returncode == 0, below.stdout[-3000:] + below.stderr[-3000:]
+    assert "up to date" in _dvc(project, tool_env, "status")
+
     # one centre alone: forced, it rebuilds the same bytes and nothing else runs
     store = project / "data" / "patches" / "center_1.h5"
     before = _sha(store)

@@ -1,0 +1,211 @@
+"""The flake hunt: the suite's timing-sensitive groups, run again and again under load.
+
+    python -m tests.stress                       # every group, 100 runs each, a hog of 0.5 core
+    python -m tests.stress --groups launcher warm --runs 20
+    python -m tests.stress --hog 1.0 --json build/stress.json
+
+A test that passes on an idle machine can fail where the machine is busier or slower: the
+slower of the project's two machine kinds has about half a core of headroom while the
+suite runs. Each group below (its test files) runs ``--runs`` times in a fresh pytest,
+one group after the other, while a hog process keeps ``--hog`` of one core busy (spinning
+that share of every 10 ms). What it prints, per group: runs, failed runs, failures per
+100 runs, and each failing test with how often it failed; the whole record as JSON with
+``--json``. Exit 1 when any run failed.
+
+Run it before touching the launcher, the warm server, signal handling, the Slurm
+cluster's tests or the crash and fault campaigns (docs/getting-started.md, "The tests").
+A failure it finds is fixed where it lives (in the product where the product is wrong,
+else in the test's own timing), never by a retry, a looser assertion or a skip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    # mpiexec's fork launcher, ranks killed and stopped, shared memory, the kept server
+    "launcher": ("tests/proxyfl/test_launch_mpi.py",),
+    # the warm server: forked ranks, their shims, signals passed on, queued requests
+    "warm": ("tests/test_warm.py",),
+    # Ctrl-C and SIGTERM through flows, process trees bound to their parents
+    "signals": ("tests/pipeline/test_interrupt.py", "tests/test_processes.py"),
+    # a one-node Slurm cluster: sbatch, srun's tasks, a killed task (skips without Slurm)
+    "slurm": ("tests/slurm/test_slurm.py",),
+    # power loss at every write, and the preprocessing's injected faults
+    "campaigns": ("tests/pipeline/test_crash_campaign.py", "tests/flows/test_preprocess_faults.py"),
+}
+
+# what the hog runs: `share` of one core busy, in every period of 10 ms
+HOG = """
+import sys, time
+share, period = float(sys.argv[1]), 0.01
+while True:
+    start = time.perf_counter()
+    while time.perf_counter() - start < share * period:
+        pass
+    if share < 1:
+        time.sleep((1 - share) * period)
+"""
+
+
+@dataclass
+class GroupRecord:
+    """What ``runs`` runs of one group gave."""
+
+    group: str
+    files: tuple[str, ...]
+    runs: int = 0
+    failed_runs: int = 0
+    seconds: list[float] = field(default_factory=list)
+    failing_tests: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def failures_per_100(self) -> float:
+        return 100.0 * self.failed_runs / self.runs if self.runs else 0.0
+
+    def line(self) -> str:
+        median = statistics.median(self.seconds) if self.seconds else 0.0
+        return (
+            f"{self.group:<10} {self.runs:>5} runs  {self.failed_runs:>4} failed  "
+            f"{self.failures_per_100:6.1f} per 100  median {median:6.1f} s a run"
+        )
+
+
+@contextmanager
+def hog(share: float) -> Iterator[None]:
+    """A process keeping ``share`` of one core busy for the block (none for 0)."""
+    if share <= 0:
+        yield
+        return
+    process = subprocess.Popen([sys.executable, "-c", HOG, str(share)])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def failed_tests(report: Path) -> list[str]:
+    """The node ids of the tests a junit XML report says failed or errored."""
+    if not report.is_file():
+        return []
+    failed = []
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname', '')}::{case.get('name', '')}")
+    return failed
+
+
+def run_group(
+    files: Sequence[str], workdir: Path, pytest_args: Sequence[str]
+) -> tuple[int, float, list[str]]:
+    """One run of a group in a fresh pytest: its exit code, seconds and failing tests."""
+    report = workdir / "report.xml"
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={workdir / 'tmp'}",
+        f"--junitxml={report}",
+        *pytest_args,
+        *files,
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seconds = time.perf_counter() - started
+    if done.returncode not in (0, 5):  # 5: every test skipped or deselected
+        (workdir / "output.txt").write_text(done.stdout)
+    return done.returncode, seconds, failed_tests(report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.stress", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--groups", nargs="+", choices=sorted(GROUPS), default=list(GROUPS))
+    parser.add_argument("--runs", type=int, default=100, help="runs of each group (default: 100)")
+    parser.add_argument(
+        "--hog",
+        type=float,
+        default=0.5,
+        help="share of one core the hog keeps busy (default: 0.5; 0: none)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the record there")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep each failed run's output and pytest folders there",
+    )
+    parser.add_argument("pytest_args", nargs="*", help="more pytest options, after --")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or not 0 <= args.hog <= 1:
+        parser.error("--runs >= 1 and 0 <= --hog <= 1")
+    records = {name: GroupRecord(name, GROUPS[name]) for name in args.groups}
+    print(
+        f"{len(records)} group(s) x {args.runs} run(s), a hog of {args.hog} core "
+        f"({os.cpu_count()} cores)",
+        flush=True,
+    )
+    with hog(args.hog), tempfile.TemporaryDirectory(prefix="stress-") as scratch:
+        for run in range(1, args.runs + 1):
+            for record in records.values():
+                workdir = Path(scratch) / f"{record.group}-{run}"
+                workdir.mkdir()
+                code, seconds, failing = run_group(record.files, workdir, args.pytest_args)
+                record.runs += 1
+                record.seconds.append(seconds)
+                if code not in (0, 5):
+                    record.failed_runs += 1
+                    record.failing_tests.update(failing or [f"(pytest exit {code})"])
+                    if args.keep is not None:
+                        args.keep.mkdir(parents=True, exist_ok=True)
+                        shutil.move(workdir, args.keep / workdir.name)
+                    print(f"run {run}: {record.group} FAILED {', '.join(failing)}", flush=True)
+            print(
+                f"run {run}/{args.runs}: "
+                + "  ".join(f"{r.group} {r.failed_runs}" for r in records.values()),
+                flush=True,
+            )
+    print()
+    for record in records.values():
+        print(record.line())
+        for test, count in record.failing_tests.most_common():
+            print(f"    {count:>4} x {test}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    name: {**asdict(r), "failures_per_100": r.failures_per_100}
+                    for name, r in records.items()
+                },
+                indent=2,
+            )
+        )
+    return 1 if any(record.failed_runs for record in records.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
