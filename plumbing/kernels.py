@@ -2,11 +2,12 @@
 which x86-64 machine computed it.
 
 Float32 sums are not associative: torch's own kernels (ATen), oneDNN's convolutions, MKL's
-BLAS and numpy's OpenBLAS each choose their code for the CPU they find, and AVX-512 code
-sums in another order than AVX2 code. The same run then differs in its late digits
-between an AVX2 and an AVX-512 machine, and so does everything computed from it. Each
-library has a switch that caps what it uses, read once when it loads, so the pin must be
-in the environment before the process starts:
+BLAS, numpy's OpenBLAS and numpy's own loops each choose their code for the CPU they find,
+and AVX-512 code sums in another order than AVX2 code (and numpy's float64 ``exp`` and
+``log`` are other approximations there: the audit's scores differed in their last bits).
+The same run then differs in its late digits between an AVX2 and an AVX-512 machine, and
+so does everything computed from it. Each library has a switch that caps what it uses,
+read once when it loads, so the pin must be in the environment before the process starts:
 
 - ``native``: nothing is set; each library uses the best the CPU has (speed first: the
   paper's configuration);
@@ -29,6 +30,24 @@ from typing import Literal, get_args
 CpuKernels = Literal["native", "avx2"]
 CPU_KERNELS: tuple[str, ...] = get_args(CpuKernels)
 
+
+def numpy_targets_above_avx2() -> str:
+    """The targets of the installed numpy's own CPU dispatch above AVX2, as it names them
+    (numpy 2.4: ``X86_V4 AVX512_ICL AVX512_SPR``; earlier ones ``AVX512F ... AVX512_SPR``):
+    what ``NPY_DISABLE_CPU_FEATURES`` turns off. Read from the build, never guessed, since
+    numpy refuses to start on a name it does not dispatch; one the CPU lacks it ignores."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__ as targets
+    except ImportError:  # numpy 1.x
+        try:
+            from numpy.core._multiarray_umath import __cpu_dispatch__ as targets
+        except ImportError:
+            return ""
+    return " ".join(name for name in targets if name.startswith("AVX512") or name == "X86_V4")
+
+
+_NUMPY_ABOVE_AVX2 = numpy_targets_above_avx2()
+
 PINS: Mapping[str, Mapping[str, str]] = {
     "native": {},
     "avx2": {
@@ -37,6 +56,8 @@ PINS: Mapping[str, Mapping[str, str]] = {
         "MKL_CBWR": "AVX2",  # MKL's conditional numerical reproducibility: torch's BLAS
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
         "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: its AVX2 kernels
+        # numpy's own loops (exp, log, sums, sorts): its AVX2 code, no AVX-512
+        **({"NPY_DISABLE_CPU_FEATURES": _NUMPY_ABOVE_AVX2} if _NUMPY_ABOVE_AVX2 else {}),
     },
 }
 """The variables each choice sets; those of every choice are the ones :func:`in_effect`

@@ -39,17 +39,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    # mpiexec's fork launcher, ranks killed and stopped, shared memory, the kept server
-    "launcher": ("tests/proxyfl/test_launch_mpi.py",),
+    # mpiexec's fork launcher, ranks killed and stopped, shared memory, the kept server;
+    # hydra's ssh hosts (loopback, and network namespaces where it may make them)
+    "launcher": (
+        "tests/proxyfl/test_launch_mpi.py",
+        "tests/proxyfl/test_hosts.py",
+        "tests/proxyfl/test_hosts_netns.py",
+    ),
     # the warm server: forked ranks, their shims, signals passed on, queued requests
     "warm": ("tests/test_warm.py",),
-    # Ctrl-C and SIGTERM through flows, process trees bound to their parents
-    "signals": ("tests/pipeline/test_interrupt.py", "tests/test_processes.py"),
+    # Ctrl-C and SIGTERM through flows, process trees bound to their parents, file locks
+    "signals": (
+        "tests/pipeline/test_interrupt.py",
+        "tests/test_processes.py",
+        "tests/test_locks.py",
+    ),
+    # the Prefect deployment: a served flow run, its worker, cancelled and stopped
+    "deployment": ("tests/pipeline/test_deployment.py",),
     # a one-node Slurm cluster: sbatch, srun's tasks, a killed task (skips without Slurm)
     "slurm": ("tests/slurm/test_slurm.py",),
     # power loss at every write, and the preprocessing's injected faults
-    "campaigns": ("tests/pipeline/test_crash_campaign.py", "tests/flows/test_preprocess_faults.py"),
+    "campaigns": (
+        "tests/pipeline/test_crash_campaign.py",
+        "tests/flows/test_preprocess_faults.py",
+    ),
 }
+"""Every test file that watches the clock or signals processes (``CLOCKED_FILES`` of
+tests/conftest.py, checked by tests/test_test_plumbing.py), and the launcher's, Slurm's
+and the fault campaigns'."""
 
 # what the hog runs: `share` of one core busy, in every period of 10 ms
 HOG = """
@@ -74,6 +91,7 @@ class GroupRecord:
     failed_runs: int = 0
     seconds: list[float] = field(default_factory=list)
     failing_tests: Counter[str] = field(default_factory=Counter)
+    skipped_tests: Counter[str] = field(default_factory=Counter)
 
     @property
     def failures_per_100(self) -> float:
@@ -103,40 +121,52 @@ def hog(share: float) -> Iterator[None]:
 
 def failed_tests(report: Path) -> list[str]:
     """The node ids of the tests a junit XML report says failed or errored."""
+    return _cases(report, "failure", "error")
+
+
+def skipped_tests(report: Path) -> list[str]:
+    """The node ids of the tests a junit XML report says were skipped (Slurm's, where
+    slurm-wlm is not installed: a group that ran nothing found nothing)."""
+    return _cases(report, "skipped")
+
+
+def _cases(report: Path, *outcomes: str) -> list[str]:
     if not report.is_file():
         return []
-    failed = []
-    for case in ElementTree.parse(report).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname', '')}::{case.get('name', '')}")
-    return failed
+    return [f"{case.get('classname', '')}::{case.get('name', '')}"
+            for case in ElementTree.parse(report).getroot().iter("testcase")
+            if any(case.find(outcome) is not None for outcome in outcomes)]  # fmt: skip
 
 
-def run_group(
-    files: Sequence[str], workdir: Path, pytest_args: Sequence[str]
-) -> tuple[int, float, list[str]]:
-    """One run of a group in a fresh pytest: its exit code, seconds and failing tests."""
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run of a group: pytest's exit code, its seconds, the tests that failed and the
+    tests that skipped."""
+
+    code: int
+    seconds: float
+    failed: list[str]
+    skipped: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return self.code in (0, 5)  # 5: every test deselected
+
+
+def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str]) -> RunOutcome:
+    """One run of a group in a fresh pytest, its folders and report in ``workdir``."""
     report = workdir / "report.xml"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--basetemp={workdir / 'tmp'}",
-        f"--junitxml={report}",
-        *pytest_args,
-        *files,
-    ]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               f"--basetemp={workdir / 'tmp'}", f"--junitxml={report}", *pytest_args,
+               *files]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    seconds = time.perf_counter() - started
-    if done.returncode not in (0, 5):  # 5: every test skipped or deselected
+    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    outcome = RunOutcome(done.returncode, time.perf_counter() - started,
+                         failed_tests(report), skipped_tests(report))  # fmt: skip
+    if not outcome.passed:
         (workdir / "output.txt").write_text(done.stdout)
-    return done.returncode, seconds, failed_tests(report)
+    return outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,16 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             for record in records.values():
                 workdir = Path(scratch) / f"{record.group}-{run}"
                 workdir.mkdir()
-                code, seconds, failing = run_group(record.files, workdir, args.pytest_args)
+                outcome = run_group(record.files, workdir, args.pytest_args)
                 record.runs += 1
-                record.seconds.append(seconds)
-                if code not in (0, 5):
+                record.seconds.append(outcome.seconds)
+                record.skipped_tests.update(outcome.skipped)
+                if not outcome.passed:
                     record.failed_runs += 1
-                    record.failing_tests.update(failing or [f"(pytest exit {code})"])
+                    record.failing_tests.update(outcome.failed or [f"(exit {outcome.code})"])
                     if args.keep is not None:
                         args.keep.mkdir(parents=True, exist_ok=True)
                         shutil.move(workdir, args.keep / workdir.name)
-                    print(f"run {run}: {record.group} FAILED {', '.join(failing)}", flush=True)
+                    print(f"run {run}: {record.group} FAILED {', '.join(outcome.failed)}",
+                          flush=True)  # fmt: skip
             print(
                 f"run {run}/{args.runs}: "
                 + "  ".join(f"{r.group} {r.failed_runs}" for r in records.values()),
@@ -193,6 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(record.line())
         for test, count in record.failing_tests.most_common():
             print(f"    {count:>4} x {test}")
+        if record.skipped_tests:
+            print(f"    skipped: {len(record.skipped_tests)} test(s), e.g. "
+                  f"{next(iter(record.skipped_tests))}")  # fmt: skip
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

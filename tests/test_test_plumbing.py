@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, shared_build
+from tests.conftest import CLOCKED_FILES, REPO, shared_build
+from tests.stress import GROUPS, failed_tests
 
 
 def test_a_shared_build_runs_once_and_one_cut_short_is_done_again(
@@ -60,3 +61,21 @@ def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> Non
     if not request.config.getvalue("loadgroup"):
         pytest.skip("not --dist loadgroup")
     assert request.node.nodeid.endswith("@grouping-check"), request.node.nodeid
+
+
+def test_the_flake_hunt_covers_every_clocked_file_and_reads_pytests_report(
+    tmp_path: Path,
+) -> None:
+    """``python -m tests.stress`` runs every file that watches the clock or signals
+    processes, and names the tests a run's junit report says failed."""
+    hunted = {path for files in GROUPS.values() for path in files}
+    assert set(CLOCKED_FILES) <= hunted and all((REPO / path).is_file() for path in hunted)
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite><testcase classname="tests.a" name="test_ok"/>'
+        '<testcase classname="tests.a" name="test_bad"><failure message="x"/></testcase>'
+        '<testcase classname="tests.b" name="test_err"><error message="y"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert failed_tests(report) == ["tests.a::test_bad", "tests.b::test_err"]
+    assert failed_tests(tmp_path / "none.xml") == []

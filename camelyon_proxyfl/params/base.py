@@ -169,8 +169,9 @@ class ParamsCommand(Generic[Stage]):
         self.parser = argparse.ArgumentParser(prog=prog, description=description)
         self.parser.add_argument(
             "--config", type=Path, default=DEFAULT_PARAMS, metavar="PARAMS",
-            help="parameters file; flags override its keys (default: params.yaml where it "
-            "exists, else the built-in defaults, the paper's)",
+            help="parameters file; flags override its keys (default: the params.yaml of "
+            "this folder or the nearest one above it, the project's; an empty file: the "
+            "built-in defaults, the paper's)",
         )  # fmt: skip
         self.flags: list[Flag] = []
 

@@ -89,3 +89,63 @@ def test_the_command_runs_pinned_and_refuses_what_it_does_not_know(
             main(argv)
     with pytest.raises(SystemExit, match=r"error: no-such-program-here: No such file"):
         main(["native", "--", "no-such-program-here"])
+
+
+# the audit's numeric core on fixed logits: every score, then the membership metrics with
+# their bootstrap intervals, printed as JSON (float64 bits exactly, as audit.json holds them)
+AUDIT_CORE = """
+import json
+from dataclasses import asdict
+import numpy as np
+from analysis.audit.membership import membership_result
+from analysis.audit.scores import lira_offline, log_likelihood, logit_confidence
+rng = np.random.default_rng(7)
+logits = rng.normal(0.0, 3.0, (3000, 2)).astype(np.float32)
+labels = rng.integers(0, 2, 3000)
+reference = np.stack([logit_confidence(logits + rng.normal(0, 0.5, logits.shape)
+                                       .astype(np.float32), labels) for _ in range(4)])
+out = rng.random((4, 3000)) < 0.5
+out[0] = ~out[1:].any(axis=0) | out[0]
+scores = {"loss": log_likelihood(logits, labels), "confidence": logit_confidence(logits, labels),
+          "lira": lira_offline(logit_confidence(logits, labels), reference, out)}
+print(json.dumps({name: {"scores": [float(x).hex() for x in s],
+                         "membership": asdict(membership_result(s[:1500], s[1500:],
+                                                                bootstrap=50, seed=0))}
+                  for name, s in scores.items()}, default=str))
+"""
+
+
+def _numpy_dispatch(environment: dict[str, str]) -> tuple[list[str], str]:
+    """The numpy targets enabled under ``environment`` (of those it dispatches), and the
+    audit core's output there."""
+    enabled = subprocess.run(
+        [sys.executable, "-c", "from numpy._core._multiarray_umath import __cpu_dispatch__ as d,"
+         " __cpu_features__ as f; print(' '.join(t for t in d if f.get(t)))"],
+        env=environment, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    core = subprocess.run([sys.executable, "-c", AUDIT_CORE], cwd=REPO, env=environment,
+                          capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    return enabled, core.stdout
+
+
+@pytest.mark.skipif(not X86_64, reason="the pin is x86-64's (another architecture: other bytes)")
+def test_the_audits_numbers_under_the_pin_are_an_avx2_machines() -> None:
+    """What an AVX2 machine computes (numpy dispatching nothing above AVX2, every other
+    library capped as the pin caps it), this machine computes under the pin: the audit's
+    scores, AUC, TPRs and bootstrap intervals, bit for bit. Natively, an AVX-512 machine
+    computes other last bits (numpy's float64 exp and log): this test then also shows that
+    it can tell them apart."""
+    base = {
+        k: v for k, v in os.environ.items() if k not in (*PINS["avx2"], "NPY_DISABLE_CPU_FEATURES")
+    }
+    pinned = pinned_environment("avx2", base)
+    from numpy._core._multiarray_umath import __cpu_dispatch__ as targets
+
+    above_avx2 = [t for t in targets if t.startswith("AVX512") or t == "X86_V4"]
+    an_avx2_machine = {**pinned, "NPY_DISABLE_CPU_FEATURES": " ".join(above_avx2)}
+    enabled, under_pin = _numpy_dispatch(pinned)
+    assert not set(enabled) & set(above_avx2), f"the pin leaves numpy {enabled}"
+    assert under_pin == _numpy_dispatch(an_avx2_machine)[1]
+    native_enabled, native = _numpy_dispatch(base)
+    if set(native_enabled) & set(above_avx2):  # an AVX-512 machine: the pin matters
+        assert native != under_pin, "natively too the AVX2 bits: the test could not tell"
