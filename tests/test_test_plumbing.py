@@ -4,12 +4,13 @@ coverage measures (tests/conftest.py, tests/coverage_site/sitecustomize.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLOCKED_FILES, REPO, shared_build
-from tests.stress import GROUPS, failed_tests
+from tests.stress import GROUPS, GroupRecord, failed_tests
 
 
 def test_a_shared_build_runs_once_and_one_cut_short_is_done_again(
@@ -79,3 +80,7 @@ def test_the_flake_hunt_covers_every_clocked_file_and_reads_pytests_report(
     )
     assert failed_tests(report) == ["tests.a::test_bad", "tests.b::test_err"]
     assert failed_tests(tmp_path / "none.xml") == []
+    record = GroupRecord("warm", GROUPS["warm"], runs=4, failed_runs=1)
+    record.failing_tests.update(["tests.a::test_bad"])
+    assert json.loads(json.dumps(record.record()))["failing_tests"] == {"tests.a::test_bad": 1}
+    assert record.failures_per_100 == 25.0

@@ -214,7 +214,8 @@ class ParamsCommand(Generic[Stage]):
         """The parsed flags and the stage's sections validated with them laid over it."""
         args = self.parser.parse_args(self.argv)
         for name, value in vars(args).items():  # as typed in the folder it was started in
-            setattr(args, name, from_folder(self.started_in, value))
+            if name != "config":  # given, nothing moved; else the project's
+                setattr(args, name, from_folder(self.started_in, value))
         values = given(args, self.flags)
         refuse_renamed_keys(self.document, list(self.stage.model_fields), self.params_file)
         merged = layered(self.document, values)
