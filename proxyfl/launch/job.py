@@ -458,7 +458,8 @@ def _raise_unless_finished(
         signal_code, signal_failure = _signal_failure(*ended)
         # the fork launcher's own exit code stands when it has one (a rank's Abort(3): the
         # others it then stopped are not the cause); srun's is 143 whichever task died
-        # (not a stopped rank's EXIT_STOPPED: a consequence, its abort racing the signal's)
+        # (not a stopped rank's EXIT_STOPPED, which the fork launcher exits with as the
+        # greatest of its ranks' statuses: a consequence)
         stood = exit_code not in (0, EXIT_STOPPED)
         code = signal_code if signaled.launcher == "srun" or not stood else exit_code
         first = first or signal_failure  # a rank's own fault record says more, if any
