@@ -217,7 +217,6 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
     if rank == 0:
         n_values = sum(p.numel() for p in model.parameters())
         print(json.dumps({"ranks": size, "values": n_values, **results}), flush=True)
-    communicator.free()
 
 
 def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float) -> dict:

@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ORCHESTRATION = ("prefect", "prefect-dask", "fastapi", "dvc")
+# what the GPU bench does not run: the orchestration, and FLARE (its jobs are mpiexec's)
+ORCHESTRATION = ("prefect", "prefect-dask", "fastapi", "dvc", "nvflare")
 TORCH = re.compile(r"^(torch|torchvision|triton|nvidia-.*|cuda-.*)$")
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 

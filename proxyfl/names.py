@@ -12,7 +12,7 @@ MODEL_NAMES: tuple[str, ...] = ("resnet18_gn", "mlp", "cnn1", "cnn2", "lenet5")
 JOINT_CENTER: int = -1  # the "centre" of Joint's pooled data in metrics
 # What starts a training job's ranks (proxyfl.launch.placement.Placement): MPICH's mpiexec (on
 # this machine, or across hosts over ssh), or Slurm's srun inside an allocation.
-Launcher = Literal["mpiexec", "srun"]
+Launcher = Literal["mpiexec", "srun", "flare"]
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 
 

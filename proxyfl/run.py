@@ -143,13 +143,21 @@ def _configure_logging(rank: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """An MPI rank: this process is the rank, MPI's world its job."""
     adopt_passed_output()  # before any line: around the fork launcher's relay
     stoppable_by_launcher()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    _configure_logging(comm.Get_rank())
+    return run_rank(comm, argv)
+
+
+def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
+    """One rank of a job over ``comm``: MPI's world (:func:`main`), or a
+    :class:`~proxyfl.comm.world.MessageWorld` whose messages another transport carries
+    (:mod:`proxyfl.comm.flare`); the same program, and the same bytes, over either."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    _configure_logging(rank)
     wall_start = time.perf_counter()
     startup = process_age()  # before this clock: the interpreter, imports, MPI's init
 
@@ -269,7 +277,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as failure:
         _record_training_failure(failure, trainer, comm, run_dir, label(rank))
         raise
-    trainer.communicator.free()
     fatal_signals.close()
     return 0
 

@@ -75,3 +75,4 @@ def test_the_wheelhouse_asks_for_every_wheel_an_older_glibc_built() -> None:
     assert compatible_platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
     names = " ".join(runtime_requirements())
     assert "opacus" in names and "mpich" in names and "prefect" not in names and "dvc" not in names
+    assert "nvflare" not in names

@@ -301,7 +301,10 @@ def test_a_read_only_output_folder_stops_a_command_before_anything_starts(
         ({"launcher": "srun", "hostfile": "hosts.txt"},
          "train: launcher srun runs the ranks where Slurm's allocation says: hostfile must "
          "be left unset"),
-        ({"launcher": "slurm"}, "train.launcher: Input should be 'mpiexec' or 'srun'"),
+        ({"launcher": "slurm"}, "train.launcher: Input should be 'mpiexec', 'srun' or 'flare'"),
+        ({"launcher": "flare", "hosts": "[node-a]"},
+         "train: launcher flare runs the ranks as FLARE sites of this machine: hosts must be "
+         "left unset"),
     ],
 )  # fmt: skip
 def test_a_placement_of_two_minds_is_a_bad_parameters_file(

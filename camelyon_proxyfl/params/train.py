@@ -31,8 +31,9 @@ class TrainSection(Section):
     launcher: Launcher = Field(
         "mpiexec",
         description="what starts a job's ranks: mpiexec (this machine, or train.hosts / "
-        "train.hostfile over ssh) or srun (inside a Slurm allocation, which places the "
-        "ranks: one task per rank)",
+        "train.hostfile over ssh), srun (inside a Slurm allocation, which places the "
+        "ranks: one task per rank) or flare (each centre a NVIDIA FLARE site, with its own "
+        "certificate, on this machine: docs/sites.md)",
     )
     hosts: list[str] = Field(
         [],
@@ -70,10 +71,12 @@ class TrainSection(Section):
         if self.hosts and self.hostfile is not None:
             raise ValueError("hosts and hostfile are both set: name the hosts one way, a "
                              "list or a file")  # fmt: skip
-        if self.launcher == "srun" and (self.hosts or self.hostfile is not None):
+        if self.launcher != "mpiexec" and (self.hosts or self.hostfile is not None):
             given = "hosts" if self.hosts else "hostfile"
-            raise ValueError(f"launcher srun runs the ranks where Slurm's allocation says: "
-                             f"{given} must be left unset")  # fmt: skip
+            where = ("where Slurm's allocation says" if self.launcher == "srun"
+                     else "as FLARE sites of this machine")  # fmt: skip
+            raise ValueError(f"launcher {self.launcher} runs the ranks {where}: {given} must "
+                             "be left unset")  # fmt: skip
         return self
 
     @model_validator(mode="after")

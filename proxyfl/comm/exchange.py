@@ -2,7 +2,7 @@
 
 A model crosses ranks as one contiguous float32 buffer (its parameters flattened in
 ``model.parameters()`` order) through mpi4py's buffer calls (``Sendrecv``, ``Isend`` /
-``Irecv``, ``Reduce`` / ``Bcast``): no pickling. Only the model handed to these functions
+``Irecv``, ``Send`` / ``Recv``, ``Bcast``): no pickling. Only the model handed to these functions
 ever leaves a rank; the trainer hands them the proxy (or the shared model of a baseline),
 never a private model. Every send is recorded in a :class:`SendLog` (round, kind, peer,
 number of values, BLAKE2b digest of the exact bytes), which the run writes per rank.
@@ -19,8 +19,15 @@ the initial θ's. Algorithm 1 of the paper writes the sent message as ``P[j,k]·
 the same thing for the paper's permutation graph (w stays 1), and sending the numerator
 ``w_k θ_k`` is what keeps the de-biasing exact for any column-stochastic P.
 
-Server averaging (FedAvg, FML): rank 0 also plays the server. Members ``Reduce`` their
-buffers to it (a sum), it divides by the number of members and ``Bcast``s the average back.
+Server averaging (FedAvg, FML): rank 0 also plays the server. Each member sends it its
+buffer; it adds them in the members' order and divides by their number, in float32,
+
+    s ← θ_{m_1},    s ← s + θ_{m_j} for j = 2..n,    θ̄ = s / n,
+
+and sends θ̄ back to each member. The order is part of the definition: float addition is not
+associative, and MPI's ``Reduce`` chooses its tree by message and world size (four members:
+(θ_1+θ_2)+(θ_3+θ_4)), so a sum left to the transport would give other last bits over
+another transport (:mod:`proxyfl.comm.flare`) or another placement of the clients.
 
 PrivateKT: rank 0, the server, ``Bcast``s the global model, the round's knowledge-transfer
 item indices and the selected clients to every rank (:meth:`Communicator.broadcast`);
@@ -43,6 +50,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 MODEL_TAG = 101
 WEIGHT_TAG = 102
 LABELS_TAG = 103
+AVERAGE_TAG = 104
 SERVER_RANK = 0
 
 
@@ -106,7 +114,6 @@ class Communicator:
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self.log = log if log is not None else SendLog()
-        self._server_groups: dict[tuple[int, ...], Any] = {}
 
     # -- PushSum -------------------------------------------------------------------------
     def push_sum(
@@ -168,42 +175,42 @@ class Communicator:
         return theta_new, new_weight, seconds
 
     # -- server average ------------------------------------------------------------------
-    def _server_group(self, members: list[int]) -> Any:
-        """The sub-communicator of the members plus the server (collective over the world)."""
-        key = tuple(members)
-        if key not in self._server_groups:
-            inside = self.rank in members or self.rank == SERVER_RANK
-            color = 0 if inside else _undefined_color()
-            self._server_groups[key] = self.comm.Split(color, key=self.rank)
-        return self._server_groups[key]
-
     def server_average(
         self, theta: np.ndarray, members: list[int], round_number: int
     ) -> tuple[np.ndarray | None, float]:
-        """Average of the members' buffers, computed by rank 0; every world rank must call.
+        """Average of the members' buffers, summed by rank 0 in the members' order (module
+        doc); called by the members and the server.
 
         Returns ``(average, seconds)`` on members and the server, ``(None, 0.0)`` elsewhere.
         """
-        group = self._server_group(members)
         if self.rank not in members and self.rank != SERVER_RANK:
             return None, 0.0
-        contributes = self.rank in members
-        send = (
-            np.ascontiguousarray(theta, dtype=np.float32)
-            if contributes
-            else np.zeros_like(theta, dtype=np.float32)
-        )
-        result = np.empty_like(send)
-        if contributes and self.rank != SERVER_RANK:
-            self.log.record(round_number, "model", SERVER_RANK, send)
+        own = np.ascontiguousarray(theta, dtype=np.float32)
         start = time.perf_counter()
-        group.Reduce(send, result, root=0)  # sum; group rank 0 is world rank 0
-        if self.rank == SERVER_RANK:
-            result /= np.float32(max(len(members), 1))
-            self.log.record(round_number, "server_average", "members", result)
-        group.Bcast(result, root=0)
-        seconds = time.perf_counter() - start
-        return result, seconds
+        if self.rank != SERVER_RANK:
+            self.log.record(round_number, "model", SERVER_RANK, own)
+            self.comm.Send(own, dest=SERVER_RANK, tag=MODEL_TAG)
+            average = np.empty_like(own)
+            self.comm.Recv(average, source=SERVER_RANK, tag=AVERAGE_TAG)
+            return average, time.perf_counter() - start
+        total: np.ndarray | None = None
+        received = np.empty_like(own)
+        for member in members:
+            if member == SERVER_RANK:
+                part = own
+            else:
+                self.comm.Recv(received, source=member, tag=MODEL_TAG)
+                part = received
+            if total is None:
+                total = part.copy()
+            else:
+                total += part
+        average = total / np.float32(max(len(members), 1)) if total is not None else own.copy()
+        self.log.record(round_number, "server_average", "members", average)
+        for member in members:
+            if member != SERVER_RANK:
+                self.comm.Send(average, dest=member, tag=AVERAGE_TAG)
+        return average, time.perf_counter() - start
 
     # -- ring (cyclical weight transfer) -------------------------------------------------
     def ring_pass(
@@ -264,18 +271,3 @@ class Communicator:
         if requests:
             requests[0].Waitall(requests)
         return rows, time.perf_counter() - start
-
-    def free(self) -> None:
-        """Release the sub-communicators made for server averaging."""
-        from mpi4py import MPI
-
-        for group in self._server_groups.values():
-            if group != MPI.COMM_NULL:
-                group.Free()
-        self._server_groups.clear()
-
-
-def _undefined_color() -> int:
-    from mpi4py import MPI
-
-    return MPI.UNDEFINED

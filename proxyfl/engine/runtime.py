@@ -72,7 +72,12 @@ def mpi_world() -> Any:
 
 
 def local_placement(comm: Any) -> tuple[int, int]:
-    """``(this rank's index among the ranks sharing its node, how many share it)``."""
+    """``(this rank's index among the ranks sharing its node, how many share it)``: MPI's
+    shared-memory split, or what a world of messages was told
+    (:meth:`proxyfl.comm.world.MessageWorld.local_placement`)."""
+    told = getattr(comm, "local_placement", None)
+    if told is not None:
+        return told()
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())

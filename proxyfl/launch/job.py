@@ -155,6 +155,9 @@ class TrainingJob:
     def command(self, warm: WarmRanks | None = None) -> list[str]:
         """The whole command line: the placement's launcher, then a rank's program (as the
         shim that has ``warm``'s server fork it, when one is given)."""
+        if self.placement.launcher == "flare":  # no mpiexec: the sites run the ranks
+            return [sys.executable, "-m", "proxyfl.launch.flare", "--ranks", str(self.ranks),
+                    *self.arguments()]  # fmt: skip
         program = [sys.executable, "-m", "mpi4py", "-m", "proxyfl.run", *self.arguments()]
         return [
             *self.placement.command_prefix(self.ranks),

@@ -67,6 +67,10 @@ class Placement:
       hostfile are refused, since Slurm decides the placement; each task gets the
       allocation's ``--cpus-per-task`` (:func:`~proxyfl.launch.slurm.srun_cpus_per_task`).
       ``tests/slurm/`` runs it on a Slurm cluster of this machine.
+    - ``flare``: each rank a NVIDIA FLARE site of this machine, with its own certificate,
+      its messages relayed by a FLARE server over mutual TLS on 127.0.0.1
+      (:mod:`proxyfl.launch.flare` starts and stops them; :func:`command_prefix` is not
+      used).
     """
 
     launcher: Launcher = "mpiexec"
@@ -79,9 +83,9 @@ class Placement:
             raise ValueError(f"unknown launcher {self.launcher!r}; one of {LAUNCHERS}")
         if self.hosts and self.hostfile is not None:
             raise ValueError("hosts and a hostfile both given: name the hosts one way")
-        if self.launcher == "srun" and (self.hosts or self.hostfile is not None):
-            raise ValueError("srun places the ranks where Slurm's allocation says: "
-                             "give it no hosts or hostfile")  # fmt: skip
+        if self.launcher != "mpiexec" and (self.hosts or self.hostfile is not None):
+            raise ValueError(f"{self.launcher} places the ranks itself: give it no hosts or "
+                             "hostfile")  # fmt: skip
 
     @property
     def single_machine(self) -> bool:

@@ -5,13 +5,16 @@ For each case, each rank starts from its own random vector θ_k (seeded by its r
 weight 1, runs ROUNDS PushSum rounds of SCHEDULE through
 :class:`proxyfl.algorithms.strategies.PushSumExchange` (the same object training uses) and saves
 ``NAME/rank_{k}.npz`` with the initial vector, the de-biased vector and weight after every
-round, and the sizes of the model buffers it sent.
+round, and the sizes of the model buffers it sent. A case ``NAME=server:M1,M2,...@1``
+instead runs one server average (:meth:`Communicator.server_average`) over those members
+and saves each caller's ``average``.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -23,8 +26,8 @@ from proxyfl.comm.graphs import parse_schedule_spec
 DIMENSION = 1000
 
 
-def run_case(out: Path, spec: str, rounds: int) -> None:
-    comm = MPI.COMM_WORLD
+def run_case(out: Path, spec: str, rounds: int, comm: Any = None) -> None:
+    comm = comm or MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     theta = np.random.default_rng(1000 + rank).normal(size=DIMENSION).astype(np.float32)
     initial = theta.copy()
@@ -49,12 +52,29 @@ def run_case(out: Path, spec: str, rounds: int) -> None:
     )
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    for case in sys.argv[2:]:
+def run_server_average(out: Path, members: list[int], comm: Any = None) -> None:
+    comm = comm or MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    theta = np.random.default_rng(1000 + rank).normal(size=DIMENSION).astype(np.float32)
+    average, _ = Communicator(comm).server_average(theta, members, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = {"initial": theta} if average is None else {"initial": theta, "average": average}
+    np.savez(out / f"rank_{rank}.npz", **saved)
+
+
+def run_cases(out: Path, cases: list[str], comm: Any = None) -> None:
+    """Each ``NAME=SPEC@ROUNDS`` case, over ``comm`` (MPI's world by default)."""
+    for case in cases:
         name, _, rest = case.partition("=")
         spec, _, rounds = rest.rpartition("@")
-        run_case(out / name, spec, int(rounds))
+        if spec.startswith("server:"):
+            run_server_average(out / name, [int(m) for m in spec[7:].split(",")], comm)
+        else:
+            run_case(out / name, spec, int(rounds), comm)
+
+
+def main() -> None:
+    run_cases(Path(sys.argv[1]), sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,406 @@
+"""One training job as a FLARE job on this machine: ``train.launcher: flare``.
+
+    python -m proxyfl.launch.flare --ranks K --config RUN_DIR/config.json
+
+what :class:`~proxyfl.launch.job.TrainingJob` runs in place of ``mpiexec -n K ...``, so
+that the launch around it (the job's log, its progress, its failure records, retries that
+resume from checkpoints) is the same. It
+
+1. provisions a throw-away project under ``RUN_DIR/flare/`` (:mod:`proxyfl.launch.kits`: a
+   new root CA, a kit per rank's centre, mutual TLS), its server on ``127.0.0.1`` at a free
+   port;
+2. starts the server, then one FLARE site per rank, each a child of this process, and
+   waits (at most ``--connect-timeout`` seconds) until every site has connected;
+3. submits the job (:class:`~proxyfl.sites.controller.RunController` and
+   :class:`~proxyfl.sites.executor.RankExecutor`) and follows it, passing the ranks' lines
+   to its standard output and every process's lines to ``RUN_DIR/flare/logs/``;
+4. stops every process it started, at the end, at Ctrl-C or on any failure, and exits
+   with the job's status.
+
+Exit statuses beyond the rank program's: :data:`EXIT_NO_CONNECTION` (a site could not
+connect: another project's certificate, the server unreachable or not up in time),
+:data:`EXIT_SITE_LOST` (a site's process ended mid-run: its centre is named, and the rank
+left a failure record), :data:`~plumbing.refusals.EXIT_REFUSED` (the server's port is
+taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from plumbing.refusals import EXIT_REFUSED
+from proxyfl.engine.validation import RankFailure, record_failure
+from proxyfl.launch.kits import ADMIN, Kits, Project, provision
+
+logger = logging.getLogger(__name__)
+
+EXIT_NO_CONNECTION = 4
+EXIT_SITE_LOST = 5
+SERVER_HOST = "localhost"  # a loopback name: FLARE then listens on 127.0.0.1 only
+OUTCOME_FILE = "outcome.json"
+_SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
+_SITE_MODULE = "nvflare.private.fed.app.client.client_train"
+_WORKER_MODULE = "nvflare.private.fed.app.client.worker_process"  # a site's job process
+# what a site whose certificate is not from the server's CA (or the server's not from its)
+# reads in its TLS handshake, from gRPC's C core
+_CERTIFICATE_REFUSED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed",
+                        "unknown ca", "bad certificate")  # fmt: skip
+
+
+class FlareJobError(RuntimeError):
+    """The job could not run; ``status`` is the exit status to end with."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def site_names(centers: Sequence[int], ranks: int) -> list[str]:
+    """A site per rank, named by its centre (the pooled data of Joint: ``pooled``)."""
+    if ranks == 1 and len(centers) > 1:
+        return ["pooled"]
+    return [f"centre-{center}" for center in list(centers)[:ranks]]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing on ``host`` listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def accepts(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
+
+
+@dataclass
+class _Process:
+    """A FLARE process this launcher started, its lines relayed."""
+
+    name: str
+    popen: subprocess.Popen
+    log: TextIO
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    relay: threading.Thread | None = None
+
+    def lines_with(self, needles: Sequence[str]) -> list[str]:
+        return [line for line in self.tail if any(n in line for n in needles)]
+
+
+class FlareProcesses:
+    """The server and the sites of one job on this machine, each a child of this process;
+    stopped, with everything they started, when the block ends."""
+
+    def __init__(self, logs: Path, env: dict[str, str], out: TextIO) -> None:
+        self.logs, self.env, self.out = logs, env, out
+        self.processes: dict[str, _Process] = {}
+        self._out_lock = threading.Lock()
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> FlareProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, name: str, kit: Path, module: str, settings: list[str]) -> _Process:
+        command = [sys.executable, "-u", "-m", module, "-m", str(kit.resolve()), "-s",
+                   "fed_server.json" if module == _SERVER_MODULE else "fed_client.json",
+                   "--set", "secure_train=true", "config_folder=config", *settings]  # fmt: skip
+        log = open(self.logs / f"{name}.log", "a", encoding="utf-8")  # noqa: SIM115
+        popen = subprocess.Popen(command, cwd=kit, env=self.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 text=True, errors="replace")  # fmt: skip
+        process = _Process(name, popen, log)
+        process.relay = threading.Thread(target=self._relay, args=(process,), daemon=True)
+        process.relay.start()
+        self.processes[name] = process
+        return process
+
+    def _relay(self, process: _Process) -> None:
+        assert process.popen.stdout is not None
+        for line in process.popen.stdout:
+            process.log.write(line)
+            process.log.flush()  # a job that hangs is read from its logs
+            process.tail.append(line.rstrip("\n"))
+            if "[rank " in line or line.startswith("proxyfl.run:"):  # the ranks' own lines
+                with self._out_lock:
+                    self.out.write(line)
+                    self.out.flush()
+        process.log.flush()
+
+    def ended(self) -> list[_Process]:
+        return [p for p in self.processes.values() if p.popen.poll() is not None]
+
+    def stop(self) -> None:
+        """SIGTERM to every process started and everything under it (FLARE's job processes
+        run in sessions of their own), SIGKILL to what is left after a grace."""
+        import psutil
+
+        tree: list[psutil.Process] = []
+        for process in self.processes.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                top = psutil.Process(process.popen.pid)
+                tree += [top, *top.children(recursive=True)]
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.terminate()
+        _, alive = psutil.wait_procs(tree, timeout=8)
+        for member in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        psutil.wait_procs(alive, timeout=5)
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.popen.wait(timeout=5)
+            if process.relay is not None:
+                process.relay.join(timeout=5)
+            process.log.close()
+
+
+def write_job(folder: Path, name: str, sites: list[str], arguments: list[str],
+              placement: list[list[int]], outcome_file: Path) -> Path:  # fmt: skip
+    """The FLARE job folder: the server's controller and the sites' executor, by class
+    path (installed code; the job carries no code of its own)."""
+    config = folder / "app" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    meta = {"name": name, "resource_spec": {}, "deploy_map": {"app": ["@ALL"]},
+            "min_clients": len(sites)}  # fmt: skip
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    controller = {"id": "run", "path": "proxyfl.sites.controller.RunController",
+                  "args": {"sites": sites, "arguments": arguments, "placement": placement,
+                           "outcome_file": str(outcome_file.resolve())}}  # fmt: skip
+    server = {"format_version": 2, "workflows": [controller], "components": []}
+    (config / "config_fed_server.json").write_text(json.dumps(server, indent=1))
+    executor = {
+        "tasks": ["rank"],
+        "executor": {"path": "proxyfl.sites.executor.RankExecutor", "args": {}},
+    }
+    client = {"format_version": 2, "executors": [executor], "components": []}
+    (config / "config_fed_client.json").write_text(json.dumps(client, indent=1))
+    return folder
+
+
+@contextlib.contextmanager
+def admin_session(kits: Kits, timeout_s: float) -> Iterator[Any]:
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    session = new_secure_session(username=ADMIN, startup_kit_location=str(kits.admin.resolve()),
+                                 timeout=timeout_s)  # fmt: skip
+    try:
+        yield session
+    finally:
+        with contextlib.suppress(Exception):
+            session.close()
+
+
+def _connected(session: Any) -> set[str]:
+    return {client.name for client in session.get_connected_client_list()}
+
+
+def run_flare_job(
+    run_dir: Path, arguments: list[str], sites: list[str], connect_timeout_s: float,
+    out: TextIO = sys.stdout,
+) -> int:  # fmt: skip
+    """The job (module doc); its exit status. Raises :class:`FlareJobError`."""
+    workspace = run_dir / "flare"
+    outcome_file = workspace / OUTCOME_FILE
+    outcome_file.unlink(missing_ok=True)
+    port = free_port()
+    project = Project(name="proxyfl", server_host=SERVER_HOST, port=port, sites=tuple(sites))
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    placement = [[rank, len(sites)] for rank in range(len(sites))]  # all on this machine
+    with contextlib.ExitStack() as stack:
+        # the kits' keys do not outlive the job (a rerun provisions a project of its own)
+        stack.callback(shutil.rmtree, workspace / "kits", ignore_errors=True)
+        kits = provision(project, workspace / "kits" / f"port-{port}")
+        processes = stack.enter_context(FlareProcesses(workspace / "logs", env, out))
+        if port_taken(port):
+            raise FlareJobError(f"127.0.0.1:{port}: the FLARE server's port is taken by "
+                                "another process", EXIT_REFUSED)  # fmt: skip
+        server = processes.start("server", kits.server, _SERVER_MODULE, [f"org={project.name}"])
+        _wait_for(lambda: accepts(port), connect_timeout_s, processes, "the FLARE server to "
+                  f"listen on 127.0.0.1:{port}")  # fmt: skip
+        for site in sites:
+            processes.start(site, kits.site(site), _SITE_MODULE,
+                            [f"uid={site}", f"org={project.name}"])  # fmt: skip
+        with admin_session(kits, connect_timeout_s) as session:
+            _wait_for_sites(session, sites, processes, connect_timeout_s)
+            logger.info("FLARE server and %d site(s) up in %.1f s", len(sites),
+                        time.perf_counter() - started)  # fmt: skip
+            job = write_job(workspace / "job", f"proxyfl-{run_dir.name}", sites, arguments,
+                            placement, outcome_file)  # fmt: skip
+            job_id = session.submit_job(str(job.resolve()))
+            try:
+                return _follow(session, job_id, sites, processes, server, outcome_file, run_dir)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    session.abort_job(job_id)
+                raise
+
+
+def _wait_for(ready: Any, timeout_s: float, processes: FlareProcesses, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for process in processes.ended():
+            said = process.tail[-1] if process.tail else "no output"
+            raise FlareJobError(f"{process.name} exited ({process.popen.returncode}) before "
+                                f"{what}: {said}", EXIT_NO_CONNECTION)  # fmt: skip
+        if time.monotonic() > deadline:
+            raise FlareJobError(f"timed out after {timeout_s:.0f} s waiting for {what}",
+                                EXIT_NO_CONNECTION)  # fmt: skip
+        time.sleep(0.2)
+
+
+def _wait_for_sites(session: Any, sites: list[str], processes: FlareProcesses,
+                    timeout_s: float) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while missing := [site for site in sites if site not in _connected(session)]:
+        ended = [p for p in processes.ended() if p.name in missing]
+        if ended or time.monotonic() > deadline:
+            site = processes.processes[(ended or [processes.processes[missing[0]]])[0].name]
+            refused = site.lines_with(_CERTIFICATE_REFUSED)
+            why = ("its certificate is not from this project's CA, or the server's not "
+                   "from its (TLS: " + refused[-1].strip()[-120:] + ")") if refused else (
+                   f"not connected within {timeout_s:.0f} s"
+                   if not ended else f"its process exited ({site.popen.returncode})")  # fmt: skip
+            raise FlareJobError(f"site {site.name} could not join the FLARE server at "
+                                f"{SERVER_HOST}: {why}; its log: {site.log.name}",
+                                EXIT_NO_CONNECTION)  # fmt: skip
+        time.sleep(0.5)
+
+
+def _site_jobs(processes: FlareProcesses, sites: list[str]) -> dict[str, set[int]]:
+    """Each site's job processes now (FLARE's workers, in sessions of their own)."""
+    import psutil
+
+    jobs: dict[str, set[int]] = {}
+    for site in sites:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(processes.processes[site].popen.pid)
+            jobs[site] = set()
+            for child in top.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if any(_WORKER_MODULE in part for part in child.cmdline()):
+                        jobs[site].add(child.pid)
+    return jobs
+
+
+def _follow(session: Any, job_id: str, sites: list[str], processes: FlareProcesses,
+            server: _Process, outcome_file: Path, run_dir: Path) -> int:  # fmt: skip
+    """Until the job ends: its status, from the outcome every site answered; or the first
+    site lost (its process, or its job's, ended before it answered) named, in a failure
+    record of its rank and an error."""
+    workers: dict[str, set[int]] = {site: set() for site in sites}
+    while True:
+        outcome = json.loads(outcome_file.read_text()) if outcome_file.exists() else None
+        if outcome is not None and None not in outcome["sites"].values():
+            return int(outcome["status"])
+        lost = _lost_site(sites, processes, workers)
+        if lost is None and outcome is not None:  # a site that never answered
+            site = next(name for name, status in outcome["sites"].items() if status is None)
+            lost = (sites.index(site), site, "it never answered (its job process ended?)")
+        if lost is not None:
+            rank, site, why = lost
+            message = f"site {site} was lost mid-run: {why}"
+            record_failure(run_dir, RankFailure(rank=rank, client=f"rank {rank} ({site})",
+                                                phase="training", error=message))  # fmt: skip
+            raise FlareJobError(message, EXIT_SITE_LOST)
+        if server.popen.poll() is not None:
+            ended = _ended_by(server.popen.returncode)
+            raise FlareJobError(f"the FLARE server ended mid-run: {ended}", EXIT_SITE_LOST)
+        status = str(session.get_job_meta(job_id).get("status", ""))
+        if status.startswith("FINISHED") and outcome is None:
+            time.sleep(1.0)  # the outcome is written before the job finishes
+            if not outcome_file.exists():
+                raise FlareJobError(f"the FLARE job ended ({status}) without an outcome; the "
+                                    f"server's log: {server.log.name}", 1)  # fmt: skip
+        time.sleep(0.5)
+
+
+def _lost_site(sites: list[str], processes: FlareProcesses,
+               workers: dict[str, set[int]]) -> tuple[int, str, str] | None:  # fmt: skip
+    """``(rank, site, why)`` of the first site whose process has ended, or whose job
+    process (a FLARE worker, seen before in ``workers``) has; ``workers`` is updated."""
+    import psutil
+
+    for rank, site in enumerate(sites):
+        process = processes.processes[site]
+        if process.popen.poll() is not None:
+            return rank, site, _ended_by(process.popen.returncode)
+        for pid in workers[site]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    continue
+            return rank, site, "its job process ended (out of memory? killed?)"
+        workers[site] |= _site_jobs(processes, [site]).get(site, set())
+    return None
+
+
+def _ended_by(returncode: int) -> str:
+    if returncode < 0:
+        return f"its process was ended by signal {signal.Signals(-returncode).name}"
+    return f"its process exited with status {returncode}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from plumbing.processes import start_command
+
+    start_command()
+    parser = argparse.ArgumentParser(prog="python -m proxyfl.launch.flare",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--config", type=Path, required=True, help="the job's config.json")
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="seconds the server and the sites have to come up and connect",
+    )
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("nvflare").setLevel(logging.WARNING)  # its admin session's chatter
+    config = json.loads(options.config.read_text(encoding="utf-8"))
+    run_dir = options.config.resolve().parent
+    sites = site_names(config.get("centers") or list(range(options.ranks)), options.ranks)
+    try:
+        return run_flare_job(run_dir, ["--config", str(options.config.resolve())], sites,
+                             options.connect_timeout)  # fmt: skip
+    except FlareJobError as error:
+        print(f"proxyfl.launch.flare: error: {error}", file=sys.stderr, flush=True)
+        return error.status
+    except KeyboardInterrupt:
+        print("proxyfl.launch.flare: stopped", file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

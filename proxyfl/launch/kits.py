@@ -1,0 +1,155 @@
+"""The startup kits of a FLARE project: one per site, one for the server, one for its
+administrator, each holding the project's root certificate and its own certificate and key
+(``nvflare provision``), the connections mutual TLS (``connection_security: mtls``).
+
+:func:`provision` writes them from a :class:`Project`; :func:`site_local_settings` then
+fills each kit's ``local/`` folder with what this project needs of a site:
+
+- ``resources.json``: FLARE's defaults, with this package on the list of classes a job may
+  name (FLARE refuses any other: a job of ours names only
+  :class:`~proxyfl.sites.controller.RunController` and
+  :class:`~proxyfl.sites.executor.RankExecutor`, installed code, never code sent with the
+  job); the server's job and snapshot stores inside its kit (FLARE's default is
+  ``/tmp/nvflare``, shared by every project of the machine); how long the server waits for a
+  silent site before it drops it (``heart_beat_timeout``);
+- ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
+  already taken and says nothing), and messages up to FLARE's frame limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+ORGANISATION = "proxyfl"
+ADMIN = "admin@proxyfl.org"
+# the package prefix a job's components may come from (FLARE's class_allow_list: a prefix
+# ends with a dot)
+ALLOWED_PACKAGE = "proxyfl.sites."
+# FLARE's largest frame (2 GiB less 2 MiB): a message is streamed in chunks below it
+MAX_MESSAGE_BYTES = 2_145_386_496
+_SITE_NAME = re.compile(r"[a-z0-9][a-z0-9\-]*")
+
+
+@dataclass(frozen=True)
+class Project:
+    """Who takes part: the server (``server_host``: the name the sites connect to, in its
+    certificate; ``port``: its one port, for the sites and the administrator) and the
+    sites, by name."""
+
+    name: str
+    server_host: str
+    port: int
+    sites: tuple[str, ...]
+    heart_beat_timeout_s: int = 60
+
+    def __post_init__(self) -> None:
+        for site in self.sites:
+            if not _SITE_NAME.fullmatch(site):
+                raise ValueError(f"{site!r} is not a site name (lower-case letters, digits, -)")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError(f"a site is named twice: {list(self.sites)}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port {self.port} is not a TCP port")
+
+    def project_file(self) -> dict:
+        """``project.yml`` for ``nvflare provision``."""
+        server = {"name": self.server_host, "type": "server", "org": ORGANISATION,
+                  "fed_learn_port": self.port, "admin_port": self.port,
+                  "connection_security": "mtls"}  # fmt: skip
+        sites = [{"name": site, "type": "client", "org": ORGANISATION,
+                  "connection_security": "mtls"} for site in self.sites]  # fmt: skip
+        admin = {"name": ADMIN, "type": "admin", "org": ORGANISATION, "role": "project_admin"}
+        return {
+            "api_version": 3,
+            "name": self.name,
+            "description": "ProxyFL across centres (camelyon-proxyfl)",
+            "participants": [server, *sites, admin],
+            "builders": [
+                {"path": "nvflare.lighter.impl.workspace.WorkspaceBuilder",
+                 "args": {"template_file": ["master_template.yml"]}},
+                {"path": "nvflare.lighter.impl.static_file.StaticFileBuilder",
+                 "args": {"config_folder": "config", "scheme": "grpc"}},
+                {"path": "nvflare.lighter.impl.cert.CertBuilder"},
+                {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
+            ],
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Kits:
+    """Where ``nvflare provision`` wrote a project's kits."""
+
+    root: Path  # .../PROJECT/prod_NN
+    project: Project
+
+    @property
+    def server(self) -> Path:
+        return self.root / self.project.server_host
+
+    @property
+    def admin(self) -> Path:
+        return self.root / ADMIN
+
+    def site(self, name: str) -> Path:
+        return self.root / name
+
+
+class ProvisionError(RuntimeError):
+    """``nvflare provision`` failed."""
+
+
+def provision(project: Project, out: Path) -> Kits:
+    """Write ``project``'s kits under ``out`` (a new CA each time) and their local settings."""
+    out.mkdir(parents=True, exist_ok=True)
+    project_file = out / "project.yml"
+    project_file.write_text(yaml.safe_dump(project.project_file(), sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "nvflare.cli", "provision", "-p", str(project_file),
+         "-w", str(out)],
+        cwd=out, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    roots = sorted((out / project.name).glob("prod_*"))
+    if done.returncode != 0 or not roots:
+        said = (done.stdout + done.stderr).strip().splitlines()
+        raise ProvisionError(f"nvflare provision failed ({done.returncode}): "
+                             f"{said[-1] if said else 'no output'}")  # fmt: skip
+    kits = Kits(roots[-1], project)
+    site_local_settings(kits.server, server=True,
+                        heart_beat_timeout_s=project.heart_beat_timeout_s)  # fmt: skip
+    for site in project.sites:
+        site_local_settings(kits.site(site), server=False)
+    return kits
+
+
+def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60) -> None:
+    """``kit``'s ``local/resources.json`` and ``local/comm_config.json`` (module doc)."""
+    local = kit / "local"
+    resources = json.loads((local / "resources.json.default").read_text())
+    allowed = resources.setdefault("class_allow_list", [])
+    if ALLOWED_PACKAGE not in allowed:
+        allowed.append(ALLOWED_PACKAGE)
+    if server:
+        for entry in resources.get("servers", []):
+            entry["heart_beat_timeout"] = heart_beat_timeout_s
+        storage = kit.resolve() / "storage"
+        for component in resources.get("components", []):
+            if component.get("id") == "job_manager":
+                component["args"]["uri_root"] = str(storage / "jobs")
+        persistor = resources.get("snapshot_persistor", {}).get("args", {})
+        if "storage" in persistor:
+            persistor["storage"]["args"]["root_dir"] = str(storage / "snapshots")
+    (local / "resources.json").write_text(json.dumps(resources, indent=2))
+    grpc_options = [["grpc.so_reuseport", 0],
+                    ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],
+                    ["grpc.max_receive_message_length", MAX_MESSAGE_BYTES]]  # fmt: skip
+    (local / "comm_config.json").write_text(json.dumps({"grpc": {"options": grpc_options}}))

@@ -1,0 +1,130 @@
+"""A centre's rank, hosted by its FLARE site: :class:`RankExecutor`.
+
+The server's one task (``rank``, :mod:`proxyfl.sites.controller`) names the job's sites
+in rank order and the rank program's arguments; the executor runs
+:func:`proxyfl.run.run_rank` over a :class:`~proxyfl.comm.world.MessageWorld` whose link is
+FLARE's aux messages (:class:`~proxyfl.comm.flare.link.AuxLink`), and answers with the
+rank's exit status. The rank's log lines go to the site's standard error with the rank
+program's own prefix (``[rank N]``), as under mpiexec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import traceback
+from typing import Any
+
+from nvflare.apis.event_type import EventType
+from nvflare.apis.executor import Executor
+from nvflare.apis.fl_constant import ReservedKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.signal import Signal
+
+from proxyfl.comm.flare.link import (
+    MESSAGE_TOPIC,
+    PAYLOAD,
+    STATUS,
+    STOP_TOPIC,
+    TAG_HEADER,
+    AuxLink,
+    Inbox,
+    JobStopped,
+)
+
+RANK_TASK = "rank"
+SITES = "sites"
+ARGUMENTS = "arguments"
+PLACEMENT = "placement"  # per rank: [local rank, ranks on its machine]
+# the loggers of the rank program (proxyfl.run configures the root logger under mpiexec;
+# here the root logger is FLARE's)
+RANK_LOGGERS = ("proxyfl", "plumbing", "camelyon_proxyfl", "analysis")
+
+
+class RankExecutor(Executor):
+    """Runs this site's rank of the job (module doc)."""
+
+    def __init__(self, send_timeout_s: float = 600.0) -> None:
+        super().__init__()
+        self.send_timeout_s = send_timeout_s
+        self.inbox = Inbox()
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        if event_type == EventType.START_RUN:  # before any peer can send to this site
+            engine = fl_ctx.get_engine()
+            engine.register_aux_message_handler(MESSAGE_TOPIC, self._on_message)
+            engine.register_aux_message_handler(STOP_TOPIC, self._on_stop)
+
+    def _on_message(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
+        sender = request.get_peer_prop(ReservedKey.IDENTITY_NAME, "")
+        payload = request.get(PAYLOAD)
+        if not isinstance(payload, bytes):  # only bytes are ever accepted
+            return make_reply(ReturnCode.BAD_REQUEST_DATA)
+        self.inbox.deliver(sender, str(request.get_header(TAG_HEADER)), payload)
+        return make_reply(ReturnCode.OK)
+
+    def _on_stop(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
+        status = int(request.get(STATUS, 1))
+        self.inbox.stop(JobStopped(status, f"the job is ending with status {status}"))
+        return make_reply(ReturnCode.OK)
+
+    def execute(
+        self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal
+    ) -> Shareable:
+        if task_name != RANK_TASK:
+            return make_reply(ReturnCode.TASK_UNKNOWN)
+        from proxyfl.comm.world import MessageWorld
+
+        sites = list(shareable[SITES])
+        rank = sites.index(fl_ctx.get_identity_name())
+        local_rank, local_size = shareable[PLACEMENT][rank]
+        link = AuxLink(fl_ctx.get_engine(), fl_ctx, sites, rank, self.inbox, abort_signal,
+                       self.send_timeout_s)  # fmt: skip
+        world = MessageWorld(link, rank, len(sites), local_rank, local_size)
+        status = run_rank_logged(world, list(shareable[ARGUMENTS]))
+        if status not in (0, None) and self.inbox.stopped is None:
+            # the others would wait for this rank's next message: end the job
+            with contextlib.suppress(JobStopped):
+                link.abort(status)
+        reply = make_reply(ReturnCode.OK)
+        reply[STATUS] = int(status or 0)
+        return reply
+
+
+def run_rank_logged(world: Any, arguments: list[str]) -> int:
+    """:func:`proxyfl.run.run_rank`, its log lines on standard error prefixed with the rank;
+    its exit status (a :class:`JobStopped`'s, a ``SystemExit``'s, 1 for a bug's traceback)."""
+    import mpi4py
+
+    # MPI is never started at a site: run.json still names its library (a call MPI allows
+    # before its start), but MPI_Init would open a listener on the site's network (MPICH's)
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from proxyfl.run import run_rank
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s [rank {world.Get_rank()}] %(levelname)s %(name)s: %(message)s"))  # fmt: skip
+    loggers = [logging.getLogger(name) for name in RANK_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    try:
+        return run_rank(world, arguments)
+    except JobStopped as stopped:
+        print(f"proxyfl.run: rank {world.Get_rank()} stopped: {stopped}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return stopped.status
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    except Exception:  # a bug's traceback, as -m mpi4py prints it before aborting
+        for line in traceback.format_exc().splitlines():
+            print(f"[rank {world.Get_rank()}] {line}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        sys.stderr.flush()

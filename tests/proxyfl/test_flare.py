@@ -1,0 +1,162 @@
+"""Training over NVIDIA FLARE on this machine (``train.launcher: flare``): each centre a site
+with its own certificate, the server on 127.0.0.1, and the same bytes as mpiexec.
+
+A FLARE job and an mpiexec job of the same configuration run through the product's launch
+(:func:`~proxyfl.launch.job.run_job`) on three tiny stores; every file DVC hashes of the two
+runs is compared. The methods chosen carry every exchange of :mod:`proxyfl.comm`: PushSum
+(ProxyFL), the server's average (FedAvg), the ring (CWT), and the server's broadcast and the
+clients' labels (PrivateKT).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from proxyfl.config import TrainConfig
+from proxyfl.launch.job import TrainingJob, run_job
+from proxyfl.launch.placement import Placement
+
+pytestmark = pytest.mark.slow
+
+CENTERS = [0, 1, 2]
+
+
+def _config(stores: Path, run_dir: Path, algorithm: str) -> TrainConfig:
+    return TrainConfig(
+        algorithm=algorithm, data=stores, run_dir=run_dir, centers=CENTERS, rounds=2,
+        batch_size=8, proxy_model="cnn1", private_model=["mlp"], device="cpu", seed=0,
+        sigma=1.0, clip=1.0, lr=1e-2, torch_threads=1, keep_final_checkpoints=True,
+        kt_samples=2, self_train_samples=4,
+    )  # fmt: skip
+
+
+def _listeners_under(pid: int) -> set[str]:
+    """The TCP addresses listened on by ``pid`` and every process under it."""
+    top = psutil.Process(pid)
+    pids = {top.pid, *(child.pid for child in top.children(recursive=True))}
+    return {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}  # fmt: skip
+
+
+def _handshake(port: int, kits: Path, site: str | None) -> bool:
+    """Whether a TLS handshake with the server at ``port`` completes, trusting the
+    project's CA, with ``site``'s certificate (None: with none)."""
+    context = ssl.create_default_context(cafile=str(kits / site / "startup" / "rootCA.pem")
+                                         if site else None)  # fmt: skip
+    if site is None:
+        any_site = next(p for p in kits.iterdir() if (p / "startup" / "client.crt").is_file())
+        context.load_verify_locations(str(any_site / "startup" / "rootCA.pem"))
+    else:
+        startup = kits / site / "startup"
+        context.load_cert_chain(str(startup / "client.crt"), str(startup / "client.key"))
+    context.check_hostname = False
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                context.wrap_socket(raw) as tls:  # fmt: skip
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # TLS 1.3: refusal comes on use
+            return bool(tls.recv(1))
+    except (ssl.SSLError, ConnectionError, OSError):
+        return False
+
+
+class _WhileTraining:
+    """At the job's first rank line: its listeners, and who the server lets in."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.lines: list[str] = []
+        self.listeners: set[str] | None = None
+        self.with_certificate: bool | None = None
+        self.without_certificate: bool | None = None
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self.listeners is not None or "[rank " not in line:
+            return
+        self.listeners = _listeners_under(psutil.Process().pid)
+        (kits,) = (self.run_dir / "flare" / "kits").iterdir()
+        port = int(kits.name.removeprefix("port-"))
+        (root,) = (kits / "proxyfl").glob("prod_*")
+        self.with_certificate = _handshake(port, root, "centre-0")
+        self.without_certificate = _handshake(port, root, None)
+
+
+def _same_run(mpi: dict[str, bytes], flare: dict[str, bytes], mpi_dir: Path,
+              flare_dir: Path) -> None:  # fmt: skip
+    """Every file the same bytes, but for the times a checkpoint holds (its state compared
+    without them) and the run directory config.json and run.json name."""
+    assert sorted(mpi) == sorted(flare)
+    for name in mpi:
+        if name.startswith(("run.json", "config.json", "checkpoints/")):
+            continue
+        assert mpi[name] == flare[name], name
+    for name in ("run.json", "config.json"):
+        ours = json.loads(flare[name].decode().replace(str(flare_dir), str(mpi_dir)))
+        assert ours == json.loads(mpi[name]), name
+    checkpoints = [name for name in mpi if name.startswith("checkpoints/") and name.endswith(".pt")]
+    assert checkpoints
+    for name in checkpoints:
+        states = [torch.load(io.BytesIO(run[name]), weights_only=False) for run in (mpi, flare)]
+        for state in states:
+            state.pop("timings")
+        _assert_same_state(states[0], states[1], name)
+
+
+def _assert_same_state(ours: Any, theirs: Any, where: str) -> None:
+    """The same values, tensors bit for bit (dtype, shape, bytes)."""
+    assert type(ours) is type(theirs), where
+    if isinstance(ours, dict):
+        assert list(ours) == list(theirs), where
+        for key in ours:
+            _assert_same_state(ours[key], theirs[key], f"{where}/{key}")
+    elif isinstance(ours, list | tuple):
+        assert len(ours) == len(theirs), where
+        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            _assert_same_state(a, b, f"{where}[{index}]")
+    elif isinstance(ours, np.ndarray):
+        assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), where
+    elif isinstance(ours, torch.Tensor):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
+        assert ours.cpu().numpy().tobytes() == theirs.cpu().numpy().tobytes(), where
+    else:
+        assert ours == theirs, where
+
+
+@pytest.mark.parametrize("algorithm", ["ProxyFL", "FedAvg", "CWT", "PrivateKT"])
+def test_a_flare_job_writes_the_bytes_of_mpiexec(
+    algorithm: str, stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    runs = {}
+    for launcher in ("mpiexec", "flare"):
+        run_dir = tmp_path / launcher / algorithm / "seed_0"
+        watch = _WhileTraining(run_dir)
+        job = TrainingJob(_config(stores, run_dir, algorithm), Placement(launcher=launcher))
+        run_job(job, on_line=watch if launcher == "flare" else (lambda _: None))
+        runs[launcher] = (run_dir, helpers.dvc_hashed_files(run_dir))
+    (mpi_dir, mpi), (flare_dir, flare) = runs["mpiexec"], runs["flare"]
+    _same_run(mpi, flare, mpi_dir, flare_dir)
+    assert any(name.startswith("models/") for name in flare)
+    # the sites' rounds were the ranks' own lines, passed on as mpiexec's are
+    assert any("round 2/2" in line for line in watch.lines), watch.lines[-20:]
+    # while it trained: only 127.0.0.1 listened, and the server took a site's certificate
+    # and refused a connection without one (mutual TLS)
+    assert watch.listeners and all(
+        address.rsplit(":", 1)[0] in ("127.0.0.1", "::ffff:127.0.0.1")
+        for address in watch.listeners
+    ), watch.listeners
+    assert watch.with_certificate is True and watch.without_certificate is False
+    # nothing of the job is left running; the kits' keys are not left in the run
+    assert not _listeners_under(psutil.Process().pid)
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if "nvflare" in " ".join(p.cmdline())]  # fmt: skip
