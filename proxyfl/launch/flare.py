@@ -243,17 +243,11 @@ def run_flare_job(
         stack.callback(shutil.rmtree, workspace / "kits", ignore_errors=True)
         kits = provision(project, workspace / "kits" / f"port-{port}")
         processes = stack.enter_context(FlareProcesses(workspace / "logs", env, out))
-        if port_taken(port):
-            raise FlareJobError(f"127.0.0.1:{port}: the FLARE server's port is taken by "
-                                "another process", EXIT_REFUSED)  # fmt: skip
-        server = processes.start("server", kits.server, _SERVER_MODULE, [f"org={project.name}"])
-        _wait_for(lambda: accepts(port), connect_timeout_s, processes, "the FLARE server to "
-                  f"listen on 127.0.0.1:{port}")  # fmt: skip
+        server = start_server(processes, kits, connect_timeout_s)
         for site in sites:
-            processes.start(site, kits.site(site), _SITE_MODULE,
-                            [f"uid={site}", f"org={project.name}"])  # fmt: skip
+            start_site(processes, site, kits.site(site), project.name)
         with admin_session(kits, connect_timeout_s) as session:
-            _wait_for_sites(session, sites, processes, connect_timeout_s)
+            wait_for_sites(session, sites, processes, connect_timeout_s)
             logger.info("FLARE server and %d site(s) up in %.1f s", len(sites),
                         time.perf_counter() - started)  # fmt: skip
             job = write_job(workspace / "job", f"proxyfl-{run_dir.name}", sites, arguments,
@@ -265,6 +259,24 @@ def run_flare_job(
                 with contextlib.suppress(Exception):
                     session.abort_job(job_id)
                 raise
+
+
+def start_server(processes: FlareProcesses, kits: Kits, timeout_s: float) -> _Process:
+    """The server of ``kits``, once it listens on its port (at most ``timeout_s``)."""
+    port = kits.project.port
+    if port_taken(port):
+        raise FlareJobError(f"127.0.0.1:{port}: the FLARE server's port is taken by another "
+                            "process", EXIT_REFUSED)  # fmt: skip
+    server = processes.start("server", kits.server, _SERVER_MODULE,
+                             [f"org={kits.project.name}"])  # fmt: skip
+    _wait_for(lambda: accepts(port), timeout_s, processes,
+              f"the FLARE server to listen on 127.0.0.1:{port}")  # fmt: skip
+    return server
+
+
+def start_site(processes: FlareProcesses, site: str, kit: Path, organisation: str) -> _Process:
+    """Site ``site`` from its kit (connecting to the server its kit names)."""
+    return processes.start(site, kit, _SITE_MODULE, [f"uid={site}", f"org={organisation}"])
 
 
 def _wait_for(ready: Any, timeout_s: float, processes: FlareProcesses, what: str) -> None:
@@ -280,20 +292,27 @@ def _wait_for(ready: Any, timeout_s: float, processes: FlareProcesses, what: str
         time.sleep(0.2)
 
 
-def _wait_for_sites(session: Any, sites: list[str], processes: FlareProcesses,
-                    timeout_s: float) -> None:  # fmt: skip
+def wait_for_sites(session: Any, sites: list[str], processes: FlareProcesses,
+                   timeout_s: float) -> None:  # fmt: skip
+    """Until every one of ``sites`` has connected to the server; a site whose TLS handshake
+    was refused, whose process ended, or that has not connected within ``timeout_s`` is an
+    error naming it and why."""
     deadline = time.monotonic() + timeout_s
     while missing := [site for site in sites if site not in _connected(session)]:
-        ended = [p for p in processes.ended() if p.name in missing]
-        if ended or time.monotonic() > deadline:
-            site = processes.processes[(ended or [processes.processes[missing[0]]])[0].name]
-            refused = site.lines_with(_CERTIFICATE_REFUSED)
-            why = ("its certificate is not from this project's CA, or the server's not "
-                   "from its (TLS: " + refused[-1].strip()[-120:] + ")") if refused else (
-                   f"not connected within {timeout_s:.0f} s"
-                   if not ended else f"its process exited ({site.popen.returncode})")  # fmt: skip
-            raise FlareJobError(f"site {site.name} could not join the FLARE server at "
-                                f"{SERVER_HOST}: {why}; its log: {site.log.name}",
+        for site in missing:
+            process = processes.processes[site]
+            refused = process.lines_with(_CERTIFICATE_REFUSED)
+            if refused:
+                why = ("its certificate is not from this project's CA, or the server's not "
+                       f"from its (TLS: {refused[-1].strip()[-120:]})")  # fmt: skip
+            elif process.popen.poll() is not None:
+                why = _ended_by(process.popen.returncode)
+            elif time.monotonic() > deadline:
+                why = f"not connected within {timeout_s:.0f} s"
+            else:
+                continue
+            raise FlareJobError(f"site {site} could not join the FLARE server at "
+                                f"{SERVER_HOST}: {why}; its log: {process.log.name}",
                                 EXIT_NO_CONNECTION)  # fmt: skip
         time.sleep(0.5)
 

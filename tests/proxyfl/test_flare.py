@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,20 @@ import pytest
 import torch
 
 from proxyfl.config import TrainConfig
-from proxyfl.launch.job import TrainingJob, run_job
+from proxyfl.launch.flare import (
+    EXIT_NO_CONNECTION,
+    EXIT_SITE_LOST,
+    SERVER_HOST,
+    FlareJobError,
+    FlareProcesses,
+    admin_session,
+    free_port,
+    start_server,
+    start_site,
+    wait_for_sites,
+)
+from proxyfl.launch.job import TrainingJob, TrainingJobFailed, run_job
+from proxyfl.launch.kits import Project, provision
 from proxyfl.launch.placement import Placement
 
 pytestmark = pytest.mark.slow
@@ -160,3 +175,59 @@ def test_a_flare_job_writes_the_bytes_of_mpiexec(
     assert not _listeners_under(psutil.Process().pid)
     assert not [p for p in psutil.Process().children(recursive=True)
                 if "nvflare" in " ".join(p.cmdline())]  # fmt: skip
+
+
+def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:
+    """A site whose kit comes from another provisioning (another CA) is refused in its TLS
+    handshake: one line naming it, within a minute, and nothing left running."""
+    port = free_port()
+    ours, theirs = (provision(Project("proxyfl", SERVER_HOST, port, ("centre-0",)), tmp_path / name)
+                    for name in ("ours", "theirs"))  # fmt: skip
+    started = time.monotonic()
+    with FlareProcesses(tmp_path / "logs", dict(os.environ), io.StringIO()) as processes:
+        start_server(processes, ours, 60)
+        start_site(processes, "centre-0", theirs.site("centre-0"), "proxyfl")
+        with admin_session(ours, 60) as session, pytest.raises(FlareJobError) as refused:
+            wait_for_sites(session, ["centre-0"], processes, 60)
+    said = str(refused.value)
+    assert refused.value.status == EXIT_NO_CONNECTION
+    assert "site centre-0" in said and "certificate is not from this project's CA" in said
+    assert "\n" not in said
+    assert time.monotonic() - started < 60
+    assert not _listeners_under(psutil.Process().pid)
+
+
+def test_a_site_killed_mid_run_is_named_and_the_rerun_resumes_to_the_same_bytes(
+    stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    """SIGKILL to a site's job process (what the OOM killer sends) in round 3 of 8: the
+    job ends within a minute naming the site's centre and exit 5; run again, it resumes
+    from the rounds every rank completed, to the bytes of a run never interrupted."""
+    run_dir = tmp_path / "flare" / "ProxyFL" / "seed_0"
+    config = _config(stores, run_dir, "ProxyFL").model_copy(update={"rounds": 8, "resume": True})
+    killed: list[float] = []
+
+    def kill_centre_1(line: str) -> None:
+        if killed or "[rank 1]" not in line or "round 3/8" not in line:
+            return
+        (worker,) = [p for p in psutil.Process().children(recursive=True)
+                     if "worker_process" in " ".join(p.cmdline())
+                     and " ".join(p.cmdline()).count("/centre-1")]  # fmt: skip
+        worker.kill()
+        killed.append(time.monotonic())
+
+    with pytest.raises(TrainingJobFailed) as failed:
+        run_job(TrainingJob(config, Placement(launcher="flare")), on_line=kill_centre_1)
+    assert killed and time.monotonic() - killed[0] < 60
+    assert failed.value.exit_code == EXIT_SITE_LOST, failed.value
+    assert "rank 1 (centre-1)" in str(failed.value) and "lost mid-run" in str(failed.value)
+    assert not _listeners_under(psutil.Process().pid)
+
+    lines: list[str] = []
+    run_job(TrainingJob(config, Placement(launcher="flare")), on_line=lines.append)
+    assert any("resuming after round" in line for line in lines), lines[-30:]
+    reference = tmp_path / "mpiexec" / "ProxyFL" / "seed_0"
+    run_job(TrainingJob(config.model_copy(update={"run_dir": reference}), Placement()),
+            on_line=lambda _: None)  # fmt: skip
+    _same_run(helpers.dvc_hashed_files(reference), helpers.dvc_hashed_files(run_dir), reference,
+              run_dir)  # fmt: skip
