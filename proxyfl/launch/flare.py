@@ -196,6 +196,7 @@ def write_job(folder: Path, name: str, sites: list[str], arguments: list[str],
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
     controller = {"id": "run", "path": "proxyfl.sites.controller.RunController",
                   "args": {"sites": sites, "arguments": arguments, "placement": placement,
+                           "working_directory": str(Path.cwd()),
                            "outcome_file": str(outcome_file.resolve())}}  # fmt: skip
     server = {"format_version": 2, "workflows": [controller], "components": []}
     (config / "config_fed_server.json").write_text(json.dumps(server, indent=1))

@@ -25,7 +25,7 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
 from proxyfl.comm.flare.link import ABORT_TOPIC, RANK, STATUS, STOP_TOPIC
-from proxyfl.sites.executor import ARGUMENTS, PLACEMENT, RANK_TASK, SITES
+from proxyfl.sites.executor import ARGUMENTS, PLACEMENT, RANK_TASK, SITES, WORKING_DIRECTORY
 
 # how long the server keeps telling the sites a job is ending (a site whose job process is
 # still starting hears it once it has started)
@@ -33,14 +33,16 @@ STOP_RELAY_S = 300.0
 
 
 class RunController(Controller):
-    """One job of ``sites`` (rank order) running the rank program with ``arguments``."""
+    """One job of ``sites`` (rank order) running the rank program with ``arguments`` in
+    ``working_directory``."""
 
     def __init__(
         self, sites: list[str], arguments: list[str], placement: list[list[int]],
-        outcome_file: str, task_timeout_s: float = 7 * 24 * 3600.0,
+        working_directory: str, outcome_file: str, task_timeout_s: float = 7 * 24 * 3600.0,
     ) -> None:  # fmt: skip
         super().__init__()
         self.sites, self.arguments, self.placement = list(sites), list(arguments), placement
+        self.working_directory = working_directory
         self.outcome_file = Path(outcome_file)
         self.task_timeout_s = task_timeout_s
         self.aborted_by: tuple[int, int] | None = None  # (rank, status) of the first abort
@@ -84,6 +86,7 @@ class RunController(Controller):
         data[SITES] = self.sites
         data[ARGUMENTS] = self.arguments
         data[PLACEMENT] = self.placement
+        data[WORKING_DIRECTORY] = self.working_directory
         task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s))
         self.broadcast_and_wait(task=task, fl_ctx=fl_ctx, targets=self.sites,
                                 min_responses=len(self.sites), wait_time_after_min_received=0,

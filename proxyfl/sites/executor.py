@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import traceback
 from typing import Any
@@ -38,6 +39,8 @@ RANK_TASK = "rank"
 SITES = "sites"
 ARGUMENTS = "arguments"
 PLACEMENT = "placement"  # per rank: [local rank, ranks on its machine]
+# the folder the job's relative paths (its stores, its run directory) are relative to
+WORKING_DIRECTORY = "working_directory"
 # the loggers of the rank program (proxyfl.run configures the root logger under mpiexec;
 # here the root logger is FLARE's)
 RANK_LOGGERS = ("proxyfl", "plumbing", "camelyon_proxyfl", "analysis")
@@ -83,6 +86,9 @@ class RankExecutor(Executor):
         link = AuxLink(fl_ctx.get_engine(), fl_ctx, sites, rank, self.inbox, abort_signal,
                        self.send_timeout_s)  # fmt: skip
         world = MessageWorld(link, rank, len(sites), local_rank, local_size)
+        # the process is this job's alone (FLARE starts one per job): its folder is the
+        # job's, as an MPI rank's is its launcher's
+        os.chdir(shareable[WORKING_DIRECTORY])
         status = run_rank_logged(world, list(shareable[ARGUMENTS]))
         if status not in (0, None) and self.inbox.stopped is None:
             # the others would wait for this rank's next message: end the job

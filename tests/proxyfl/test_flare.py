@@ -150,15 +150,20 @@ def _assert_same_state(ours: Any, theirs: Any, where: str) -> None:
 
 @pytest.mark.parametrize("algorithm", ["ProxyFL", "FedAvg", "CWT", "PrivateKT"])
 def test_a_flare_job_writes_the_bytes_of_mpiexec(
-    algorithm: str, stores: Path, tmp_path: Path, helpers: Any
+    algorithm: str, stores: Path, tmp_path: Path, helpers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # paths relative to the folder the job is launched from, as params.yaml's are: the
+    # sites' processes run elsewhere (their kits), their ranks in the launch's folder
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stores").symlink_to(stores, target_is_directory=True)
     runs = {}
     for launcher in ("mpiexec", "flare"):
-        run_dir = tmp_path / launcher / algorithm / "seed_0"
+        run_dir = Path(launcher) / algorithm / "seed_0"
         watch = _WhileTraining(run_dir)
-        job = TrainingJob(_config(stores, run_dir, algorithm), Placement(launcher=launcher))
+        job = TrainingJob(_config(Path("stores"), run_dir, algorithm),
+                          Placement(launcher=launcher))  # fmt: skip
         run_job(job, on_line=watch if launcher == "flare" else (lambda _: None))
-        runs[launcher] = (run_dir, helpers.dvc_hashed_files(run_dir))
+        runs[launcher] = (run_dir, helpers.dvc_hashed_files(tmp_path / run_dir))
     (mpi_dir, mpi), (flare_dir, flare) = runs["mpiexec"], runs["flare"]
     _same_run(mpi, flare, mpi_dir, flare_dir)
     assert any(name.startswith("models/") for name in flare)
