@@ -159,9 +159,11 @@ class FlareProcesses:
     def ended(self) -> list[_Process]:
         return [p for p in self.processes.values() if p.popen.poll() is not None]
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 3.0) -> None:
         """SIGTERM to every process started and everything under it (FLARE's job processes
-        run in sessions of their own), SIGKILL to what is left after a grace."""
+        run in sessions of their own), SIGKILL to what is left after ``grace_s``: the job's
+        results are written by then (a site answers once its rank has written them), and
+        a FLARE process winding a job down took 8 s and more."""
         import psutil
 
         tree: list[psutil.Process] = []
@@ -172,7 +174,7 @@ class FlareProcesses:
         for member in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.terminate()
-        _, alive = psutil.wait_procs(tree, timeout=8)
+        _, alive = psutil.wait_procs(tree, timeout=grace_s)
         for member in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()

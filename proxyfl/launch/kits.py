@@ -37,6 +37,9 @@ ADMIN = "admin@proxyfl.org"
 ALLOWED_PACKAGE = "proxyfl.sites."
 # FLARE's largest frame (2 GiB less 2 MiB): a message is streamed in chunks below it
 MAX_MESSAGE_BYTES = 2_145_386_496
+# how often the server's scheduler looks for a job to start (FLARE's default: 10 s, which a
+# job waited before its sites were given it)
+JOB_SCHEDULE_INTERVAL_S = 1.0
 _SITE_NAME = re.compile(r"[a-z0-9][a-z0-9\-]*")
 
 
@@ -145,6 +148,8 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60)
         for component in resources.get("components", []):
             if component.get("id") == "job_manager":
                 component["args"]["uri_root"] = str(storage / "jobs")
+            if component.get("id") == "job_scheduler":  # a submitted job waited up to 10 s
+                component["args"]["min_schedule_interval"] = JOB_SCHEDULE_INTERVAL_S
         persistor = resources.get("snapshot_persistor", {}).get("args", {})
         if "storage" in persistor:
             persistor["storage"]["args"]["root_dir"] = str(storage / "snapshots")
