@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from proxyfl.config import TrainConfig
+from proxyfl.engine.validation import read_failures
 from proxyfl.launch.flare import (
     EXIT_NO_CONNECTION,
     EXIT_SITE_LOST,
@@ -232,6 +233,8 @@ def test_a_site_killed_mid_run_is_named_and_the_rerun_resumes_to_the_same_bytes(
     assert killed and time.monotonic() - killed[0] < 60
     assert failed.value.exit_code == EXIT_SITE_LOST, failed.value
     assert "rank 1 (centre-1)" in str(failed.value) and "lost mid-run" in str(failed.value)
+    # the ranks the job's end stopped are no cause: the lost site's is the one record
+    assert [failure.rank for failure in read_failures(run_dir)] == [1]
     assert _listeners_under() <= before
 
     lines: list[str] = []

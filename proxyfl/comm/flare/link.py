@@ -29,9 +29,14 @@ RANK = "rank"
 SERVER = "server"
 
 
-class JobStopped(Exception):
+class JobStopped(BaseException):
     """The job is ending (a rank aborted, or FLARE aborted the job): ``status`` is its
-    exit status."""
+    exit status.
+
+    Not an ``Exception``, as ``KeyboardInterrupt`` is not: it is to a rank at a site what
+    the launcher's SIGINT is to an MPI rank whose peer failed — the rank stops, and leaves
+    no failure record of its own (the rank, or the site, that failed is the cause; a
+    stopped rank's record, written first, was taken for it)."""
 
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
