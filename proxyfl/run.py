@@ -214,8 +214,13 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
     def resume() -> int:
         if not config.resume:
             return 0
-        # a write cut short (a kill inside torch.save) leaves a temporary, never a checkpoint
+        # a write cut short (a kill inside torch.save) leaves a temporary, never a checkpoint;
+        # nor a record of the rank (ranks/rank_N.json, written each round), which DVC would
+        # otherwise keep with the run
         remove_stale_temporaries(ckpt.checkpoint_dir(run_dir, rank))
+        remove_stale_temporaries(
+            run_dir / "ranks", targets={f"rank_{rank}.json", f"rank_{rank}.machine.json"}
+        )
         common = latest_common_round(comm, run_dir, rank)
         if common:
             check_resumable(config, run_dir)
