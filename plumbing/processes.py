@@ -22,10 +22,13 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36
 
 # What parent_bound_command runs before the program: the same steps as die_with_parent,
 # then exec (the death signal survives execve). Inline rather than `-m plumbing.processes`
@@ -151,25 +154,68 @@ def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
             *argv]  # fmt: skip
 
 
+def adopt_orphans() -> None:
+    """Become the parent of every process under this one whose own parent ends first (a
+    child subreaper): :func:`stop_trees` then reaps them at once. Otherwise they wait as
+    zombies for an ancestor's reaping, and a warm server (:mod:`plumbing.warm`) holds
+    their descriptors until then. Does nothing off Linux."""
+    if not binds_children():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(errno)}")
+
+
 def stop_tree(pid: int, timeout_s: float = 8.0) -> None:
-    """Stop process ``pid`` and every process under it: SIGTERM to all, then SIGKILL to
-    those still alive after ``timeout_s``. For children that start children of their own
-    in other sessions (a Prefect worker's flow runs, a server's uvicorn)."""
+    """Stop process ``pid`` and every process under it (:func:`stop_trees`). For children
+    that start children of their own in other sessions (a Prefect worker's flow runs, a
+    server's uvicorn)."""
+    stop_trees([pid], timeout_s)
+
+
+def stop_trees(pids: Iterable[int], timeout_s: float = 8.0) -> None:
+    """Stop processes ``pids`` and every process under them: SIGTERM to all, then SIGKILL
+    to those still running after ``timeout_s``. A zombie has ended: one that is not this
+    process's child (a grandchild whose parent ended first) is its subreaper's to reap,
+    and waiting for it to vanish waited out both timeouts (8 s of every FLARE job's end,
+    under :func:`tree_bound_command`'s subreaper)."""
     import psutil
 
-    try:
-        top = psutil.Process(pid)
-        tree = [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
+    tree: list[psutil.Process] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top = psutil.Process(pid)
+            tree += [top, *top.children(recursive=True)]
     for member in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.terminate()
-    _, alive = psutil.wait_procs(tree, timeout=timeout_s)
+    alive = _still_running(tree, timeout_s)
     for member in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
-    psutil.wait_procs(alive, timeout=5)
+    _still_running(alive, 5.0)
+    psutil.wait_procs(tree, timeout=0)  # those adopted since (adopt_orphans), reaped
+
+
+def _still_running(processes: list[Any], timeout_s: float) -> list[Any]:
+    """Those of ``processes`` (psutil's) still running after at most ``timeout_s``, this
+    process's own children among them reaped as they end."""
+    import psutil
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        psutil.wait_procs(processes, timeout=0)  # reaps the children that have ended
+        left = [process for process in processes if running(process)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 # what runs `nohup cmd &` or a script's `(cmd &)`: a parent meant to exit before its command

@@ -7,6 +7,7 @@ when closed after ``nohup cmd &``."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -201,3 +202,37 @@ def test_a_tree_bound_launcher_keeps_every_descriptor_it_was_given() -> None:
     finally:
         with contextlib.suppress(OSError):
             os.close(write_end)
+
+
+# the launch's wrapper (tree_bound_command): a subreaper that reaps only at its end, above a
+# launcher that stops a tree (a FLARE site) whose member (its job process) outlives it
+_WRAPPER = """
+import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+launcher = subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, text=True)
+said = json.loads(launcher.stdout)
+print(json.dumps({**said, "left": os.path.exists(f"/proc/{said['child']}")}))
+"""
+_LAUNCHER = """
+import json, subprocess, sys, time
+from plumbing.processes import adopt_orphans, stop_trees
+adopt_orphans()
+site = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
+                         "print(subprocess.Popen(['sleep', '60']).pid, flush=True); "
+                         "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+child = int(site.stdout.readline())
+started = time.monotonic()
+stop_trees([site.pid], 8.0)
+print(json.dumps({"took": time.monotonic() - started, "child": child}))
+"""
+
+
+def test_a_stopped_tree_is_reaped_at_once_under_a_subreaper_that_waits() -> None:
+    """A site and its job process stopped together: the job process, ended after its
+    parent, is not waited for as a zombie of the wrapper above (8 + 5 s, before); adopted
+    by the launcher, it is reaped there, and nothing of it is left."""
+    done = subprocess.run([sys.executable, "-c", _WRAPPER, _LAUNCHER], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["took"] < 4.0 and not said["left"], said

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from plumbing.processes import adopt_orphans, stop_trees
 from plumbing.refusals import EXIT_REFUSED
 from proxyfl.engine.validation import RankFailure, record_failure
 from proxyfl.launch.kits import ADMIN, Kits, Project, provision
@@ -164,21 +165,7 @@ class FlareProcesses:
         run in sessions of their own), SIGKILL to what is left after ``grace_s``: the job's
         results are written by then (a site answers once its rank has written them), and
         a FLARE process winding a job down took 8 s and more."""
-        import psutil
-
-        tree: list[psutil.Process] = []
-        for process in self.processes.values():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                top = psutil.Process(process.popen.pid)
-                tree += [top, *top.children(recursive=True)]
-        for member in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.terminate()
-        _, alive = psutil.wait_procs(tree, timeout=grace_s)
-        for member in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.kill()
-        psutil.wait_procs(alive, timeout=5)
+        stop_trees([process.popen.pid for process in self.processes.values()], grace_s)
         for process in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.popen.wait(timeout=5)
@@ -239,12 +226,16 @@ def run_flare_job(
     port = free_port()
     project = Project(name="proxyfl", server_host=SERVER_HOST, port=port, sites=tuple(sites))
     started = time.perf_counter()
+    # a site's job process (in a session of its own, or a warm server's shim) outlives its
+    # site when the site is stopped first: reaped here, not by the launch's wrapper at exit
+    adopt_orphans()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     placement = [[rank, len(sites)] for rank in range(len(sites))]  # all on this machine
     with contextlib.ExitStack() as stack:
         # the kits' keys do not outlive the job (a rerun provisions a project of its own)
         stack.callback(shutil.rmtree, workspace / "kits", ignore_errors=True)
-        kits = provision(project, workspace / "kits" / f"port-{port}")
+        # the sites' job processes fork from run_job's warm server, as mpiexec's ranks do
+        kits = provision(project, workspace / "kits" / f"port-{port}", warm_jobs=True)
         processes = stack.enter_context(FlareProcesses(workspace / "logs", env, out))
         server = start_server(processes, kits, connect_timeout_s)
         for site in sites:

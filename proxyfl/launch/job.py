@@ -331,7 +331,7 @@ def _run_job(
     process_env = rank_environment(job.placement, env)
     # on one machine the ranks are forked from one interpreter that imported torch once
     warm = (warm_server(_server_environment(process_env), RANK_IMPORTS)
-            if job.placement.single_machine else contextlib.nullcontext(None))  # fmt: skip
+            if job.placement.ranks_fork_warm else contextlib.nullcontext(None))  # fmt: skip
     with warm as forked:
         if forked is not None:
             process_env.update(forked.environment())
@@ -370,7 +370,7 @@ def warm_ranks(
     caller sets up its first. Nothing where ``placement`` is not this machine.
     ``shared``: the jobs of the commands this process runs in the block too (``dvc
     repro``'s stages: :func:`plumbing.warm.kept_warm_server`)."""
-    if not placement.single_machine:
+    if not placement.ranks_fork_warm:
         yield
         return
     server_environment = _server_environment(rank_environment(placement, env))

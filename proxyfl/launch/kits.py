@@ -11,7 +11,9 @@ fills each kit's ``local/`` folder with what this project needs of a site:
   :class:`~proxyfl.sites.executor.RankExecutor`, installed code, never code sent with the
   job); the server's job and snapshot stores inside its kit (FLARE's default is
   ``/tmp/nvflare``, shared by every project of the machine); how long the server waits for a
-  silent site before it drops it (``heart_beat_timeout``);
+  silent site before it drops it (``heart_beat_timeout``); for the kits of one machine's
+  sites (``warm_jobs``), :class:`~proxyfl.sites.warm_launcher.WarmJobLauncher` as the
+  sites' job launcher;
 - ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
   already taken and says nothing), and messages up to FLARE's frame limit.
 """
@@ -41,6 +43,8 @@ MAX_MESSAGE_BYTES = 2_145_386_496
 # job waited before its sites were given it)
 JOB_SCHEDULE_INTERVAL_S = 1.0
 _SITE_NAME = re.compile(r"[a-z0-9][a-z0-9\-]*")
+JOB_LAUNCHER_ID = "process_launcher"  # the component that starts a site's job processes
+WARM_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmJobLauncher"
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,10 @@ class ProvisionError(RuntimeError):
     """``nvflare provision`` failed."""
 
 
-def provision(project: Project, out: Path) -> Kits:
-    """Write ``project``'s kits under ``out`` (a new CA each time) and their local settings."""
+def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
+    """Write ``project``'s kits under ``out`` (a new CA each time) and their local settings;
+    ``warm_jobs``: the sites fork their job processes from the warm server their
+    environment names (sites on the machine of the launch that started one)."""
     out.mkdir(parents=True, exist_ok=True)
     project_file = out / "project.yml"
     project_file.write_text(yaml.safe_dump(project.project_file(), sort_keys=False))
@@ -130,11 +136,12 @@ def provision(project: Project, out: Path) -> Kits:
     site_local_settings(kits.server, server=True,
                         heart_beat_timeout_s=project.heart_beat_timeout_s)  # fmt: skip
     for site in project.sites:
-        site_local_settings(kits.site(site), server=False)
+        site_local_settings(kits.site(site), server=False, warm_jobs=warm_jobs)
     return kits
 
 
-def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60) -> None:
+def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
+                        warm_jobs: bool = False) -> None:  # fmt: skip
     """``kit``'s ``local/resources.json`` and ``local/comm_config.json`` (module doc)."""
     local = kit / "local"
     resources = json.loads((local / "resources.json.default").read_text())
@@ -153,6 +160,10 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60)
         persistor = resources.get("snapshot_persistor", {}).get("args", {})
         if "storage" in persistor:
             persistor["storage"]["args"]["root_dir"] = str(storage / "snapshots")
+    elif warm_jobs:
+        for component in resources.get("components", []):
+            if component.get("id") == JOB_LAUNCHER_ID:
+                component["path"] = WARM_JOB_LAUNCHER
     (local / "resources.json").write_text(json.dumps(resources, indent=2))
     grpc_options = [["grpc.so_reuseport", 0],
                     ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],

@@ -92,6 +92,13 @@ class Placement:
         """Every rank on this machine, started by ``mpiexec`` with no hosts."""
         return self.launcher == "mpiexec" and not self.hosts and self.hostfile is None
 
+    @property
+    def ranks_fork_warm(self) -> bool:
+        """Whether a job's ranks can be forked from one warm server of this machine
+        (:mod:`plumbing.warm`): every rank is here, under mpiexec without hosts or in a
+        FLARE site the local launcher started (:mod:`proxyfl.sites.warm_launcher`)."""
+        return self.single_machine or self.launcher == "flare"
+
     def fork_launcher(self) -> Path | None:
         """MPICH's fork launcher, when this placement starts the ranks with it: on one
         machine, where pip's ``mpich`` installed it beside ``mpiexec``."""

@@ -5,7 +5,8 @@ A FLARE job and an mpiexec job of the same configuration run through the product
 (:func:`~proxyfl.launch.job.run_job`) on three tiny stores; every file DVC hashes of the two
 runs is compared. The methods chosen carry every exchange of :mod:`proxyfl.comm`: PushSum
 (ProxyFL), the server's average (FedAvg), the ring (CWT), and the server's broadcast and the
-clients' labels (PrivateKT).
+clients' labels (PrivateKT); Joint is the one site of the pooled data. (FML, AvgPush and
+Regular, whose exchanges are those, gave the same bytes too: docs/sites.md.)
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def _handshake(port: int, kits: Path, site: str | None) -> bool:
 
 
 class _WhileTraining:
-    """At the job's first rank line: its listeners, and who the server lets in."""
+    """At the job's first rank line: its listeners, who the server lets in, and how the
+    sites' job processes were started."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -98,16 +100,21 @@ class _WhileTraining:
         self.listeners: set[str] | None = None
         self.with_certificate: bool | None = None
         self.without_certificate: bool | None = None
+        self.job_processes: list[list[str]] = []
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
         if self.listeners is not None or "[rank " not in line:
             return
         self.listeners = _listeners_under() - self.before
+        self.job_processes = [p.cmdline() for p in psutil.Process().children(recursive=True)
+                              if "worker_process" in " ".join(p.cmdline())]  # fmt: skip
         (kits,) = (self.run_dir / "flare" / "kits").iterdir()
         port = int(kits.name.removeprefix("port-"))
         (root,) = (kits / "proxyfl").glob("prod_*")
-        self.with_certificate = _handshake(port, root, "centre-0")
+        site = next(kit.name for kit in sorted(root.iterdir())
+                    if (kit / "startup" / "client.crt").is_file())  # fmt: skip
+        self.with_certificate = _handshake(port, root, site)
         self.without_certificate = _handshake(port, root, None)
 
 
@@ -152,7 +159,7 @@ def _assert_same_state(ours: Any, theirs: Any, where: str) -> None:
         assert ours == theirs, where
 
 
-@pytest.mark.parametrize("algorithm", ["ProxyFL", "FedAvg", "CWT", "PrivateKT"])
+@pytest.mark.parametrize("algorithm", ["ProxyFL", "FedAvg", "CWT", "PrivateKT", "Joint"])
 def test_a_flare_job_writes_the_bytes_of_mpiexec(
     algorithm: str, stores: Path, tmp_path: Path, helpers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,6 +188,10 @@ def test_a_flare_job_writes_the_bytes_of_mpiexec(
         for address in watch.listeners
     ), watch.listeners
     assert watch.with_certificate is True and watch.without_certificate is False
+    # each site's job process the shim of run_job's warm server (torch imported once)
+    assert len(watch.job_processes) == (1 if algorithm == "Joint" else len(CENTERS))
+    assert all("-S" in argv and Path(argv[argv.index("-S") + 1]).name == "warm_shim.py"
+               for argv in watch.job_processes), watch.job_processes  # fmt: skip
     # nothing of the job is left running; the kits' keys are not left in the run
     assert _listeners_under() <= before
     assert not [p for p in psutil.Process().children(recursive=True)
