@@ -236,7 +236,7 @@ def _run_faulted(command: CrashCommand, copy: Path, env: dict[str, str], fault: 
 @contextlib.contextmanager
 def _server(prefect_home: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A Prefect server of the point's own, as `make serve` keeps one."""
-    from flows.server import free_port
+    from plumbing.network import free_port
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"

@@ -3,7 +3,7 @@
     camelyon-proxyfl pipeline [--config params.yaml]     slides -> stores -> runs -> tables
     camelyon-proxyfl preprocess | train | canary | audit | stage | report   one stage each
     camelyon-proxyfl serve                               Prefect deployments, served
-    camelyon-proxyfl synth | tile | privacy | job | server | sbatch ...
+    camelyon-proxyfl synth | tile | privacy | job | server | sbatch | sites ...
 
 Each subcommand is the ``main`` of one module, which also runs as ``python -m MODULE``
 with the same arguments; ``camelyon-proxyfl COMMAND --help`` lists them. Only the chosen
@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("flows.serve", "Prefect server, work pool, deployments and a worker, in one"),
     "server": ("flows.server", "run a command with a Prefect server shared by its flows"),
     "sbatch": ("camelyon_proxyfl.sbatch", "the Slurm batch script of the training, checked"),
+    "sites": ("camelyon_proxyfl.sites", "FLARE kits for the centres; a server or site started"),
 }
 
 

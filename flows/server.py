@@ -34,6 +34,7 @@ import psutil
 
 from plumbing.environment import environment_variable
 from plumbing.errors import PipelineError
+from plumbing.network import free_port
 from plumbing.processes import parent_bound_command, stop_tree
 from plumbing.refusals import EXIT_REFUSED, machine_refusal
 from plumbing.verified import DamagedFileError
@@ -46,12 +47,6 @@ class ServerStartError(RuntimeError):
     holds what it said. The machine's refusal, not a bug (exit status 3)."""
 
     exit_status = EXIT_REFUSED
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def _healthy(api_url: str) -> bool:

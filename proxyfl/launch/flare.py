@@ -33,7 +33,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,10 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from plumbing.processes import adopt_orphans, stop_trees
+from plumbing.network import accepts, free_port, port_taken
+from plumbing.processes import adopt_orphans, parent_bound_command, stop_trees
 from plumbing.refusals import EXIT_REFUSED
 from proxyfl.engine.validation import RankFailure, record_failure
-from proxyfl.launch.kits import ADMIN, Kits, Project, provision
+from proxyfl.launch.kits import ADMIN, Kits, Participant, Project, provision
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +55,10 @@ EXIT_NO_CONNECTION = 4
 EXIT_SITE_LOST = 5
 SERVER_HOST = "localhost"  # a loopback name: FLARE then listens on 127.0.0.1 only
 OUTCOME_FILE = "outcome.json"
-_SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
-_SITE_MODULE = "nvflare.private.fed.app.client.client_train"
 _WORKER_MODULE = "nvflare.private.fed.app.client.worker_process"  # a site's job process
 # what a site whose certificate is not from the server's CA (or the server's not from its)
 # reads in its TLS handshake, from gRPC's C core
-_CERTIFICATE_REFUSED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed",
+CERTIFICATE_REFUSED = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed",
                         "unknown ca", "bad certificate")  # fmt: skip
 
 
@@ -77,28 +75,6 @@ def site_names(centers: Sequence[int], ranks: int) -> list[str]:
     if ranks == 1 and len(centers) > 1:
         return ["pooled"]
     return [f"centre-{center}" for center in list(centers)[:ranks]]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing on ``host`` listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-def port_taken(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def accepts(port: int, host: str = "127.0.0.1") -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-        return True
-    return False
 
 
 @dataclass
@@ -131,10 +107,10 @@ class FlareProcesses:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, name: str, kit: Path, module: str, settings: list[str]) -> _Process:
-        command = [sys.executable, "-u", "-m", module, "-m", str(kit.resolve()), "-s",
-                   "fed_server.json" if module == _SERVER_MODULE else "fed_client.json",
-                   "--set", "secure_train=true", "config_folder=config", *settings]  # fmt: skip
+    def start(self, name: str, participant: Participant) -> _Process:
+        # bound to this launcher: killed outright (SIGKILL), it takes them with it, and their
+        # job processes follow their parents (FLARE's own watch)
+        command, kit = parent_bound_command(participant.command()), participant.kit
         log = open(self.logs / f"{name}.log", "a", encoding="utf-8")  # noqa: SIM115
         popen = subprocess.Popen(command, cwd=kit, env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -239,7 +215,7 @@ def run_flare_job(
         processes = stack.enter_context(FlareProcesses(workspace / "logs", env, out))
         server = start_server(processes, kits, connect_timeout_s)
         for site in sites:
-            start_site(processes, site, kits.site(site), project.name)
+            start_site(processes, site, kits.site(site))
         with admin_session(kits, connect_timeout_s) as session:
             wait_for_sites(session, sites, processes, connect_timeout_s)
             logger.info("FLARE server and %d site(s) up in %.1f s", len(sites),
@@ -261,16 +237,15 @@ def start_server(processes: FlareProcesses, kits: Kits, timeout_s: float) -> _Pr
     if port_taken(port):
         raise FlareJobError(f"127.0.0.1:{port}: the FLARE server's port is taken by another "
                             "process", EXIT_REFUSED)  # fmt: skip
-    server = processes.start("server", kits.server, _SERVER_MODULE,
-                             [f"org={kits.project.name}"])  # fmt: skip
+    server = processes.start("server", Participant(kits.server, "server", SERVER_HOST))
     _wait_for(lambda: accepts(port), timeout_s, processes,
               f"the FLARE server to listen on 127.0.0.1:{port}")  # fmt: skip
     return server
 
 
-def start_site(processes: FlareProcesses, site: str, kit: Path, organisation: str) -> _Process:
+def start_site(processes: FlareProcesses, site: str, kit: Path) -> _Process:
     """Site ``site`` from its kit (connecting to the server its kit names)."""
-    return processes.start(site, kit, _SITE_MODULE, [f"uid={site}", f"org={organisation}"])
+    return processes.start(site, Participant(kit, "site", site))
 
 
 def _wait_for(ready: Any, timeout_s: float, processes: FlareProcesses, what: str) -> None:
@@ -295,7 +270,7 @@ def wait_for_sites(session: Any, sites: list[str], processes: FlareProcesses,
     while missing := [site for site in sites if site not in _connected(session)]:
         for site in missing:
             process = processes.processes[site]
-            refused = process.lines_with(_CERTIFICATE_REFUSED)
+            refused = process.lines_with(CERTIFICATE_REFUSED)
             if refused:
                 why = ("its certificate is not from this project's CA, or the server's not "
                        f"from its (TLS: {refused[-1].strip()[-120:]})")  # fmt: skip

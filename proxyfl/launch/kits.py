@@ -27,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -43,6 +44,8 @@ MAX_MESSAGE_BYTES = 2_145_386_496
 # job waited before its sites were given it)
 JOB_SCHEDULE_INTERVAL_S = 1.0
 _SITE_NAME = re.compile(r"[a-z0-9][a-z0-9\-]*")
+SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
+SITE_MODULE = "nvflare.private.fed.app.client.client_train"
 JOB_LAUNCHER_ID = "process_launcher"  # the component that starts a site's job processes
 WARM_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmJobLauncher"
 
@@ -115,10 +118,60 @@ class ProvisionError(RuntimeError):
     """``nvflare provision`` failed."""
 
 
+class KitError(ValueError):
+    """A folder is not a startup kit that runs: not a kit, or an administrator's."""
+
+
+@dataclass(frozen=True)
+class Participant:
+    """What a startup kit makes its holder: the server (``name``: the host name the sites
+    connect to) or a site (``name``: its own, in its certificate)."""
+
+    kit: Path
+    role: Literal["server", "site"]
+    name: str
+
+    @classmethod
+    def of(cls, kit: Path) -> Participant:
+        """The participant of ``kit``; a :class:`KitError` naming it and why not."""
+        startup = kit / "startup"
+        if (startup / "fed_server.json").is_file():
+            (server, *_) = json.loads((startup / "fed_server.json").read_text())["servers"]
+            participant = cls(kit, "server", str(server["admin_server"]))
+        elif (startup / "fed_client.json").is_file():
+            client = json.loads((startup / "fed_client.json").read_text())["client"]
+            participant = cls(kit, "site", str(client["fqsn"]))
+        elif (startup / "fed_admin.json").is_file():
+            raise KitError(f"{kit}: an administrator's kit: it submits and follows jobs "
+                           "(FLARE's admin console), it does not run as a participant")  # fmt: skip
+        else:
+            raise KitError(f"{kit}: not a FLARE startup kit (no startup/fed_server.json "
+                           "or startup/fed_client.json)")  # fmt: skip
+        resources = kit / "local" / "resources.json"
+        if ALLOWED_PACKAGE not in (resources.read_text() if resources.is_file() else ""):
+            raise KitError(
+                f"{resources}: {ALLOWED_PACKAGE} is not on its class_allow_list, so "
+                "FLARE would refuse the job's classes: provision the kits with "
+                "`camelyon-proxyfl sites provision`, or add it (docs/sites.md)"
+            )
+        return participant
+
+    def command(self) -> list[str]:
+        """FLARE's process for this participant, as the kit's ``start.sh`` runs it, with
+        this interpreter (the one that has this package)."""
+        server = self.role == "server"
+        settings = [f"org={ORGANISATION}", *([] if server else [f"uid={self.name}"])]
+        return [sys.executable, "-u", "-m", SERVER_MODULE if server else SITE_MODULE,
+                "-m", str(self.kit.resolve()), "-s",
+                "fed_server.json" if server else "fed_client.json",
+                "--set", "secure_train=true", "config_folder=config", *settings]  # fmt: skip
+
+
 def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
     """Write ``project``'s kits under ``out`` (a new CA each time) and their local settings;
     ``warm_jobs``: the sites fork their job processes from the warm server their
     environment names (sites on the machine of the launch that started one)."""
+    out = out.resolve()  # nvflare provision runs in it
     out.mkdir(parents=True, exist_ok=True)
     project_file = out / "project.yml"
     project_file.write_text(yaml.safe_dump(project.project_file(), sort_keys=False))
@@ -151,15 +204,10 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
     if server:
         for entry in resources.get("servers", []):
             entry["heart_beat_timeout"] = heart_beat_timeout_s
-        storage = kit.resolve() / "storage"
         for component in resources.get("components", []):
-            if component.get("id") == "job_manager":
-                component["args"]["uri_root"] = str(storage / "jobs")
             if component.get("id") == "job_scheduler":  # a submitted job waited up to 10 s
                 component["args"]["min_schedule_interval"] = JOB_SCHEDULE_INTERVAL_S
-        persistor = resources.get("snapshot_persistor", {}).get("args", {})
-        if "storage" in persistor:
-            persistor["storage"]["args"]["root_dir"] = str(storage / "snapshots")
+        _store_in(resources, kit)
     elif warm_jobs:
         for component in resources.get("components", []):
             if component.get("id") == JOB_LAUNCHER_ID:
@@ -169,3 +217,22 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
                     ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],
                     ["grpc.max_receive_message_length", MAX_MESSAGE_BYTES]]  # fmt: skip
     (local / "comm_config.json").write_text(json.dumps({"grpc": {"options": grpc_options}}))
+
+
+def _store_in(resources: dict, kit: Path) -> None:
+    """The server's job and snapshot stores in ``kit``'s ``storage/`` where it is now."""
+    storage = kit.resolve() / "storage"
+    for component in resources.get("components", []):
+        if component.get("id") == "job_manager":
+            component["args"]["uri_root"] = str(storage / "jobs")
+    persistor = resources.get("snapshot_persistor", {}).get("args", {})
+    if "storage" in persistor:
+        persistor["storage"]["args"]["root_dir"] = str(storage / "snapshots")
+
+
+def store_in_place(kit: Path) -> None:
+    """A server's kit, copied to its machine, keeps its stores in its own folder there."""
+    path = kit / "local" / "resources.json"
+    resources = json.loads(path.read_text())
+    _store_in(resources, kit)
+    path.write_text(json.dumps(resources, indent=2))

@@ -69,7 +69,7 @@ class Placement:
       ``tests/slurm/`` runs it on a Slurm cluster of this machine.
     - ``flare``: each rank a NVIDIA FLARE site of this machine, with its own certificate,
       its messages relayed by a FLARE server over mutual TLS on 127.0.0.1
-      (:mod:`proxyfl.launch.flare` starts and stops them; :func:`command_prefix` is not
+      (:mod:`proxyfl.launch.flare` starts and stops them; :meth:`command_prefix` is not
       used).
     """
 

@@ -96,7 +96,7 @@ def test_a_full_disk_is_one_line_that_names_the_file_and_exit_3(tmp_path: Path) 
 
 def test_a_prefect_server_that_does_not_answer_is_one_line_and_exit_3(tmp_path: Path) -> None:
     """PREFECT_API_URL names a server that is gone (make serve's, stopped)."""
-    from flows.server import free_port
+    from plumbing.network import free_port
 
     script = tmp_path / "command.py"
     script.write_text(SCRIPT)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.server import free_port
+from plumbing.network import free_port
 from tests.pipeline.conftest import REPO, processes_of, tiny_params, write_params
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import ssl
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import psutil
 import pytest
 import torch
 
+from plumbing.network import free_port
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import read_failures
 from proxyfl.launch.flare import (
@@ -34,7 +37,6 @@ from proxyfl.launch.flare import (
     FlareJobError,
     FlareProcesses,
     admin_session,
-    free_port,
     start_server,
     start_site,
     wait_for_sites,
@@ -208,7 +210,7 @@ def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:
     started = time.monotonic()
     with FlareProcesses(tmp_path / "logs", dict(os.environ), io.StringIO()) as processes:
         start_server(processes, ours, 60)
-        start_site(processes, "centre-0", theirs.site("centre-0"), "proxyfl")
+        start_site(processes, "centre-0", theirs.site("centre-0"))
         with admin_session(ours, 60) as session, pytest.raises(FlareJobError) as refused:
             wait_for_sites(session, ["centre-0"], processes, 60)
     said = str(refused.value)
@@ -256,3 +258,39 @@ def test_a_site_killed_mid_run_is_named_and_the_rerun_resumes_to_the_same_bytes(
             on_line=lambda _: None)  # fmt: skip
     _same_run(helpers.dvc_hashed_files(reference), helpers.dvc_hashed_files(run_dir), reference,
               run_dir)  # fmt: skip
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
+def test_the_launcher_stopped_or_killed_mid_run_leaves_no_process(
+    stop: signal.Signals, stores: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C to ``python -m proxyfl.launch.flare`` run by hand: exit 130 within seconds;
+    SIGKILL (nothing of it runs after): its server and sites die with it, and their job
+    processes after them. Either way no process of the job is left, and no listener."""
+    before = _listeners_under()
+    run_dir = tmp_path / "ProxyFL" / "seed_0"
+    job = TrainingJob(_config(stores, run_dir, "ProxyFL").model_copy(update={"rounds": 200}),
+                      Placement(launcher="flare"))  # fmt: skip
+    job.write_config()
+    launcher = subprocess.Popen(job.command(), stdout=subprocess.PIPE, text=True,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    assert launcher.stdout is not None
+    lines = []
+    for line in launcher.stdout:
+        lines.append(line)
+        if "round 1/200" in line:
+            break
+    tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+    assert any("worker_process" in " ".join(p.cmdline()) for p in tree), lines[-10:]
+    stopped = time.monotonic()
+    launcher.send_signal(stop)
+    status = launcher.wait(timeout=30)
+    launcher.stdout.close()
+    assert status == (130 if stop == signal.SIGINT else -signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while (left := [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) \
+            and time.monotonic() < deadline:  # fmt: skip
+        time.sleep(0.2)
+    assert not left, [p.cmdline() for p in left]
+    assert time.monotonic() - stopped < 20
+    assert _listeners_under() <= before

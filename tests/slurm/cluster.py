@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plumbing.network import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol")
 INSTALL_HINT = (
@@ -49,12 +51,6 @@ def _program(name: str) -> str:
     if found is None:
         raise FileNotFoundError(f"{name} not found: {INSTALL_HINT}")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _memory_mb() -> int:
@@ -129,8 +125,8 @@ def write_config(root: Path, cpus: int, memory_mb: int, user: str) -> Path:
         # step ids, and two clusters of one machine (two test runs) must not meet there
         f"FirstJobId={random.randrange(1000, 1_000_000)}",
         f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={free_port()}",
+        f"SlurmdPort={free_port()}",
         f"SlurmUser={user}",
         f"SlurmdUser={user}",
         "AuthType=auth/munge",

@@ -88,7 +88,6 @@ class AuxLink:
         self.sites, self.rank, self.inbox = sites, rank, inbox
         self.aborted = aborted
         self.send_timeout_s = send_timeout_s
-        self.seconds_sending = 0.0
 
     def send(self, peer: int, tag: str, payload: bytes) -> None:
         """Deliver ``payload``; a site whose job has not started yet (the sites start theirs
@@ -120,7 +119,6 @@ class AuxLink:
             ):
                 raise JobStopped(1, f"site {site} (rank {peer}) did not take a message: {code}")
             time.sleep(0.2)
-        self.seconds_sending += time.perf_counter() - started
 
     def receive(self, peer: int, tag: str) -> bytes:
         return self.inbox.take(self.sites[peer], tag, self.aborted)

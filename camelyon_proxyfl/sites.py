@@ -1,0 +1,200 @@
+"""``camelyon-proxyfl sites``: the FLARE participants of a federation across hospitals.
+
+    camelyon-proxyfl sites provision --out DIR --server-host HOST [--port PORT]
+    camelyon-proxyfl sites start KIT
+
+``provision`` writes the startup kits of one project (``nvflare provision``,
+:mod:`proxyfl.launch.kits`): the server's (for HOST, the name every site connects to), one
+per centre of ``train.centers`` (``centre-C``, each with its own certificate and key), and
+an administrator's, all from one new root CA, every connection mutual TLS. Each kit goes
+to its participant; the keys in them are secrets.
+
+``start`` runs the participant a kit makes its holder, in the foreground, until stopped
+(Ctrl-C, SIGTERM: it and every process it started end). A site says when it has joined
+its server; one whose certificate the server refuses (or whose server's it refuses), or
+that has not joined within ``--connect-timeout``, ends with one line and
+:data:`~proxyfl.launch.flare.EXIT_NO_CONNECTION`. A server whose port is taken ends with
+:data:`~plumbing.refusals.EXIT_REFUSED`. docs/sites.md is the page for a hospital's IT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from camelyon_proxyfl.params.base import config_option, enter_project, from_folder, load_sections
+from camelyon_proxyfl.params.train import TrainParams
+from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError, exit_on_bad_parameters
+from plumbing.network import port_taken
+from plumbing.processes import adopt_orphans, parent_bound_command, stop_trees
+from plumbing.refusals import EXIT_REFUSED
+from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, site_names
+from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, provision
+from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
+
+DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
+# what a site's FLARE client says once the server has taken its certificate and name
+JOINED = "Successfully registered client"
+STOP_GRACE_S = 5.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="camelyon-proxyfl sites",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True)
+    kits = commands.add_parser("provision", help="the startup kits of the server, each "
+                               "centre of params.yaml and an administrator")  # fmt: skip
+    kits.add_argument("--config", type=Path, default=Path("params.yaml"), metavar="PARAMS",
+                      help="parameters file whose train.centers are the sites")  # fmt: skip
+    kits.add_argument("--out", type=Path, required=True, help="folder of the kits")
+    kits.add_argument("--server-host", required=True,
+                      help="the server's host name, as the sites reach it (in its "
+                      "certificate; localhost for a trial on one machine)")  # fmt: skip
+    kits.add_argument("--port", type=int, default=DEFAULT_PORT,
+                      help="the server's one port, inbound, for the sites and the "
+                      f"administrator (default {DEFAULT_PORT})")  # fmt: skip
+    kits.add_argument("--project", default="proxyfl", help="the FLARE project's name")
+    kits.add_argument("--heart-beat-timeout", type=int, default=60, metavar="SECONDS",
+                      help="how long the server waits for a silent site before it drops "
+                      "it, and a job that needs it ends (default 60)")  # fmt: skip
+    start = commands.add_parser("start", help="run the server or a site from its kit")
+    start.add_argument("kit", type=Path, help="the participant's startup kit (its folder)")
+    start.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="a site: how long it may take to join its server before it "
+                       "gives up (default 300)")  # fmt: skip
+    return parser
+
+
+@exit_on_bad_parameters
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "provision":
+        return _provision(args, argv)
+    return _start(args.kit, args.connect_timeout)
+
+
+def _provision(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    started_in = enter_project(argv)
+    out = from_folder(started_in, args.out)
+    path, required = config_option(argv)
+    centers = load_sections(TrainParams, path, required=required).train.centers
+    try:
+        project = Project(args.project, args.server_host, args.port,
+                          tuple(site_names(centers, len(centers))),
+                          heart_beat_timeout_s=args.heart_beat_timeout)  # fmt: skip
+    except ValueError as error:
+        raise ConfigError("command line", str(error)) from error
+    try:
+        kits = provision(project, out)
+    except ProvisionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"{kits.root}: the kits of project {project.name} (a new root CA; the keys in the "
+          "kits are secrets: hand each to its participant only)")  # fmt: skip
+    print(f"  {kits.server}: the server, on {project.server_host}; open TCP port "
+          f"{project.port} inbound to it, and nothing else")  # fmt: skip
+    for center, site in zip(centers, project.sites, strict=True):
+        print(f"  {kits.site(site)}: centre {center}'s site (it connects out to the server)")
+    print(f"  {kits.admin}: the administrator's (submits and follows jobs)")
+    print("each starts with: camelyon-proxyfl sites start KIT")
+    return 0
+
+
+def _start(kit: Path, connect_timeout_s: float) -> int:
+    try:
+        participant = Participant.of(kit)
+    except KitError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_PARAMETERS
+    if participant.role == "server":
+        keep_stores_in_kit(kit)  # where the kit is now, not where it was provisioned
+        port = int(_server_target(kit).rsplit(":", 1)[1])
+        if port_taken(port, "0.0.0.0"):
+            print(f"error: port {port}: the FLARE server's port is taken by another process",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_REFUSED
+    adopt_orphans()  # the participant's job processes run in sessions of their own
+    # a session of its own: Ctrl-C is this command's to handle (the participant is stopped
+    # with everything it started), and it dies with this command all the same
+    process = subprocess.Popen(parent_bound_command(participant.command()), cwd=kit,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, text=True, errors="replace",
+                               start_new_session=True)  # fmt: skip
+    watch = _Watch(participant, process, connect_timeout_s)
+    stopped: list[int] = []
+
+    def stop(number: int, _frame: FrameType | None) -> None:
+        stopped.append(number)
+        watch.ended.set()
+
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, stop)
+    relay = threading.Thread(target=watch.relay, daemon=True)
+    relay.start()
+    try:
+        while not watch.ended.wait(0.5):
+            watch.check_joined()
+    finally:
+        stop_trees([process.pid], STOP_GRACE_S)
+        process.wait()
+        relay.join(timeout=5)
+    if watch.error is not None:
+        print(f"error: {watch.error}", file=sys.stderr, flush=True)
+        return EXIT_NO_CONNECTION
+    if stopped:
+        print(f"{participant.role} {participant.name}: stopped", file=sys.stderr, flush=True)
+        return 128 + stopped[0]
+    return process.returncode if process.returncode >= 0 else 128 - process.returncode
+
+
+def _server_target(kit: Path) -> str:
+    import json
+
+    (server, *_) = json.loads((kit / "startup" / "fed_server.json").read_text())["servers"]
+    return str(server["service"]["target"])
+
+
+class _Watch:
+    """The participant's lines, passed on; for a site, whether it joined its server."""
+
+    def __init__(self, participant: Participant, process: subprocess.Popen[str],
+                 connect_timeout_s: float) -> None:  # fmt: skip
+        self.participant, self.process = participant, process
+        self.deadline = time.monotonic() + connect_timeout_s
+        self.joined = participant.role == "server"
+        self.error: str | None = None
+        self.ended = threading.Event()
+
+    def relay(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if not self.joined and JOINED in line:
+                self.joined = True
+                print(f"site {self.participant.name}: joined its server", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            elif not self.joined and any(words in line for words in CERTIFICATE_REFUSED):
+                self._fail("its certificate is not from the server's CA, or the server's "
+                           f"not from its (TLS: {line.strip()[-120:]})")  # fmt: skip
+        self.ended.set()
+
+    def check_joined(self) -> None:
+        if not self.joined and time.monotonic() > self.deadline:
+            self._fail("not joined within the connect timeout: is the server up, and its "
+                       "port open to this machine?")  # fmt: skip
+
+    def _fail(self, why: str) -> None:
+        self.error = f"site {self.participant.name} could not join its server: {why}"
+        self.ended.set()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
