@@ -59,6 +59,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "deployment": ("tests/pipeline/test_deployment.py",),
     # a one-node Slurm cluster: sbatch, srun's tasks, a killed task (skips without Slurm)
     "slurm": ("tests/slurm/test_slurm.py",),
+    # FLARE: sites killed mid-run, the launcher stopped and killed, sites that cannot join
+    "flare": ("tests/proxyfl/test_flare.py", "tests/test_sites.py"),
     # power loss at every write, and the preprocessing's injected faults
     "campaigns": (
         "tests/pipeline/test_crash_campaign.py",

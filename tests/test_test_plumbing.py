@@ -50,6 +50,13 @@ def test_coverage_starts_in_this_projects_commands_only() -> None:
     assert program(["/v/bin/python", "/v/bin/dvc", "repro"]) in site.NOT_OURS
     assert program(["python", "-m", "uvicorn", "app"]) in site.NOT_OURS
     assert program(["python", "-m", "prefect.engine"]) not in site.NOT_OURS  # our flows
+    server = ["python", "-u", "-m", "nvflare.private.fed.app.server.server_train", "-m", "k"]
+    assert program(server) in site.NOT_OURS
+    # a FLARE site runs our job launcher; the server's job process our controller
+    for module in ("client.client_train", "server.runner_process"):
+        assert program(["python", "-u", "-m", f"nvflare.private.fed.app.{module}"]) not in (
+            site.NOT_OURS
+        )
 
 
 @pytest.mark.xdist_group("grouping-check")
