@@ -10,10 +10,12 @@ program's own prefix (``[rank N]``), as under mpiexec.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -27,6 +29,7 @@ from nvflare.apis.signal import Signal
 from proxyfl.comm.flare.link import (
     MESSAGE_TOPIC,
     PAYLOAD,
+    SEQUENCE_HEADER,
     STATUS,
     STOP_TOPIC,
     TAG_HEADER,
@@ -34,6 +37,7 @@ from proxyfl.comm.flare.link import (
     Inbox,
     JobStopped,
 )
+from proxyfl.engine.validation import EXIT_STOPPED
 
 RANK_TASK = "rank"
 SITES = "sites"
@@ -65,8 +69,11 @@ class RankExecutor(Executor):
         payload = request.get(PAYLOAD)
         if not isinstance(payload, bytes):  # only bytes are ever accepted
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
-        self.inbox.deliver(sender, str(request.get_header(TAG_HEADER)), payload)
-        return make_reply(ReturnCode.OK)
+        sequence = request.get_header(SEQUENCE_HEADER)
+        if not isinstance(sequence, int):
+            return make_reply(ReturnCode.BAD_REQUEST_DATA)
+        self.inbox.deliver(sender, str(request.get_header(TAG_HEADER)), payload, sequence)
+        return make_reply(ReturnCode.OK)  # a message asked again is answered again
 
     def _on_stop(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
         status = int(request.get(STATUS, 1))
@@ -89,7 +96,7 @@ class RankExecutor(Executor):
         # the process is this job's alone (FLARE starts one per job): its folder is the
         # job's, as an MPI rank's is its launcher's
         os.chdir(shareable[WORKING_DIRECTORY])
-        status = run_rank_logged(world, list(shareable[ARGUMENTS]))
+        status = _run_until_aborted(world, list(shareable[ARGUMENTS]), abort_signal)
         if status not in (0, None) and self.inbox.stopped is None:
             # the others would wait for this rank's next message: end the job
             with contextlib.suppress(JobStopped):
@@ -97,6 +104,33 @@ class RankExecutor(Executor):
         reply = make_reply(ReturnCode.OK)
         reply[STATUS] = int(status or 0)
         return reply
+
+
+def _run_until_aborted(world: Any, arguments: list[str], abort_signal: Signal) -> int:
+    """:func:`run_rank_logged`, stopped once FLARE aborts the task (the job is aborted, or
+    this site is gone: FLARE's job process then aborts its own run) even where the rank
+    never waits for a message (Joint's one rank trained on, its site killed): a
+    ``KeyboardInterrupt`` in this, the rank's thread, as SIGINT stops an MPI rank."""
+    done, lock = threading.Event(), threading.Lock()
+
+    def interrupt_when_aborted() -> None:
+        while not done.wait(0.5):
+            if abort_signal.triggered:
+                with lock:
+                    if not done.is_set():
+                        _thread.interrupt_main()
+                return
+
+    if threading.current_thread() is threading.main_thread():  # FLARE runs tasks there
+        threading.Thread(target=interrupt_when_aborted, daemon=True).start()
+    try:
+        try:
+            return run_rank_logged(world, arguments)
+        finally:
+            with lock:
+                done.set()
+    except KeyboardInterrupt:  # raised just as the rank ended: it ended stopped all the same
+        return EXIT_STOPPED
 
 
 def run_rank_logged(world: Any, arguments: list[str]) -> int:
@@ -124,6 +158,10 @@ def run_rank_logged(world: Any, arguments: list[str]) -> int:
         print(f"proxyfl.run: rank {world.Get_rank()} stopped: {stopped}", file=sys.stderr,
               flush=True)  # fmt: skip
         return stopped.status
+    except KeyboardInterrupt:  # FLARE aborted the task (_run_until_aborted)
+        print(f"proxyfl.run: rank {world.Get_rank()} stopped: FLARE aborted the job",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return EXIT_STOPPED
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 1
     except Exception:  # a bug's traceback, as -m mpi4py prints it before aborting

@@ -7,6 +7,13 @@ pickled object is ever sent or accepted. The receiving site's handler files the 
 under (sender, tag) in its :class:`Inbox` and replies at once, so a send completes as soon
 as the receiver holds the bytes, whether or not it has asked for them yet.
 
+A request can be lost without an answer: one relayed to a site whose job process has not
+yet connected to it is dropped there ("no path"), and its sender waited out its whole
+timeout (10 minutes, a test's job hung so under load). Each attempt is therefore bounded
+(:func:`attempt_timeout_s`) and a send asks again until the receiver has it; each message
+carries its sender's sequence number, so one that arrives twice (its answer lost, not the
+request) is filed once.
+
 Ending a job: a rank that aborts (:meth:`AuxLink.abort`, MPI_Abort's part) tells the
 server, which tells every site (:data:`STOP_TOPIC`); a rank waiting for a message then
 raises :class:`JobStopped` instead of waiting for a peer that will never send.
@@ -23,6 +30,7 @@ MESSAGE_TOPIC = "proxyfl.message"
 ABORT_TOPIC = "proxyfl.abort"  # a site to the server: end the job with a status
 STOP_TOPIC = "proxyfl.stop"  # the server to every site: the job is ending
 TAG_HEADER = "proxyfl_tag"
+SEQUENCE_HEADER = "proxyfl_sequence"  # the sender's count of the messages it has sent
 PAYLOAD = "payload"
 STATUS = "status"
 RANK = "rank"
@@ -43,19 +51,33 @@ class JobStopped(BaseException):
         self.status = status
 
 
+def attempt_timeout_s(payload_bytes: int) -> float:
+    """How long one attempt at delivering a message waits for its answer: 10 s, and a
+    second a megabyte beyond 10 MB (a ResNet-18 proxy, 45 MB, over a link of 1 MB/s)."""
+    return max(10.0, payload_bytes / 1e6)
+
+
 class Inbox:
     """What has arrived at this site, per (sender site, tag), in arrival order; and
     whether the job is being stopped."""
 
     def __init__(self) -> None:
         self._messages: defaultdict[tuple[str, str], deque[bytes]] = defaultdict(deque)
+        self._last_sequence: dict[str, int] = {}
         self._arrived = threading.Condition()
         self.stopped: JobStopped | None = None
 
-    def deliver(self, sender: str, tag: str, payload: bytes) -> None:
+    def deliver(self, sender: str, tag: str, payload: bytes, sequence: int) -> bool:
+        """File ``payload``, ``sender``'s message number ``sequence``; False where it was
+        filed before (a sender's messages come in order, one at a time: a number not above
+        the last one filed is a message asked again)."""
         with self._arrived:
+            if sequence <= self._last_sequence.get(sender, 0):
+                return False
+            self._last_sequence[sender] = sequence
             self._messages[(sender, tag)].append(payload)
             self._arrived.notify_all()
+            return True
 
     def stop(self, stopped: JobStopped) -> None:
         with self._arrived:
@@ -88,23 +110,26 @@ class AuxLink:
         self.sites, self.rank, self.inbox = sites, rank, inbox
         self.aborted = aborted
         self.send_timeout_s = send_timeout_s
+        self.sent = 0  # messages sent: the last one's sequence number
 
     def send(self, peer: int, tag: str, payload: bytes) -> None:
         """Deliver ``payload``; a site whose job has not started yet (the sites start theirs
-        one by one) is asked again until it takes it, for at most ``send_timeout_s``, or
-        until the job is being stopped."""
+        one by one), or an attempt that had no answer in time, is asked again until it has
+        taken it, for at most ``send_timeout_s``, or until the job is being stopped."""
         from nvflare.apis.fl_constant import ReturnCode
         from nvflare.apis.shareable import Shareable
 
+        self.sent += 1
         request = Shareable()
         request.set_header(TAG_HEADER, tag)
+        request.set_header(SEQUENCE_HEADER, self.sent)
         request[PAYLOAD] = payload
         site = self.sites[peer]
         started = time.perf_counter()
         while True:
             replies = self.engine.send_aux_request(
                 targets=[site], topic=MESSAGE_TOPIC, request=request,
-                timeout=self.send_timeout_s, fl_ctx=self.fl_ctx,
+                timeout=attempt_timeout_s(len(payload)), fl_ctx=self.fl_ctx,
             )  # fmt: skip
             reply = replies.get(site)
             code = reply.get_return_code() if reply is not None else "no reply"
