@@ -20,6 +20,7 @@ that has not joined within ``--connect-timeout``, ends with one line and
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -155,8 +156,6 @@ def _start(kit: Path, connect_timeout_s: float) -> int:
 
 
 def _server_target(kit: Path) -> str:
-    import json
-
     (server, *_) = json.loads((kit / "startup" / "fed_server.json").read_text())["servers"]
     return str(server["service"]["target"])
 
