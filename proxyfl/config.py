@@ -251,7 +251,20 @@ class TrainConfig(TrainOptions):
     run_dir: Path | None = Field(
         None, description="the run directory (train.runs/ALGORITHM/seed_S)"
     )
-    centers: list[int] | None = Field(None, description="centre of each rank (default 0..K-1)")
+    centers: list[int] | None = Field(
+        None, description="the clients' centres, one client each (default 0..R-1, a client "
+        "per rank)",
+    )  # fmt: skip
+    eval_centers: list[int] | None = Field(
+        None, description="centres evaluated on only, not clients: their test splits join "
+        "the clients' (none of their training data is read), e.g. a hospital that did not "
+        "train",
+    )  # fmt: skip
+    ranks: int | None = Field(
+        None, ge=1, description="processes (MPI ranks) the clients run on, each hosting "
+        "⌊C/R⌋ or ⌈C/R⌉ of the C clients in turn; the results are the same bytes whatever "
+        "the number (default: one rank per client)",
+    )  # fmt: skip
     seed: int = Field(0, description="run seed")
     resume: bool = Field(False, description="continue from the run directory's checkpoints")
     canaries: Path | None = Field(
@@ -324,6 +337,19 @@ class TrainConfig(TrainOptions):
             raise ValueError(f"centre(s) {repeated} listed more than once in --centers {value}")
         return value
 
+    @field_validator("eval_centers")
+    @classmethod
+    def _distinct_eval_centers(cls, value: list[int] | None) -> list[int] | None:
+        if not value:
+            return None
+        negative = [c for c in value if c < 0]
+        if negative:
+            raise ValueError(f"centre ids must be non-negative, got {negative}")
+        repeated = sorted({c for c in value if value.count(c) > 1})
+        if repeated:
+            raise ValueError(f"centre(s) {repeated} listed more than once in --eval-centers")
+        return value
+
     @field_validator("graph")
     @classmethod
     def _known_graph(cls, value: str) -> str:
@@ -337,6 +363,14 @@ class TrainConfig(TrainOptions):
                 "--canaries: PrivateKT's guarantee is label-level LDP, which a sample-level "
                 "canary audit does not test; audit a DP-SGD method"
             )
+        both = sorted(set(self.centers or []) & set(self.eval_centers or []))
+        if both:
+            raise ValueError(f"centre(s) {both} are in --centers and --eval-centers: a "
+                             "centre is a client (trained and evaluated on) or evaluated on "
+                             "only")  # fmt: skip
+        if self.ranks is not None and self.centers is not None and self.ranks > len(self.centers):
+            raise ValueError(f"--ranks {self.ranks} for {len(self.centers)} client(s): at "
+                             "most one rank per client (Joint runs as one)")  # fmt: skip
         if self.centers is not None and len(self.private_model) not in (1, len(self.centers)):
             raise ValueError(
                 f"--private-model lists {len(self.private_model)} models for "
@@ -376,8 +410,13 @@ class TrainConfig(TrainOptions):
         return None
 
     def client_centers(self, world_size: int) -> list[int]:
-        """The centre of each client, in rank order (default 0..K-1)."""
+        """The centre of each client, in client order (default 0..R-1 for R ranks)."""
         return list(self.centers) if self.centers is not None else list(range(world_size))
+
+    def test_centers(self, world_size: int) -> list[int]:
+        """The centres whose test splits every client is evaluated on: the clients', then
+        ``eval_centers``."""
+        return [*self.client_centers(world_size), *(self.eval_centers or [])]
 
     def fingerprint(self) -> dict[str, Any]:
         """The configuration a run's result depends on: the fields that must not change
@@ -390,6 +429,8 @@ class TrainConfig(TrainOptions):
             ignored |= set(PRIVATEKT_FIELDS)
         if self.canaries is None:  # the fingerprints of runs made before canaries existed
             ignored.add("canaries")
+        if self.eval_centers is None:  # likewise
+            ignored.add("eval_centers")
         if self.evaluate_every_round:  # likewise
             ignored.add("evaluate_every_round")
         if self.round_evaluation == "all":  # likewise: every model was evaluated before
@@ -409,7 +450,7 @@ class TrainConfig(TrainOptions):
 WHERE_AND_HOW_FIELDS: tuple[str, ...] = (
     "run_dir", "out", "data", "resume", "stop_after_round", "device", "loader_workers",
     "keep_checkpoints", "keep_final_checkpoints", "compile", "dp_chunk_size", "gpu_memory_gb",
-    "deterministic", "compile_cache", "prefetch", "torch_threads",
+    "deterministic", "compile_cache", "prefetch", "torch_threads", "ranks",
 )  # fmt: skip
 
 

@@ -58,11 +58,8 @@ def check_world(config: TrainConfig, size: int) -> None:
             f"{size} ranks but only {len(centers)} centre(s) listed ({centers}); "
             f"launch at most one rank per centre"
         )
-    if size < len(centers):
-        logger.info(
-            "%d ranks for %d listed centres: centres %s train, all are evaluated on",
-            size, len(centers), centers[:size],
-        )  # fmt: skip
+    if size < len(centers):  # proxyfl.run hosts several clients a rank instead
+        raise SetupError(f"{len(centers)} clients on {size} ranks: a world of clients needed")
     if len(config.private_model) not in (1, size):
         raise SetupError(
             f"--private-model lists {len(config.private_model)} models for {size} clients"
@@ -152,8 +149,9 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         train_centers, center, client = centers, JOINT_CENTER, 0
     else:
         train_centers, center, client = [centers[rank]], centers[rank], rank
+    test_centers = config.test_centers(size)
     infos = {}
-    for c in centers:
+    for c in test_centers:
         try:
             # another client's training split stays unread, metadata included
             splits = ("train", "test") if c in train_centers else ("test",)
@@ -179,22 +177,22 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     problem = batch_size_problem(config.batch_size, n_train, f"centre(s) {train_centers}")
     if problem is not None:
         raise SetupError(f"--batch-size {problem}")
-    if sum(len(infos[c].splits["test"]) for c in centers) == 0:
-        raise SetupError(f"the test splits of centres {centers} are all empty")
+    if sum(len(infos[c].splits["test"]) for c in test_centers) == 0:
+        raise SetupError(f"the test splits of centres {test_centers} are all empty")
     patch_size = next(iter(sizes.values()))
     public_pool = None
     if config.algorithm == "PrivateKT":  # the share pool: of the centres with a rank
-        check_public_pool(config, patch_size, n_classes, centers[:size])
+        check_public_pool(config, patch_size, n_classes, centers)
         public_pool = config.public_pool
     return StorePlan(
         client=client,
         center=center,
         train_centers=list(train_centers),
-        test_centers=list(centers),
+        test_centers=test_centers,
         n_classes=n_classes,
         patch_size=patch_size,
         public_pool=public_pool,
-        clients=tuple(centers[:size]),
+        clients=tuple(centers),
     )
 
 

@@ -189,6 +189,7 @@ def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
         "rank": trainer.runtime.rank,
         "hostname": trainer.runtime.hostname,
         "local_rank": trainer.runtime.local_rank,
+        "host_rank": trainer.runtime.host_rank,
         **environment_summary(),
         "opened": list(ACCESS_LOG.opened),
         "timings": trainer.timings.as_dict(),

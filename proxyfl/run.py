@@ -1,10 +1,13 @@
-"""Entry point of training, one client per MPI rank::
+"""Entry point of training, a client per MPI rank, or several::
 
-    mpiexec -n K python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --run-dir RUN_DIR
+    mpiexec -n R python -m mpi4py -m proxyfl.run --algorithm ALG --data DIR --run-dir RUN_DIR
 
-Rank i is the client of ``--centers``[i] (default 0..K-1) and opens only that centre's
-training split; every client evaluates on the merged test splits of all listed centres.
-Joint runs as one rank over the pooled training splits of the listed centres.
+Client k is the client of ``--centers``[k] (default 0..R-1) and opens only that centre's
+training split; every client evaluates on the merged test splits of the clients' centres
+and of ``--eval-centers``. Joint runs as one rank over the pooled training splits of the
+listed centres. With more centres than ranks, each rank hosts ⌊C/R⌋ or ⌈C/R⌉ clients and
+trains them in turn (:mod:`proxyfl.hosted`); every record is the client's, and the same
+bytes whatever R.
 
 Bad input (a missing or malformed store, a centre listed twice, more ranks than centres,
 an unknown model or algorithm, a batch larger than a client's data, PrivateKT without its
@@ -22,12 +25,14 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import functools
 import json
 import logging
 import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,10 +127,15 @@ def parse_config(argv: Sequence[str] | None) -> TrainConfig:
     return config
 
 
-def _client_label(config: TrainConfig, size: int) -> Any:
-    centers = config.client_centers(size)
+def _client_label(config: TrainConfig, comm: Any) -> Any:
+    """How a rank of ``comm`` is named in errors: ``rank R (centre C)``, or, where ranks host
+    several clients, ``client K (centre C, rank R)``."""
+    centers = config.client_centers(comm.Get_size())
+    placement = getattr(comm, "placement", None)  # a world of hosted clients
 
     def label(rank: int) -> str:
+        if placement is not None:
+            return f"client {rank} (centre {centers[rank]}, rank {placement.rank_of(rank)})"
         if config.algorithm != "Joint" and rank < len(centers):
             return f"rank {rank} (centre {centers[rank]})"
         return f"rank {rank}"
@@ -150,13 +160,62 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     _configure_logging(comm.Get_rank())
-    return run_rank(comm, argv)
+    clients = _clients_to_host(argv, comm.Get_size())
+    if clients is None:
+        return run_rank(comm, argv)
+    return host_rank_clients(comm, argv, clients)
 
 
-def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
+def _clients_to_host(argv: Sequence[str] | None, ranks: int) -> int | None:
+    """How many clients the job's ``ranks`` ranks host between them, where that is more
+    than one a rank (None: a client per rank; a configuration that does not validate is
+    left to :func:`run_rank`, which says why on rank 0)."""
+    try:
+        config = parse_config(argv)
+    except Exception:  # said by run_rank, with every rank's error
+        return None
+    if config.algorithm == "Joint":
+        return None
+    clients = len(config.client_centers(ranks))
+    return clients if clients > ranks else None
+
+
+def host_rank_clients(world: Any, argv: Sequence[str] | None, clients: int) -> int:
+    """This rank's clients of a job of ``clients`` clients over MPI's ``world``
+    (:mod:`proxyfl.hosted`): each runs :func:`run_rank` as a rank of the clients' world,
+    in turn with the rank's others; one fault record for the rank."""
+    from proxyfl.comm.clients import ClientPlacement
+    from proxyfl.comm.mpi_link import MpiLink
+    from proxyfl.hosted import host_clients, node_clients
+
+    rank = world.Get_rank()
+    placement = ClientPlacement(clients, world.Get_size())
+    on_node = node_clients(world, placement)
+    mine = placement.clients_of(rank)
+    _, run_dir = parse_config(argv).require_paths()
+    fatal_signals = FatalSignalRecord(
+        run_dir, mine[0], f"rank {rank} (clients {', '.join(map(str, mine))})"
+    )
+    link = MpiLink(world)
+    try:
+        status = host_clients(link, rank, placement, on_node, argv,
+                              functools.partial(run_rank, fault_record=False))  # fmt: skip
+    except SystemExit:  # the clients' own stop (bad input, the test hook), not a crash
+        fatal_signals.close()
+        raise
+    finally:
+        link.close()
+    fatal_signals.close()
+    return status
+
+
+def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = True) -> int:
     """One rank of a job over ``comm``: MPI's world (:func:`main`), or a
     :class:`~proxyfl.comm.world.MessageWorld` whose messages another transport carries
-    (:mod:`proxyfl.comm.flare`); the same program, and the same bytes, over either."""
+    (:mod:`proxyfl.comm.flare`) or whose ranks are clients that a few ranks host
+    (:mod:`proxyfl.hosted`); the same program, and the same bytes, over any of them.
+    ``fault_record``: whether this rank keeps the fault record (a rank that hosts several
+    clients keeps one for all of them)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     wall_start = time.perf_counter()
     startup = process_age()  # before this clock: the interpreter, imports, MPI's init
@@ -164,9 +223,9 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
     config, error = run_phase(lambda: parse_config(argv))
     check_or_exit(comm, error)
     assert config is not None
-    label = _client_label(config, size)
+    label = _client_label(config, comm)
     _, run_dir = config.require_paths()
-    fatal_signals = FatalSignalRecord(run_dir, rank, label(rank))
+    fatal_signals = FatalSignalRecord(run_dir, rank, label(rank)) if fault_record else None
 
     _, error = run_phase(lambda: check_world(config, size))
     _fail_if_any(comm, error, label, run_dir)
@@ -259,6 +318,8 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
         run_training(trainer, start_round)
     except StopAfterRound:
         logger.warning("stopping after round %s (test hook)", config.stop_after_round)
+        if fatal_signals is not None:  # a stop, not a crash
+            fatal_signals.close()
         raise
     except Exception as failure:  # named for the launcher, then -m mpi4py aborts the job
         _record_training_failure(failure, trainer, comm, run_dir, label(rank))
@@ -282,7 +343,8 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None) -> int:
     except Exception as failure:
         _record_training_failure(failure, trainer, comm, run_dir, label(rank))
         raise
-    fatal_signals.close()
+    if fatal_signals is not None:
+        fatal_signals.close()
     return 0
 
 
@@ -320,8 +382,9 @@ def _abort(comm: Any, run_dir: Path, failure: RankFailure, status: int) -> NoRet
           flush=True)  # fmt: skip
     # the launcher stops every rank once one aborts (SIGINT, then SIGQUIT), this one too
     # while it aborts: no traceback of an interrupted abort, no core file
-    for number in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(number, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # a hosted client's is not
+        for number in (signal.SIGINT, signal.SIGQUIT):
+            signal.signal(number, signal.SIG_IGN)
     comm.Abort(status)
     # MPI_Abort returns where the launcher is already ending the job (another rank aborted
     # first): this rank ends all the same, with its status, not with a bug's traceback

@@ -23,6 +23,15 @@ class TrainSection(Section):
     )
     seeds: list[int] = Field([0], description="seeds; every method runs once per seed")
     centers: list[int] = Field([0, 1, 2, 3], description="the clients' centres")
+    eval_centers: list[int] = Field(
+        [], description="centres evaluated on only, not clients (their test splits join "
+        "the clients'; none of their training data is read)",
+    )  # fmt: skip
+    ranks: int | None = Field(
+        None, ge=1,
+        description="processes (MPI ranks) a job's clients run on, each hosting ⌊C/R⌋ or "
+        "⌈C/R⌉ of them in turn; the same bytes whatever the number. Empty: one per client",
+    )  # fmt: skip
     data: Path = Field(Path("data/patches"), description="directory of the centre stores")
     runs: Path = Field(Path("runs"), description="runs land in RUNS/{algorithm}/seed_{s}")
     options: TrainOptions = Field(
@@ -71,6 +80,9 @@ class TrainSection(Section):
         if self.hosts and self.hostfile is not None:
             raise ValueError("hosts and hostfile are both set: name the hosts one way, a "
                              "list or a file")  # fmt: skip
+        if self.launcher == "flare" and self.ranks is not None and self.ranks < len(self.centers):
+            raise ValueError("launcher flare runs a site per centre: several clients a site "
+                             "are not built yet; leave ranks unset")  # fmt: skip
         if self.launcher != "mpiexec" and (self.hosts or self.hostfile is not None):
             given = "hosts" if self.hosts else "hostfile"
             where = ("where Slurm's allocation says" if self.launcher == "srun"
@@ -95,6 +107,8 @@ class TrainSection(Section):
         return TrainConfig(
             **self.options.model_dump(), algorithm=algorithm, seed=seed, data=self.data,
             run_dir=self.run_dir(algorithm, seed), centers=list(self.centers), resume=True,
+            eval_centers=list(self.eval_centers) or None,
+            ranks=min(self.ranks, len(self.centers)) if self.ranks is not None else None,
         )  # fmt: skip
 
     def job_configs(self) -> list[TrainConfig]:

@@ -8,16 +8,28 @@ check that rank k opened no other centre's training split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
 from pathlib import Path
 from typing import Any
 
 
-@dataclass
 class AccessLog:
-    """Which ``(store path, split)`` pairs this process has opened, in order."""
+    """Which ``(store path, split)`` pairs this process has opened, in order: per hosted
+    client where a rank hosts several (:mod:`proxyfl.hosted`), each client's thread
+    declaring itself (:meth:`on_behalf_of`), so that a client's record lists its own."""
 
-    opened: list[dict[str, Any]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self._by_client: dict[int | None, list[dict[str, Any]]] = {}
+        self._thread = threading.local()
+
+    def on_behalf_of(self, client: int) -> None:
+        """What this thread opens from now on, it opens for ``client``."""
+        self._thread.client = client
+
+    @property
+    def opened(self) -> list[dict[str, Any]]:
+        """What this thread's client (the process, where it hosts one) has opened."""
+        return self._by_client.setdefault(getattr(self._thread, "client", None), [])
 
     def record(self, path: Path, split: str, images_only: bool = False) -> None:
         """Note an opened split; ``images_only`` marks a reader that never reads labels

@@ -49,6 +49,7 @@ class Runtime:
     device: torch.device
     hostname: str
     local_size: int = 1  # ranks on this node
+    host_rank: int | None = None  # the MPI rank running this client, where it hosts several
 
     @property
     def ranks_on_device(self) -> int:
@@ -150,6 +151,7 @@ def make_runtime(comm: Any, device_choice: str, threads: int | None = None) -> R
         device=device,
         hostname=socket.gethostname(),
         local_size=local_size,
+        host_rank=getattr(comm, "host_rank", None),
     )
 
 

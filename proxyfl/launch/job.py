@@ -75,7 +75,7 @@ RANK_REFUSAL_PREFIX = "proxyfl.run: error: "
 # the round under way (checkpoints are written whole or not at all)
 STOP_GRACE_S = 3.0
 # every log line of a rank starts so (proxyfl.run's logging format): tails are kept per rank
-_RANK_PREFIX = re.compile(r"\[rank (\d+)\]")
+_RANK_PREFIX = re.compile(r"\[rank (\d+)(?: client \d+)?\]")
 # how MPICH's fork launcher reports a rank a signal ended; it exits 0 all the same
 _RANK_SIGNALED = re.compile(r"^\[\d+\](\d+):Return code = -?\d+, signaled with (.+)$")
 # srun's words for a task that exited non-zero
@@ -131,8 +131,11 @@ class TrainingJob:
 
     @property
     def ranks(self) -> int:
+        """The job's processes: one for Joint; else ``ranks``, or one per client."""
         assert self.config.centers is not None
-        return 1 if self.algorithm == "Joint" else len(self.config.centers)
+        if self.algorithm == "Joint":
+            return 1
+        return self.config.ranks or len(self.config.centers)
 
     @property
     def config_file(self) -> Path:

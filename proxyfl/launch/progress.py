@@ -20,8 +20,9 @@ from pathlib import Path
 from proxyfl.results import MetricRow, read_metrics
 
 _RANK_LINE = re.compile(
-    r"^\S+ \S+ \[rank (?P<rank>\d+)\] (?P<level>[A-Z]+) (?P<name>[\w.]+): (?P<message>.*)$"
-)
+    r"^\S+ \S+ \[(?P<place>rank (?P<rank>\d+)(?: client \d+)?)\] (?P<level>[A-Z]+) "
+    r"(?P<name>[\w.]+): (?P<message>.*)$"
+)  # a rank's line; "rank R client C" from a rank that hosts several clients
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class RankLineParser:
             return RankLine(None, self._level, line)
         level = logging.getLevelName(match["level"])
         self._level = level if isinstance(level, int) else logging.INFO
-        return RankLine(int(match["rank"]), self._level, f"[rank {match['rank']}] "
+        return RankLine(int(match["rank"]), self._level, f"[{match['place']}] "
                         f"{match['level']} {match['name']}: {match['message']}")  # fmt: skip
 
 

@@ -134,9 +134,9 @@ def _retired_dir(run_dir: Path) -> Path:
 
 
 def read_centers(config: TrainConfig) -> list[int]:
-    """Every centre whose store the job reads: the clients' (all listed centres'
-    test splits are evaluated on) and PrivateKT's public pool."""
-    centers = list(config.centers or [])
+    """Every centre whose store the job reads: the clients', those evaluated on only
+    (``eval_centers``) and PrivateKT's public pool."""
+    centers = [*(config.centers or []), *(config.eval_centers or [])]
     public = config.public_store_center
     if public is not None and public not in centers:
         centers.append(public)

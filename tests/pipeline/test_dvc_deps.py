@@ -161,7 +161,7 @@ LAYERS = {"plumbing": 0, "wsi": 1, "proxyfl": 2, "analysis": 3, "camelyon_proxyf
 ROOMS = {
     "comm": 0, "names": 0, "results": 1, "kept": 1, "config": 1, "rules": 1, "canaries": 1,
     "privacy": 2, "engine": 2, "algorithms": 3, "launch": 3, "trainer": 4, "rank_inputs": 4,
-    "records": 5, "loop": 6, "run": 7, "sites": 8,
+    "records": 5, "loop": 6, "hosted": 6, "run": 7, "sites": 8,
 }  # fmt: skip
 
 
@@ -214,7 +214,8 @@ def test_the_library_holds_nothing_that_reads_finished_runs() -> None:
 def test_every_proxyfl_room_imports_only_rooms_below_it() -> None:
     """contracts (names, results, config, rules, the canary plan) and comm; privacy and the
     engine; algorithms and the launcher; a client's set-up (trainer) and a rank's inputs,
-    its records, the loop; a rank's entry point; the FLARE site that hosts it."""
+    its records, the loop and the host of several clients; a rank's entry point; the FLARE
+    site that hosts it."""
     modules = _modules("proxyfl")
     assert all(_room(name) is not None for name, _ in modules if name != "proxyfl")
     upward = []

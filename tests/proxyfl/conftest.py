@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import io
 import json
 import os
 import subprocess
@@ -193,6 +194,57 @@ def dvc_hashed_files(run_dir: Path) -> dict[str, bytes]:
     }
 
 
+def same_run(
+    first: dict[str, bytes], second: dict[str, bytes], first_dir: Path, second_dir: Path
+) -> None:
+    """Two runs' files (:func:`dvc_hashed_files`) the same bytes, but for the times a
+    checkpoint holds (its state compared without them) and the run directory config.json
+    and run.json name (``first_dir``, ``second_dir``)."""
+    import torch
+
+    assert sorted(first) == sorted(second)
+    for name in first:
+        if name.startswith(("run.json", "config.json", "checkpoints/")):
+            continue
+        assert first[name] == second[name], name
+    for name in ("run.json", "config.json"):
+        if name not in first:  # config.json: a job a flow launched
+            continue
+        ours = json.loads(second[name].decode().replace(str(second_dir), str(first_dir)))
+        assert ours == json.loads(first[name]), name
+    checkpoints = [
+        name for name in first if name.startswith("checkpoints/") and name.endswith(".pt")
+    ]
+    assert checkpoints
+    for name in checkpoints:
+        states = [torch.load(io.BytesIO(run[name]), weights_only=False) for run in (first, second)]
+        for state in states:
+            state.pop("timings")
+        assert_same_state(states[0], states[1], name)
+
+
+def assert_same_state(ours: Any, theirs: Any, where: str) -> None:
+    """The same values, tensors bit for bit (dtype, shape, bytes)."""
+    import torch
+
+    assert type(ours) is type(theirs), where
+    if isinstance(ours, dict):
+        assert list(ours) == list(theirs), where
+        for key in ours:
+            assert_same_state(ours[key], theirs[key], f"{where}/{key}")
+    elif isinstance(ours, list | tuple):
+        assert len(ours) == len(theirs), where
+        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same_state(a, b, f"{where}[{index}]")
+    elif isinstance(ours, np.ndarray):
+        assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), where
+    elif isinstance(ours, torch.Tensor):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
+        assert ours.cpu().numpy().tobytes() == theirs.cpu().numpy().tobytes(), where
+    else:
+        assert ours == theirs, where
+
+
 def explain(result: subprocess.CompletedProcess[str]) -> str:
     return (
         f"exit {result.returncode}\nSTDOUT:\n{result.stdout[-3000:]}\n"
@@ -240,6 +292,7 @@ class Helpers:
     explain = staticmethod(explain)
     write_stores = staticmethod(write_stores)
     dvc_hashed_files = staticmethod(dvc_hashed_files)
+    same_run = staticmethod(same_run)
     one_client = staticmethod(one_client)
     repo = REPO
 

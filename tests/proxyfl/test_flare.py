@@ -13,7 +13,6 @@ in the stop tests below.)
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import socket
@@ -23,10 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
-import torch
 
 from plumbing.network import free_port
 from proxyfl.config import TrainConfig
@@ -121,47 +118,6 @@ class _WhileTraining:
         self.without_certificate = _handshake(port, root, None)
 
 
-def _same_run(mpi: dict[str, bytes], flare: dict[str, bytes], mpi_dir: Path,
-              flare_dir: Path) -> None:  # fmt: skip
-    """Every file the same bytes, but for the times a checkpoint holds (its state compared
-    without them) and the run directory config.json and run.json name."""
-    assert sorted(mpi) == sorted(flare)
-    for name in mpi:
-        if name.startswith(("run.json", "config.json", "checkpoints/")):
-            continue
-        assert mpi[name] == flare[name], name
-    for name in ("run.json", "config.json"):
-        ours = json.loads(flare[name].decode().replace(str(flare_dir), str(mpi_dir)))
-        assert ours == json.loads(mpi[name]), name
-    checkpoints = [name for name in mpi if name.startswith("checkpoints/") and name.endswith(".pt")]
-    assert checkpoints
-    for name in checkpoints:
-        states = [torch.load(io.BytesIO(run[name]), weights_only=False) for run in (mpi, flare)]
-        for state in states:
-            state.pop("timings")
-        _assert_same_state(states[0], states[1], name)
-
-
-def _assert_same_state(ours: Any, theirs: Any, where: str) -> None:
-    """The same values, tensors bit for bit (dtype, shape, bytes)."""
-    assert type(ours) is type(theirs), where
-    if isinstance(ours, dict):
-        assert list(ours) == list(theirs), where
-        for key in ours:
-            _assert_same_state(ours[key], theirs[key], f"{where}/{key}")
-    elif isinstance(ours, list | tuple):
-        assert len(ours) == len(theirs), where
-        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            _assert_same_state(a, b, f"{where}[{index}]")
-    elif isinstance(ours, np.ndarray):
-        assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), where
-    elif isinstance(ours, torch.Tensor):
-        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
-        assert ours.cpu().numpy().tobytes() == theirs.cpu().numpy().tobytes(), where
-    else:
-        assert ours == theirs, where
-
-
 @pytest.mark.parametrize("algorithm", ["ProxyFL", "FedAvg", "CWT", "PrivateKT"])
 def test_a_flare_job_writes_the_bytes_of_mpiexec(
     algorithm: str, stores: Path, tmp_path: Path, helpers: Any, monkeypatch: pytest.MonkeyPatch
@@ -180,7 +136,7 @@ def test_a_flare_job_writes_the_bytes_of_mpiexec(
         run_job(job, on_line=watch if launcher == "flare" else (lambda _: None))
         runs[launcher] = (run_dir, helpers.dvc_hashed_files(tmp_path / run_dir))
     (mpi_dir, mpi), (flare_dir, flare) = runs["mpiexec"], runs["flare"]
-    _same_run(mpi, flare, mpi_dir, flare_dir)
+    helpers.same_run(mpi, flare, mpi_dir, flare_dir)
     assert any(name.startswith("models/") for name in flare)
     # the sites' rounds were the ranks' own lines, passed on as mpiexec's are
     assert any("round 2/2" in line for line in watch.lines), watch.lines[-20:]
@@ -257,8 +213,8 @@ def test_a_site_killed_mid_run_is_named_and_the_rerun_resumes_to_the_same_bytes(
     reference = tmp_path / "mpiexec" / "ProxyFL" / "seed_0"
     run_job(TrainingJob(config.model_copy(update={"run_dir": reference}), Placement()),
             on_line=lambda _: None)  # fmt: skip
-    _same_run(helpers.dvc_hashed_files(reference), helpers.dvc_hashed_files(run_dir), reference,
-              run_dir)  # fmt: skip
+    helpers.same_run(helpers.dvc_hashed_files(reference), helpers.dvc_hashed_files(run_dir),
+                     reference, run_dir)  # fmt: skip
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])

@@ -21,10 +21,10 @@ raises :class:`JobStopped` instead of waiting for a peer that will never send.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict, deque
 from typing import Any, NoReturn
+
+from proxyfl.comm.inbox import Inbox, JobStopped
 
 MESSAGE_TOPIC = "proxyfl.message"
 ABORT_TOPIC = "proxyfl.abort"  # a site to the server: end the job with a status
@@ -37,66 +37,10 @@ RANK = "rank"
 SERVER = "server"
 
 
-class JobStopped(BaseException):
-    """The job is ending (a rank aborted, or FLARE aborted the job): ``status`` is its
-    exit status.
-
-    Not an ``Exception``, as ``KeyboardInterrupt`` is not: it is to a rank at a site what
-    the launcher's SIGINT is to an MPI rank whose peer failed — the rank stops, and leaves
-    no failure record of its own (the rank, or the site, that failed is the cause; a
-    stopped rank's record, written first, was taken for it)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
 def attempt_timeout_s(payload_bytes: int) -> float:
     """How long one attempt at delivering a message waits for its answer: 10 s, and a
     second a megabyte beyond 10 MB (a ResNet-18 proxy, 45 MB, over a link of 1 MB/s)."""
     return max(10.0, payload_bytes / 1e6)
-
-
-class Inbox:
-    """What has arrived at this site, per (sender site, tag), in arrival order; and
-    whether the job is being stopped."""
-
-    def __init__(self) -> None:
-        self._messages: defaultdict[tuple[str, str], deque[bytes]] = defaultdict(deque)
-        self._last_sequence: dict[str, int] = {}
-        self._arrived = threading.Condition()
-        self.stopped: JobStopped | None = None
-
-    def deliver(self, sender: str, tag: str, payload: bytes, sequence: int) -> bool:
-        """File ``payload``, ``sender``'s message number ``sequence``; False where it was
-        filed before (a sender's messages come in order, one at a time: a number not above
-        the last one filed is a message asked again)."""
-        with self._arrived:
-            if sequence <= self._last_sequence.get(sender, 0):
-                return False
-            self._last_sequence[sender] = sequence
-            self._messages[(sender, tag)].append(payload)
-            self._arrived.notify_all()
-            return True
-
-    def stop(self, stopped: JobStopped) -> None:
-        with self._arrived:
-            if self.stopped is None:
-                self.stopped = stopped
-            self._arrived.notify_all()
-
-    def take(self, sender: str, tag: str, aborted: Any, poll_s: float = 0.5) -> bytes:
-        """The next payload from ``sender`` under ``tag``; raises :class:`JobStopped` once
-        the job is being stopped or ``aborted`` (FLARE's abort signal) is triggered."""
-        key = (sender, tag)
-        with self._arrived:
-            while not self._messages[key]:
-                if self.stopped is not None:
-                    raise self.stopped
-                if aborted is not None and aborted.triggered:
-                    raise JobStopped(1, "FLARE aborted the job")
-                self._arrived.wait(poll_s)
-            return self._messages[key].popleft()
 
 
 class AuxLink:
