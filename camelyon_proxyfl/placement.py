@@ -44,8 +44,9 @@ def _hostfile_problem(train: TrainSection) -> str | None:
 
 
 def largest_job_ranks(train: TrainSection) -> int:
-    """The ranks of ``train``'s largest job: a rank per centre, Joint's one."""
-    return max(1 if algorithm == "Joint" else len(train.centers) for algorithm in train.algorithms)
+    """The ranks of ``train``'s largest job: ``train.ranks`` or a rank per centre, Joint's
+    one."""
+    return max(train.job_config(algorithm, 0).job_ranks() for algorithm in train.algorithms)
 
 
 def placement_findings(train: TrainSection) -> list[Finding]:

@@ -413,6 +413,15 @@ class TrainConfig(TrainOptions):
         """The centre of each client, in client order (default 0..R-1 for R ranks)."""
         return list(self.centers) if self.centers is not None else list(range(world_size))
 
+    def job_ranks(self) -> int:
+        """The processes a job of this configuration runs on: one for Joint; else ``ranks``,
+        or one per client (``centers`` must be set)."""
+        if self.centers is None:
+            raise ValueError("a job's ranks follow from its centres: set centers")
+        if self.algorithm == "Joint":
+            return 1
+        return self.ranks or len(self.centers)
+
     def test_centers(self, world_size: int) -> list[int]:
         """The centres whose test splits every client is evaluated on: the clients', then
         ``eval_centers``."""

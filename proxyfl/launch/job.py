@@ -131,11 +131,7 @@ class TrainingJob:
 
     @property
     def ranks(self) -> int:
-        """The job's processes: one for Joint; else ``ranks``, or one per client."""
-        assert self.config.centers is not None
-        if self.algorithm == "Joint":
-            return 1
-        return self.config.ranks or len(self.config.centers)
+        return self.config.job_ranks()
 
     @property
     def config_file(self) -> Path:

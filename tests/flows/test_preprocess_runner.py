@@ -222,21 +222,27 @@ def test_a_killed_run_leaves_no_process_behind(
 
 def test_the_local_dask_cluster_listens_on_loopback_only(tmp_path: Path) -> None:
     """The cluster the flow starts for ``runner: dask`` (scheduler, workers, dashboard):
-    every listening socket of this process and its workers is on 127.0.0.1."""
+    every socket it listens on, in this process and its workers, is on 127.0.0.1. (What
+    this test process listened on before is another test's: MPI initialised in-process by
+    a trainer test listens on the machine's address.)"""
     from distributed import LocalCluster
 
     from camelyon_proxyfl.params.preprocess import PreprocessConfig
     from flows.preprocess import task_runner
 
+    def listening() -> set[tuple[int, str, int]]:
+        me = psutil.Process()
+        return {
+            (process.pid, connection.laddr.ip, connection.laddr.port)
+            for process in (me, *me.children(recursive=True))
+            for connection in process.net_connections(kind="inet")
+            if connection.status == psutil.CONN_LISTEN
+        }
+
+    before = listening()
     config = PreprocessConfig(data_root=tmp_path, runner="dask", workers=2)
     runner = task_runner(config)
     with LocalCluster(**runner.cluster_kwargs) as cluster:
         cluster.wait_for_workers(2, timeout=60)
-        me = psutil.Process()
-        listening = [
-            (process.pid, connection.laddr.ip)
-            for process in (me, *me.children(recursive=True))
-            for connection in process.net_connections(kind="inet")
-            if connection.status == psutil.CONN_LISTEN
-        ]
-    assert listening and all(ip == "127.0.0.1" for _, ip in listening), listening
+        opened = listening() - before
+    assert opened and all(ip == "127.0.0.1" for _, ip, _ in opened), opened

@@ -1,0 +1,144 @@
+"""Many clients on few ranks, its cost: ``python -m bench clients [--clients 4 8 20]
+[--ranks 2] [--algorithm ProxyFL] [--rounds 3] [--json F]``.
+
+For each number of clients C: scikit-learn's digits as C non-IID clients
+(:mod:`bench.digits`, Dirichlet α = 0.5), one job of ``--rounds`` rounds through the
+product's launch (:func:`proxyfl.launch.job.run_job`) with ``--ranks`` ranks hosting the
+clients in turn, and one with a rank per client (C processes on this machine's cores: a
+placement that oversubscribes them, as one client per rank must here). Printed per C and
+placement:
+
+- ``job s``: the whole job, launch to exit;
+- ``round s``: the median wall between two rounds' ends (the first round, with its
+  start-up, left out);
+- ``CPU s/client-round``: the CPU time of the job's whole process tree (its ranks, their
+  warm server) over C × rounds: what a client's round costs wherever it runs;
+- ``peak RSS/rank GB``: the largest rank's resident peak; ``RSS GB``: summed over ranks;
+- ``same bytes``: whether the two placements' metrics, kept models, ε and send logs are
+  byte-identical (they must be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+IN_DEFAULT_RUN = False  # minutes of training, named only
+
+OPTIONS: dict[str, Any] = {
+    "proxy_model": "mlp", "private_model": ["mlp"], "batch_size": 32, "eval_batch_size": 256,
+    "lr": 0.01, "torch_threads": None, "keep_final_checkpoints": False,
+}  # fmt: skip
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _rss(run_dir: Path) -> tuple[float, float]:
+    """``(largest rank's peak RSS, their sum)`` in GB; a hosting rank's clients report its
+    one process."""
+    records = json.loads((run_dir / "machine.json").read_text())["ranks"]
+    by_rank: dict[Any, float] = {}
+    for record in records:
+        rank = record["host_rank"] if record.get("host_rank") is not None else record["rank"]
+        by_rank[rank] = max(by_rank.get(rank, 0.0), record["memory"]["peak_rss_gb"])
+    return max(by_rank.values()), sum(by_rank.values())
+
+
+def measure(clients: int, ranks: int, algorithm: str, rounds: int, work: Path) -> dict[str, Any]:
+    from bench.digits import write_digit_stores
+    from proxyfl.config import TrainConfig
+    from proxyfl.launch.job import TrainingJob, run_job
+    from proxyfl.launch.progress import RoundProgress
+
+    stores = work / f"stores_{clients}"
+    if not (stores / f"center_{clients - 1}.h5").is_file():
+        write_digit_stores(stores, clients=clients, alpha=0.5, seed=0)
+    figures: dict[str, Any] = {}
+    runs = {}
+    for placement, job_ranks in (("hosted", ranks), ("a rank per client", clients)):
+        run_dir = work / f"clients_{clients}" / placement.replace(" ", "_")
+        config = TrainConfig(**OPTIONS, algorithm=algorithm, seed=0, data=stores,
+                             run_dir=run_dir, centers=list(range(clients)), rounds=rounds,
+                             ranks=job_ranks)  # fmt: skip
+        ends: list[float] = []
+
+        def on_round(_: RoundProgress, ends: list[float] = ends) -> None:
+            ends.append(time.perf_counter())
+
+        cpu, started = _children_cpu_s(), time.perf_counter()
+        run_job(TrainingJob(config), on_line=lambda _: None, on_round=on_round)
+        wall, cpu = time.perf_counter() - started, _children_cpu_s() - cpu
+        peak, total = _rss(run_dir)
+        gaps = [b - a for a, b in itertools.pairwise(ends)]
+        figures[placement] = {
+            "ranks": job_ranks, "job_s": wall,
+            "round_s": statistics.median(gaps) if gaps else float("nan"),
+            "cpu_s_per_client_round": cpu / (clients * rounds),
+            "peak_rss_per_rank_gb": peak, "rss_gb": total,
+        }  # fmt: skip
+        runs[placement] = run_dir
+    figures["same_bytes"] = _same_results(*runs.values())
+    return {"clients": clients, "algorithm": algorithm, "rounds": rounds, "figures": figures}
+
+
+def _same_results(first: Path, second: Path) -> bool:
+    names = ["metrics.jsonl", *(str(p.relative_to(first)) for p in sorted(first.rglob("*"))
+                                if p.is_file() and p.parts[len(first.parts)] in
+                                ("models", "ranks", "predictions")
+                                and not p.name.endswith(".machine.json"))]  # fmt: skip
+    return all((first / name).read_bytes() == (second / name).read_bytes() for name in names)
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = ["| clients | placement | ranks | job s | round s | CPU s/client-round | "
+             "peak RSS/rank GB | RSS GB | same bytes |",
+             "|--:|---|--:|--:|--:|--:|--:|--:|---|"]  # fmt: skip
+    for result in results:
+        figures = result["figures"]
+        for placement in ("hosted", "a rank per client"):
+            f = figures[placement]
+            lines.append(
+                f"| {result['clients']} | {placement} | {f['ranks']} | {f['job_s']:.1f} "
+                f"| {f['round_s']:.2f} | {f['cpu_s_per_client_round']:.2f} "
+                f"| {f['peak_rss_per_rank_gb']:.2f} | {f['rss_gb']:.2f} "
+                f"| {'yes' if figures['same_bytes'] else 'NO'} |"
+            )
+        hosted, alone = figures["hosted"], figures["a rank per client"]
+        lines.append(
+            f"| {result['clients']} | hosted / a rank each | | "
+            f"{hosted['job_s'] / alone['job_s']:.2f} | {hosted['round_s'] / alone['round_s']:.2f} "
+            f"| {hosted['cpu_s_per_client_round'] / alone['cpu_s_per_client_round']:.2f} "
+            f"| | {hosted['rss_gb'] / alone['rss_gb']:.2f} | |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench clients",
+                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser.add_argument("--clients", type=int, nargs="+", default=[4, 8, 20])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--algorithm", default="ProxyFL")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path("build/bench-clients"))
+    parser.add_argument("--json", type=Path, default=None)
+    options = parser.parse_args(argv)
+    results = []
+    for clients in options.clients:
+        results.append(measure(clients, min(options.ranks, clients), options.algorithm,
+                               options.rounds, options.work.resolve()))  # fmt: skip
+        print(report(results[-1:]), flush=True)
+    print(report(results), flush=True)
+    if options.json is not None:
+        options.json.write_text(json.dumps(results, indent=1))
+    return 0
