@@ -2,8 +2,11 @@
 demo's stores, with each one's ε.
 
 **The paper's setting** (``--digits-rounds``, default 30; ``--digits-only`` stops after it):
-scikit-learn's digits (:mod:`bench.digits`: 10 classes, 16×16) over 4 clients, non-IID by
-Dirichlet(α = 0.5) as the authors split them; the public pool is 20 % of each client's
+scikit-learn's digits (:mod:`bench.digits`: 10 classes, 16×16) over 4 clients and over 20
+(``--digits-clients``; the paper's results come from tens of clients), non-IID by
+Dirichlet(α = 0.5) as the authors split them, their jobs on ``--digits-ranks`` ranks (2:
+each rank hosts half the clients in turn, :mod:`proxyfl.hosted`, the same bytes as a rank
+per client); the public pool is 20 % of each client's
 training split (labels dropped), half the clients are sampled per round, ε = 5 per round,
 K = 2: PrivateKT with its defaults (the authors'), the three ablations of the paper's
 Fig. 3 (no buffer, uniform sampling, no self-training), central training (Joint on the
@@ -25,7 +28,8 @@ sample-level (ε, δ)-DP of DP-SGD for the three, label-level ε-LDP (per round 
 by basic composition) for PrivateKT. They are different guarantees, never one scale.
 
     python -m bench.bench_privatekt [--digits-rounds R] [--digits-seeds S ...]
-        [--digits-only] [--rounds R] [--seeds S ...] [--long-rounds T] [--out DIR]
+        [--digits-clients C ...] [--digits-ranks R] [--digits-only] [--rounds R]
+        [--seeds S ...] [--long-rounds T] [--out DIR]
 
 The digits part (seeds 0 1 2) needs nothing but the package (about 8 minutes on 2 CPU
 cores); the demo
@@ -69,18 +73,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--digits-model", default="mlp")
     parser.add_argument("--digits-only", action="store_true")
     parser.add_argument("--digits-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--digits-clients", type=int, nargs="+", default=list(DIGITS_CLIENTS))
+    parser.add_argument("--digits-ranks", type=int, default=2)
     return parser
 
 
-DIGITS_CLIENTS = (0, 1, 2, 3)
+DIGITS_CLIENTS = (4, 20)  # the demo's number of clients, and the paper's scale
 # (row name, method, options over the digits setting's)
 DIGITS_VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("PrivateKT (authors' defaults)", "PrivateKT", {}),
     ("PrivateKT, no buffer (Fig. 3)", "PrivateKT", {"buffer": False}),
     ("PrivateKT, uniform sampling (Fig. 3)", "PrivateKT", {"uniform_sampling": True}),
     ("PrivateKT, no self-training (Fig. 3)", "PrivateKT", {"self_training": False}),
-    ("PrivateKT, another centre's pool", "PrivateKT", {"public_pool": "center", "public_center": 3,
-                                                        "centers": [0, 1, 2]}),
+    ("PrivateKT, another centre's pool", "PrivateKT", {"public_pool": "center"}),  # the last
     ("Central (Joint, σ = 0)", "Joint", {"sigma": 0.0, "clip": 100.0}),
     ("FedAvg (DP-SGD, σ = 1.4)", "FedAvg", {}),
 )  # fmt: skip
@@ -93,13 +98,15 @@ def plateau_round(accuracies: Sequence[float], share: float = 0.95) -> int:
     return next(t for t, value in enumerate(accuracies, 1) if value >= level)
 
 
-def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int]) -> str:
-    """Train every variant of :data:`DIGITS_VARIANTS` on the digits stores for ``seeds``;
-    their table (the last round's accuracy: mean ± std over the seeds of each seed's mean
-    over clients; the best round and the plateau: of the mean curve)."""
+def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int],
+                 clients: int = 4, ranks: int = 2) -> str:  # fmt: skip
+    """Train every variant of :data:`DIGITS_VARIANTS` on ``clients`` digits stores for
+    ``seeds``, each job on ``ranks`` ranks; their table (the last round's accuracy: mean ±
+    std over the seeds of each seed's mean over clients; the best round and the plateau: of
+    the mean curve). ``another centre's pool`` makes the last client the public centre."""
     stores = directory / "stores"
-    if not all(store_path(stores, c).is_file() for c in DIGITS_CLIENTS):
-        write_digit_stores(stores, clients=len(DIGITS_CLIENTS), alpha=0.5, seed=0)
+    if not all(store_path(stores, c).is_file() for c in range(clients)):
+        write_digit_stores(stores, clients=clients, alpha=0.5, seed=0)
     base = {"rounds": rounds, "proxy_model": model, "private_model": [model],
             "eval_batch_size": 256, "ldp_epsilon": 5.0, "kt_samples": 2}  # fmt: skip
     lines = [f"| Run | Accuracy at round {rounds} | Best (round) | Rounds to plateau | "
@@ -107,7 +114,10 @@ def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int])
     curves_by_name = {}
     for number, (name, method, changes) in enumerate(DIGITS_VARIANTS):
         options = {**base, **changes}
-        centers = list(options.pop("centers", DIGITS_CLIENTS))  # type: ignore[call-overload]
+        centers = list(range(clients))
+        if options.get("public_pool") == "center":
+            centers, options["public_center"] = centers[:-1], centers[-1]
+        options["ranks"] = min(ranks, len(centers))
         runs_dir = directory / "runs" / f"variant_{number}"
         print(f"digits: {name}", flush=True)
         train_all(stores, runs_dir, centers, options, [method], seeds)
@@ -184,11 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     print(f"privatekt: the paper's setting on digits, {args.digits_rounds} rounds, "
           f"model {args.digits_model}", flush=True)  # fmt: skip
-    table = digits_table(args.out / "digits", args.digits_rounds, args.digits_model,
-                         args.digits_seeds)  # fmt: skip
-    print(f"\nDigits, 4 clients, Dirichlet α = 0.5, seeds {args.digits_seeds} (accuracy: "
-          f"each seed's mean over clients):\n")  # fmt: skip
-    print(table, flush=True)
+    for clients in args.digits_clients:
+        folder = args.out / "digits" / ("" if clients == 4 else f"clients_{clients}")
+        table = digits_table(folder, args.digits_rounds, args.digits_model, args.digits_seeds,
+                             clients, args.digits_ranks)  # fmt: skip
+        print(f"\nDigits, {clients} clients on {min(args.digits_ranks, clients)} rank(s), "
+              f"Dirichlet α = 0.5, seeds {args.digits_seeds} (accuracy: each seed's mean "
+              "over clients):\n")  # fmt: skip
+        print(table, flush=True)
     if args.digits_only:
         return 0
     train = load_params(args.params).train

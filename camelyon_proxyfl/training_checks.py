@@ -17,6 +17,7 @@ from camelyon_proxyfl.placement import placement_findings
 from plumbing.atomic import unwritable_reason
 from proxyfl.launch.rundir import RunConflict, check_launch, read_centers
 from proxyfl.rules import (
+    SHUFFLED_BATCHES,
     batch_size_problem,
     held_out_count,
     public_pool_problems,
@@ -50,7 +51,9 @@ def training_findings(train: TrainSection, sizes: Mapping[int, CentreSize]) -> l
     findings = []
     batch = train.options.batch_size
     clients = [c for c in train.centers if c in sizes]
-    per_client = any(algorithm != "Joint" for algorithm in train.algorithms)
+    per_client = any(
+        algorithm not in ("Joint", *SHUFFLED_BATCHES) for algorithm in train.algorithms
+    )
     groups = [([c], f"centre {c}") for c in clients] if per_client else []
     if "Joint" in train.algorithms:
         groups.append((clients, f"Joint's pooled centres {clients}"))

@@ -22,6 +22,7 @@ from proxyfl.engine.validation import SetupError
 from proxyfl.names import JOINT_CENTER
 from proxyfl.results import RUN_FILE
 from proxyfl.rules import (
+    SHUFFLED_BATCHES,
     batch_size_problem,
     held_out_count,
     public_pool_problems,
@@ -175,7 +176,7 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
     if n_train == 0:
         raise SetupError(f"no training patches in centre(s) {train_centers}")
     problem = batch_size_problem(config.batch_size, n_train, f"centre(s) {train_centers}")
-    if problem is not None:
+    if problem is not None and config.algorithm not in SHUFFLED_BATCHES:
         raise SetupError(f"--batch-size {problem}")
     if sum(len(infos[c].splits["test"]) for c in test_centers) == 0:
         raise SetupError(f"the test splits of centres {test_centers} are all empty")

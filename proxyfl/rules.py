@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# the methods whose local training draws Poisson batches (DP-SGD); PrivateKT's clients
+# train on shuffled mini-batches, a batch larger than a client's data being all of it (as
+# the authors' DataLoader gives)
+SHUFFLED_BATCHES = ("PrivateKT",)
+
 
 def batch_size_problem(
     batch_size: int, n_train: int, clients: str, *, exact: bool = True

@@ -160,39 +160,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     comm = MPI.COMM_WORLD
     _configure_logging(comm.Get_rank())
-    clients = _clients_to_host(argv, comm.Get_size())
-    if clients is None:
+    hosting = _hosting(argv, comm.Get_size())
+    if hosting is None:
         return run_rank(comm, argv)
-    return host_rank_clients(comm, argv, clients)
+    return host_rank_clients(comm, argv, hosting)
 
 
-def _clients_to_host(argv: Sequence[str] | None, ranks: int) -> int | None:
-    """How many clients the job's ``ranks`` ranks host between them, where that is more
-    than one a rank (None: a client per rank; a configuration that does not validate is
-    left to :func:`run_rank`, which says why on rank 0)."""
+def _hosting(argv: Sequence[str] | None, ranks: int) -> TrainConfig | None:
+    """The job's configuration where its ``ranks`` ranks host more clients than one each
+    (None: a client per rank, or a configuration that does not validate, which
+    :func:`run_rank` reports, every rank's error on rank 0)."""
     try:
         config = parse_config(argv)
     except Exception:  # said by run_rank, with every rank's error
         return None
-    if config.algorithm == "Joint":
+    if config.algorithm == "Joint" or len(config.client_centers(ranks)) <= ranks:
         return None
-    clients = len(config.client_centers(ranks))
-    return clients if clients > ranks else None
+    return config
 
 
-def host_rank_clients(world: Any, argv: Sequence[str] | None, clients: int) -> int:
-    """This rank's clients of a job of ``clients`` clients over MPI's ``world``
-    (:mod:`proxyfl.hosted`): each runs :func:`run_rank` as a rank of the clients' world,
-    in turn with the rank's others; one fault record for the rank."""
+def host_rank_clients(world: Any, argv: Sequence[str] | None, config: TrainConfig) -> int:
+    """This rank's clients of ``config``'s job over MPI's ``world`` (:mod:`proxyfl.hosted`):
+    each runs :func:`run_rank` as a rank of the clients' world, in turn with the rank's
+    others; one fault record for the rank."""
     from proxyfl.comm.clients import ClientPlacement
     from proxyfl.comm.mpi_link import MpiLink
     from proxyfl.hosted import host_clients, node_clients
 
     rank = world.Get_rank()
-    placement = ClientPlacement(clients, world.Get_size())
+    placement = ClientPlacement(len(config.client_centers(world.Get_size())), world.Get_size())
     on_node = node_clients(world, placement)
     mine = placement.clients_of(rank)
-    _, run_dir = parse_config(argv).require_paths()
+    _, run_dir = config.require_paths()
     fatal_signals = FatalSignalRecord(
         run_dir, mine[0], f"rank {rank} (clients {', '.join(map(str, mine))})"
     )

@@ -516,3 +516,28 @@ def test_a_share_pool_run_trains_on_the_rest_with_a_fresh_optimizer_each_round(
         # the rank's clock starts after its start-up (the interpreter, imports, MPI)
         on_its_clock = sum(spent.values()) - spent["startup_seconds"]
         assert on_its_clock <= timings["wall_seconds_per_rank"][rank] + 0.5
+
+
+def test_a_batch_larger_than_a_client_s_data_is_all_of_it_for_privatekt_only(
+    data: Path, tmp_path: Path
+) -> None:
+    """Twenty non-IID clients leave some with fewer items than a batch: PrivateKT's
+    shuffled mini-batches then take all of them in one (as the authors' DataLoader does);
+    Poisson (DP) batches cannot, and are refused."""
+    from proxyfl.config import TrainConfig
+    from proxyfl.engine.local_training import make_plain
+    from proxyfl.engine.validation import SetupError
+    from proxyfl.rank_inputs import check_stores
+
+    options = {**OPTIONS, "data": data, "run_dir": tmp_path / "run", "batch_size": 41}
+    plan = check_stores(TrainConfig(algorithm="PrivateKT", **options), 0, len(CLIENTS))
+    assert plan.client == 0
+    with pytest.raises(SetupError, match="41 is larger than the 40 training patches"):
+        check_stores(TrainConfig(algorithm="FedAvg", **options), 0, len(CLIENTS))
+    items = torch.utils.data.TensorDataset(torch.arange(40.0))
+    model = torch.nn.Linear(1, 1)
+    training = make_plain(model, torch.optim.SGD(model.parameters(), lr=0.1), items,
+                          batch_size=41, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    batches = [batch for (batch,) in training.loader]
+    assert training.steps_per_epoch == 1 and len(batches) == 1
+    assert sorted(batches[0].tolist()) == list(range(40))
