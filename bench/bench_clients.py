@@ -1,5 +1,6 @@
-"""Many clients on few ranks, its cost: ``python -m bench clients [--clients 4 8 20]
-[--ranks 2] [--algorithm ProxyFL] [--rounds 3] [--json F]``.
+"""Many clients on few ranks, its cost and its results: ``python -m bench clients
+[--clients 4 8 20] [--ranks 2] [--algorithm ProxyFL] [--rounds 3] [--same-bytes 8]
+[--json F]``.
 
 For each number of clients C: scikit-learn's digits as C non-IID clients
 (:mod:`bench.digits`, Dirichlet α = 0.5), one job of ``--rounds`` rounds through the
@@ -16,6 +17,10 @@ placement:
 - ``peak RSS/rank GB``: the largest rank's resident peak; ``RSS GB``: summed over ranks;
 - ``same bytes``: whether the two placements' metrics, kept models, ε and send logs are
   byte-identical (they must be).
+
+Then (``--same-bytes C``, default 8; 0 skips it) every method but Joint (one rank by
+definition) trains C digits clients on 1, 2, 4, ..., C ranks, and a table says per method
+whether every placement wrote the bytes of a rank per client, with each job's seconds.
 """
 
 from __future__ import annotations
@@ -91,12 +96,54 @@ def measure(clients: int, ranks: int, algorithm: str, rounds: int, work: Path) -
     return {"clients": clients, "algorithm": algorithm, "rounds": rounds, "figures": figures}
 
 
+SAME_BYTES_METHODS = ("ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "PrivateKT")
+
+
+def same_bytes(clients: int, rounds: int, work: Path) -> str:
+    """Every method of :data:`SAME_BYTES_METHODS` on ``clients`` digits clients, on each
+    power of two of ranks up to ``clients``: a table of whether each placement wrote the
+    bytes of a rank per client, and its job's seconds."""
+    from bench.digits import write_digit_stores
+    from proxyfl.config import TrainConfig
+    from proxyfl.launch.job import TrainingJob, run_job
+
+    stores = work / f"stores_{clients}"
+    if not (stores / f"center_{clients - 1}.h5").is_file():
+        write_digit_stores(stores, clients=clients, alpha=0.5, seed=0)
+    placements = [2**k for k in range(clients.bit_length()) if 2**k < clients]
+    lines = [f"| method | {' | '.join(f'{r} rank(s)' for r in placements)} "
+             f"| {clients} ranks (reference) |",
+             "|---|" + "---|" * (len(placements) + 1)]  # fmt: skip
+    for algorithm in SAME_BYTES_METHODS:
+        cells, reference = [], None
+        for ranks in [clients, *placements]:
+            run_dir = work / f"same_bytes_{clients}" / algorithm / f"ranks_{ranks}"
+            config = TrainConfig(**{**OPTIONS, "batch_size": 8}, algorithm=algorithm, seed=0,
+                                 data=stores, run_dir=run_dir, centers=list(range(clients)),
+                                 rounds=rounds, ranks=ranks, kt_samples=2)  # fmt: skip
+            started = time.perf_counter()
+            run_job(TrainingJob(config), on_line=lambda _: None)
+            seconds = time.perf_counter() - started
+            if reference is None:
+                reference, ref_seconds = run_dir, seconds
+                continue
+            same = _same_results(reference, run_dir)
+            cells.append(f"{'same' if same else 'DIFFERENT'} ({seconds:.1f} s)")
+        lines.append(f"| {algorithm} | {' | '.join(cells)} | {ref_seconds:.1f} s |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def _same_results(first: Path, second: Path) -> bool:
+    """Whether two runs wrote the same metrics, kept models, records (ε, send logs) and
+    predictions; a file missing from the second is a difference."""
     names = ["metrics.jsonl", *(str(p.relative_to(first)) for p in sorted(first.rglob("*"))
                                 if p.is_file() and p.parts[len(first.parts)] in
                                 ("models", "ranks", "predictions")
                                 and not p.name.endswith(".machine.json"))]  # fmt: skip
-    return all((first / name).read_bytes() == (second / name).read_bytes() for name in names)
+    return all((second / name).is_file()
+               and (first / name).read_bytes() == (second / name).read_bytes()
+               for name in names)  # fmt: skip
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -131,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ProxyFL")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("build/bench-clients"))
+    parser.add_argument("--same-bytes", type=int, default=8, metavar="C")
     parser.add_argument("--json", type=Path, default=None)
     options = parser.parse_args(argv)
     results = []
@@ -139,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                options.rounds, options.work.resolve()))  # fmt: skip
         print(report(results[-1:]), flush=True)
     print(report(results), flush=True)
+    if options.same_bytes:
+        print(f"\nThe same bytes on every placement, {options.same_bytes} clients:", flush=True)
+        print(same_bytes(options.same_bytes, 2, options.work.resolve()), flush=True)
     if options.json is not None:
         options.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -4,8 +4,8 @@ world, passing one :class:`~proxyfl.comm.clients.Baton`.
 
 What is the process's stays once per rank, here or in :func:`proxyfl.run.main`: the
 launcher's signals (a ``KeyboardInterrupt`` reaches this, the main thread, which ends the
-rank as :func:`proxyfl.run.stopped` does), the fault record (one per rank, named by its
-first client and listing them all), the log's prefix (``[rank R client C]``), torch's
+rank as :func:`proxyfl.run.stopped` does), the fault record (one per rank, named by the
+rank and listing its clients), the log's prefix (``[rank R client C]``), torch's
 threads, torch's global generators (each client has its own, swapped at the baton:
 :class:`TorchGenerators`). Threads are the node's cores shared by the node's *clients*
 (:func:`~proxyfl.engine.runtime.threads_by_placement` over them), the same count whatever

@@ -193,7 +193,7 @@ def host_rank_clients(world: Any, argv: Sequence[str] | None, config: TrainConfi
     mine = placement.clients_of(rank)
     _, run_dir = config.require_paths()
     fatal_signals = FatalSignalRecord(
-        run_dir, mine[0], f"rank {rank} (clients {', '.join(map(str, mine))})"
+        run_dir, rank, f"rank {rank} (clients {', '.join(map(str, mine))})"
     )
     link = MpiLink(world)
     try:

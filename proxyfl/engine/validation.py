@@ -70,7 +70,21 @@ def record_failure(run_dir: Path, failure: RankFailure) -> None:
 
 
 def fault_path(run_dir: Path, rank: int) -> Path:
+    """The fault record of the job's process ``rank`` (an MPI rank, whatever clients it
+    hosts: :class:`FatalSignalRecord`)."""
     return Path(run_dir) / FAILURES_DIR / f"rank_{rank}.fault"
+
+
+def rank_name(run_dir: Path, rank: int) -> str:
+    """How process ``rank`` named itself in its fault record (``rank 1 (centre 1)``,
+    ``rank 1 (clients 2, 3)``), for a rank a signal ended before it could say more;
+    ``rank R`` where it left none."""
+    try:
+        with open(fault_path(run_dir, rank), encoding="utf-8", errors="replace") as record:
+            header = record.readline().strip()
+    except OSError:
+        header = ""
+    return header if header.startswith(f"rank {rank}") else f"rank {rank}"
 
 
 class FatalSignalRecord:
@@ -197,11 +211,13 @@ def _deduplicate(messages: list[str]) -> list[str]:
         by_text.setdefault(text, []).append(prefix)
     lines = []
     for text, prefixes in by_text.items():
-        if len(prefixes) > 1:
-            ranks = ", ".join(p.removeprefix("rank ") for p in prefixes)
-            lines.append(f"ranks {ranks}: {text}")
-        else:
+        if len(prefixes) == 1:
             lines.append(f"{prefixes[0]}: {text}")
+        elif all(p.startswith("rank ") for p in prefixes):
+            lines.append(f"ranks {', '.join(p.removeprefix('rank ') for p in prefixes)}: {text}")
+        else:  # clients that ranks host (proxyfl.hosted)
+            clients = ", ".join(p.removeprefix("client ") for p in prefixes)
+            lines.append(f"clients {clients}: {text}")
     return lines
 
 

@@ -40,6 +40,7 @@ from proxyfl.engine.validation import (
     EXIT_STOPPED,
     RankFailure,
     clear_failures,
+    rank_name,
     read_failures,
 )
 from proxyfl.launch.accounting import record_launcher_wall
@@ -239,14 +240,16 @@ class _SignaledRanks:
         return ended[0] if ended else None
 
 
-def _signal_failure(rank: int, description: str) -> tuple[int, RankFailure]:
+def _signal_failure(run_dir: Path, rank: int, description: str) -> tuple[int, RankFailure]:
     """The exit code a shell would give (128 + the signal's number) and the record of
     rank ``rank`` ended by the signal the launcher described as ``description`` (or, in
-    srun's words, ``Exited with exit code N``: N, and that it exited so)."""
+    srun's words, ``Exited with exit code N``: N, and that it exited so), the rank named as
+    it named itself (its centre, or the clients it hosted: :func:`rank_name`)."""
     exited = _TASK_EXITED.match(description)
+    name = rank_name(run_dir, rank)
     if exited is not None:
         code = int(exited.group(1))
-        return code, RankFailure(rank=rank, client=f"rank {rank}", phase="training",
+        return code, RankFailure(rank=rank, client=name, phase="training",
                                  error=f"exited with code {code}")  # fmt: skip
     number = _SIGNAL_BY_DESCRIPTION.get(description)
     hint = ""
@@ -255,9 +258,9 @@ def _signal_failure(rank: int, description: str) -> tuple[int, RankFailure]:
                 "it, or give the container more, docker run --shm-size=1g)")  # fmt: skip
     elif number == signal.SIGKILL:
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)"
-    name = signal.Signals(number).name if number is not None else description
-    failure = RankFailure(rank=rank, client=f"rank {rank}", phase="training",
-                          error=f"ended by signal {name}: {description}{hint}")  # fmt: skip
+    signal_name = signal.Signals(number).name if number is not None else description
+    failure = RankFailure(rank=rank, client=name, phase="training",
+                          error=f"ended by signal {signal_name}: {description}{hint}")  # fmt: skip
     return 128 + (number or 0), failure
 
 
@@ -457,7 +460,7 @@ def _raise_unless_finished(
         first = tails.refused  # the rank's own line: the cause, not the ranks stopped after
     ended = signaled.first() if signaled is not None else None
     if ended is not None:  # a signal ended a rank: failed, whatever the launcher exited
-        signal_code, signal_failure = _signal_failure(*ended)
+        signal_code, signal_failure = _signal_failure(job.run_dir, *ended)
         # the fork launcher's own exit code stands when it has one (a rank's Abort(3): the
         # others it then stopped are not the cause); srun's is 143 whichever task died
         # (not a stopped rank's EXIT_STOPPED, which the fork launcher exits with as the

@@ -95,3 +95,64 @@ def test_a_centre_evaluated_on_only_lends_its_test_split_and_nothing_else(
         assert opened == {(f"center_{client}.h5", "train"), *(
             (f"center_{c}.h5", "test") for c in (0, 1, 3))}  # fmt: skip
     assert not (run_dir / "ranks" / "rank_2.json").exists()
+
+
+def test_a_hosted_client_s_bad_input_names_the_client_its_centre_and_its_rank(
+    tmp_path: Path, helpers: Any
+) -> None:
+    stores = helpers.write_stores(tmp_path / "stores", n_train=[40, 40, 40, 5])
+    args = helpers.train_args(stores, tmp_path / "run", "FedAvg", centers=CENTERS)
+    result = helpers.run_mpi(2, args)
+    assert result.returncode == 2, helpers.explain(result)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == ["proxyfl.run: error: client 3 (centre 3, rank 1): --batch-size 8 is "
+                      "larger than the 5 training patches of centre(s) [3]"], errors  # fmt: skip
+    (stores / "center_2.h5").unlink()  # every client reads centre 2's test split
+    result = helpers.run_mpi(2, args)
+    assert result.returncode == 2, helpers.explain(result)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "proxyfl.run: error: clients 0 (centre 0, rank 0), 1 (centre 1, rank 0), "
+        "2 (centre 2, rank 1), 3 (centre 3, rank 1): centre 2: "), errors  # fmt: skip
+
+
+def test_a_rank_of_two_clients_killed_mid_run_is_named_with_them_and_the_rerun_resumes(
+    stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    """The OOM killer's SIGKILL on a rank that hosts clients 2 and 3, mid-round: the launch
+    fails naming the signal, the rank and its clients; launched again it resumes from the
+    last round every client completed, to the bytes of a run never killed."""
+    from proxyfl.config import TrainConfig
+    from proxyfl.launch.job import TrainingJob, TrainingJobFailed, run_job
+    from tests.proxyfl.test_launch_mpi import _forked_rank, _rank_process
+
+    def job(run_dir: Path) -> TrainingJob:
+        return TrainingJob(TrainConfig(
+            algorithm="ProxyFL", data=stores, run_dir=run_dir, centers=CENTERS, ranks=2,
+            rounds=4, batch_size=8, proxy_model="cnn1", private_model=["mlp"], device="cpu",
+            seed=0, sigma=1.0, clip=1.0, lr=1e-2, keep_final_checkpoints=True, resume=True,
+        ))  # fmt: skip
+
+    whole, killed_run = tmp_path / "whole", tmp_path / "killed"
+    run_job(job(whole), on_line=lambda _: None)
+    killed: list[int] = []
+
+    def kill_rank_1(line: str) -> None:
+        if not killed and "[rank 1 client 3]" in line and "round 2/4" in line:
+            started = _rank_process(1)
+            assert started is not None
+            _forked_rank(started).kill()
+            killed.append(1)
+
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job(killed_run), on_line=kill_rank_1)
+    assert killed, "rank 1 was running when it was killed"
+    message = str(failure.value)
+    assert failure.value.exit_code == 128 + 9, message
+    assert "rank 1 (clients 2, 3) failed at training: ended by signal SIGKILL" in message
+    assert not (killed_run / "models").exists()
+    lines: list[str] = []
+    run_job(job(killed_run), on_line=lines.append)
+    assert any("resuming after round" in line for line in lines), lines[-20:]
+    helpers.same_run(helpers.dvc_hashed_files(whole), helpers.dvc_hashed_files(killed_run),
+                     whole, killed_run)  # fmt: skip

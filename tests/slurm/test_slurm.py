@@ -187,8 +187,8 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_rerun_resumes_to_the_sam
         time.sleep(0.2)
     output = (project / f"slurm-{job}.out").read_text()
     assert _job_state(slurm, job) in ("FAILED", "GONE"), output[-5000:]
-    assert "failed with exit code 137; rank 1 failed at training: ended by signal SIGKILL" in (
-        output), output[-5000:]  # fmt: skip
+    assert ("failed with exit code 137; rank 1 (centre 1) failed at training: ended by signal "
+            "SIGKILL") in output, output[-5000:]  # fmt: skip
     rounds_done = len((run / "metrics.jsonl").read_text().splitlines())
     assert 0 < rounds_done < ROUNDS
 
