@@ -173,7 +173,7 @@ def report(results: list[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench clients",
                                      description=__doc__.splitlines()[0])  # fmt: skip
-    parser.add_argument("--clients", type=int, nargs="+", default=[4, 8, 20])
+    parser.add_argument("--clients", type=int, nargs="*", default=[4, 8, 20])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--algorithm", default="ProxyFL")
     parser.add_argument("--rounds", type=int, default=3)
@@ -186,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(measure(clients, min(options.ranks, clients), options.algorithm,
                                options.rounds, options.work.resolve()))  # fmt: skip
         print(report(results[-1:]), flush=True)
-    print(report(results), flush=True)
+    if results:
+        print(report(results), flush=True)
     if options.same_bytes:
         print(f"\nThe same bytes on every placement, {options.same_bytes} clients:", flush=True)
         print(same_bytes(options.same_bytes, 2, options.work.resolve()), flush=True)
