@@ -21,7 +21,7 @@ from plumbing.processes import start_command
 COMMANDS: dict[str, tuple[str, str]] = {
     "pipeline": ("flows.pipeline", "the whole pipeline (preprocess, train, audit, stage, report)"),
     "preprocess": ("flows.preprocess", "slides -> balanced, patient-disjoint stores per centre"),
-    "train": ("flows.train", "one MPI job per method and seed, one rank per centre"),
+    "train": ("flows.train", "one MPI job per method and seed, a rank per centre or train.ranks"),
     "canary": ("flows.canary", "a method trained once more with canaries, for the audit"),
     "audit": ("flows.audit", "membership inference and ε lower bounds on the kept models"),
     "stage": ("flows.stage", "heatmaps, node classes and pN stages of the test patients"),

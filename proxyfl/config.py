@@ -241,6 +241,17 @@ class TrainOptions(BaseModel):
     )
 
 
+def _distinct_centre_ids(value: list[int], flag: str) -> list[int]:
+    """``value``, a list of centres, if each is a non-negative id listed once."""
+    negative = [c for c in value if c < 0]
+    if negative:
+        raise ValueError(f"centre ids must be non-negative, got {negative}")
+    repeated = sorted({c for c in value if value.count(c) > 1})
+    if repeated:
+        raise ValueError(f"centre(s) {repeated} listed more than once in {flag} {value}")
+    return value
+
+
 class TrainConfig(TrainOptions):
     """Everything one training job depends on: the options and what the job is
     (method, seed, stores, run directory, centres). A flow writes it to
@@ -329,26 +340,12 @@ class TrainConfig(TrainOptions):
             return value
         if not value:
             raise ValueError("--centers needs at least one centre")
-        negative = [c for c in value if c < 0]
-        if negative:
-            raise ValueError(f"centre ids must be non-negative, got {negative}")
-        repeated = sorted({c for c in value if value.count(c) > 1})
-        if repeated:
-            raise ValueError(f"centre(s) {repeated} listed more than once in --centers {value}")
-        return value
+        return _distinct_centre_ids(value, "--centers")
 
     @field_validator("eval_centers")
     @classmethod
     def _distinct_eval_centers(cls, value: list[int] | None) -> list[int] | None:
-        if not value:
-            return None
-        negative = [c for c in value if c < 0]
-        if negative:
-            raise ValueError(f"centre ids must be non-negative, got {negative}")
-        repeated = sorted({c for c in value if value.count(c) > 1})
-        if repeated:
-            raise ValueError(f"centre(s) {repeated} listed more than once in --eval-centers")
-        return value
+        return _distinct_centre_ids(value, "--eval-centers") if value else None
 
     @field_validator("graph")
     @classmethod

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from proxyfl.comm.clients import Baton, ClientLink, ClientPlacement
+from proxyfl.comm.clients import Baton, ClientLink, ClientPlacement, ClientWorld
 from proxyfl.comm.inbox import Inbox
-from proxyfl.comm.world import Link, MessageWorld
+from proxyfl.comm.world import Link
 from proxyfl.engine.access import ACCESS_LOG
 
 logger = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ class TorchGenerators:
 
 
 def node_clients(world: Any, placement: ClientPlacement) -> list[int]:
-    """The clients hosted on this rank's node, in client order (MPI's shared-memory split;
-    a world of messages says its node's ranks by ``local_placement``)."""
+    """The clients hosted on this rank's node (the ranks of MPI's shared-memory split of
+    ``world``), in client order."""
     from mpi4py import MPI
 
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
@@ -73,8 +73,8 @@ def node_clients(world: Any, placement: ClientPlacement) -> list[int]:
 
 
 class _ClientPrefix(logging.Filter):
-    """Adds ``place`` to every record: ``rank R client C`` on a client's thread (and on the
-    threads it starts, which inherit nothing, so only its own), ``rank R`` elsewhere."""
+    """Adds ``place`` to every record: ``rank R client C`` on client C's own thread,
+    ``rank R`` on any other (the link's receiver, a loader's or a checkpoint writer's)."""
 
     def __init__(self, rank: int) -> None:
         super().__init__()
@@ -119,9 +119,7 @@ def host_clients(
         ACCESS_LOG.on_behalf_of(client)
         state = TorchGenerators(start)
         link = ClientLink(client, placement, rank, rank_link, inboxes, baton, state)
-        world = MessageWorld(link, client, placement.clients, on_node.index(client), len(on_node))
-        world.host_rank = rank  # type: ignore[attr-defined]  # recorded: who ran the client
-        world.placement = placement  # type: ignore[attr-defined]  # named in its errors
+        world = ClientWorld(link, on_node.index(client), len(on_node))
         try:
             with baton:
                 state.put_back()

@@ -131,7 +131,7 @@ def _client_label(config: TrainConfig, comm: Any) -> Any:
     """How a rank of ``comm`` is named in errors: ``rank R (centre C)``, or, where ranks host
     several clients, ``client K (centre C, rank R)``."""
     centers = config.client_centers(comm.Get_size())
-    placement = getattr(comm, "placement", None)  # a world of hosted clients
+    placement = getattr(comm, "placement", None)  # a ClientWorld (proxyfl.comm.clients)
 
     def label(rank: int) -> str:
         if placement is not None:
@@ -174,6 +174,9 @@ def _hosting(argv: Sequence[str] | None, ranks: int) -> TrainConfig | None:
         config = parse_config(argv)
     except Exception:  # said by run_rank, with every rank's error
         return None
+    if config.ranks is not None and config.ranks != ranks and config.algorithm != "Joint":
+        logger.warning("the configuration asks for %d rank(s); this job has %d (its "
+                       "launcher's -n decides)", config.ranks, ranks)  # fmt: skip
     if config.algorithm == "Joint" or len(config.client_centers(ranks)) <= ranks:
         return None
     return config

@@ -108,7 +108,8 @@ class TrainSection(Section):
             **self.options.model_dump(), algorithm=algorithm, seed=seed, data=self.data,
             run_dir=self.run_dir(algorithm, seed), centers=list(self.centers), resume=True,
             eval_centers=list(self.eval_centers) or None,
-            ranks=min(self.ranks, len(self.centers)) if self.ranks is not None else None,
+            ranks=(min(self.ranks, len(self.centers))
+                   if self.ranks is not None and algorithm != "Joint" else None),
         )  # fmt: skip
 
     def job_configs(self) -> list[TrainConfig]:

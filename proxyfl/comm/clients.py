@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
 from proxyfl.comm.inbox import Inbox
-from proxyfl.comm.world import Link
+from proxyfl.comm.world import Link, MessageWorld
 
 
 @dataclass(frozen=True)
@@ -168,3 +168,14 @@ class ClientLink:
 
     def abort(self, status: int) -> NoReturn:
         self.rank_link.abort(status)
+
+
+class ClientWorld(MessageWorld):
+    """The world of ``link``'s client: a :class:`~proxyfl.comm.world.MessageWorld` of the
+    placement's clients, knowing which rank hosts each (named in errors and records).
+    ``local_rank`` and ``local_size``: the client's place among its node's clients."""
+
+    def __init__(self, link: ClientLink, local_rank: int, local_size: int) -> None:
+        super().__init__(link, link.client, link.placement.clients, local_rank, local_size)
+        self.placement = link.placement
+        self.host_rank = link.rank

@@ -76,10 +76,11 @@ class MpiLink:
         raise SystemExit(status)  # where MPI_Abort returns (the job is already ending)
 
     def close(self) -> None:
-        """Stop receiving (every message this rank's clients wait for has been taken)."""
+        """Stop receiving (every message this rank's clients wait for has been taken, or
+        the rank is being stopped). The duplicate communicator is left to MPI_Finalize:
+        freeing it is collective in principle, and a stopped rank's peers may be gone."""
         self._closing.set()
         self._receiver.join()
-        self.comm.Free()
 
     def _receive(self) -> None:
         status = self._mpi.Status()

@@ -151,7 +151,7 @@ def make_runtime(comm: Any, device_choice: str, threads: int | None = None) -> R
         device=device,
         hostname=socket.gethostname(),
         local_size=local_size,
-        host_rank=getattr(comm, "host_rank", None),
+        host_rank=getattr(comm, "host_rank", None),  # a ClientWorld's (proxyfl.hosted)
     )
 
 

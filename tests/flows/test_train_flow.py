@@ -389,3 +389,22 @@ def test_discard_staged_deletes_an_interrupted_replacement_and_keeps_the_finishe
     ), said
     assert not staged.exists()
     assert (copied / "FedAvg" / "seed_0" / "run.json").read_bytes() == finished
+
+
+def test_train_ranks_places_every_job_s_clients_on_that_many_processes(tmp_path: Path) -> None:
+    from camelyon_proxyfl.placement import largest_job_ranks
+    from proxyfl.launch.job import TrainingJob
+
+    section = _config(tmp_path, tmp_path / "runs", centers=[0, 1, 2], ranks=2)
+    fedavg, joint = (section.job_config(algorithm, 0) for algorithm in ("FedAvg", "Joint"))
+    assert (fedavg.ranks, TrainingJob(fedavg).ranks) == (2, 2)
+    assert (joint.ranks, TrainingJob(joint).ranks) == (None, 1)
+    assert largest_job_ranks(section) == 2
+    many = _config(tmp_path, tmp_path / "runs", centers=[0, 1, 2], ranks=5)
+    assert TrainingJob(many.job_config("FedAvg", 0)).ranks == 3  # at most one a client
+    default = _config(tmp_path, tmp_path / "runs", centers=[0, 1, 2])
+    assert TrainingJob(default.job_config("FedAvg", 0)).ranks == 3  # a rank per client
+    with pytest.raises(ValidationError, match="flare runs a site per centre"):
+        _config(tmp_path, tmp_path / "runs", launcher="flare", ranks=1)
+    with pytest.raises(ValidationError, match="in --centers and --eval-centers"):
+        _config(tmp_path, tmp_path / "runs", eval_centers=[1])

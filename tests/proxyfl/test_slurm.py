@@ -3,6 +3,8 @@ line built from it; tests/slurm/ runs them on a cluster."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxyfl.launch.job import rank_environment
@@ -99,9 +101,13 @@ def test_srun_lines_name_the_tasks_that_ended_and_how() -> None:
     assert tasks_ended("[rank 1] INFO proxyfl.loop: task 1: Killed") == []
 
 
-def test_the_first_task_srun_says_ended_badly_is_the_cause_not_those_it_stopped() -> None:
+def test_the_first_task_srun_says_ended_badly_is_the_cause_not_those_it_stopped(
+    tmp_path: Path,
+) -> None:
     """srun's --kill-on-bad-exit stops the other tasks with SIGTERM (SIGKILL KillWait s
-    later) once one has died or exited non-zero: the first other end is the cause."""
+    later) once one has died or exited non-zero: the first other end is the cause, named as
+    its fault record's header names it (``rank R`` where it left none)."""
+    from proxyfl.engine.validation import fault_path
     from proxyfl.launch.job import _signal_failure, _SignaledRanks
 
     signaled = _SignaledRanks("srun")
@@ -110,14 +116,19 @@ def test_the_first_task_srun_says_ended_badly_is_the_cause_not_those_it_stopped(
                  "srun: error: node0: task 3: Exited with exit code 1"):  # fmt: skip
         signaled.add(line)
     assert signaled.first() == (1, "Bus error")
-    code, failure = _signal_failure(1, "Bus error")
+    code, failure = _signal_failure(tmp_path, 1, "Bus error")
     assert code == 135 and "SIGBUS" in failure.error and failure.rank == 1
+    assert failure.client == "rank 1"
+    header = fault_path(tmp_path, 1)  # what a hosting rank's FatalSignalRecord leaves
+    header.parent.mkdir()
+    header.write_text("rank 1 (clients 2, 3)\n")
+    assert _signal_failure(tmp_path, 1, "Killed")[1].client == "rank 1 (clients 2, 3)"
     exited = _SignaledRanks("srun")
     for line in ("srun: error: node0: task 0: Exited with exit code 142",
                  "srun: error: node0: task 1: Killed"):  # fmt: skip
         exited.add(line)
     assert exited.first() == (0, "Exited with exit code 142")
-    code, failure = _signal_failure(0, "Exited with exit code 142")
+    code, failure = _signal_failure(tmp_path, 0, "Exited with exit code 142")
     assert code == 142 and failure.error == "exited with code 142" and failure.rank == 0
     alone = _SignaledRanks("srun")
     alone.add("srun: error: node0: tasks 0-1: Terminated")  # scancel: every task alike
