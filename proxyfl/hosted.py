@@ -32,6 +32,7 @@ from proxyfl.comm.clients import Baton, ClientLink, ClientPlacement, ClientWorld
 from proxyfl.comm.inbox import Inbox
 from proxyfl.comm.world import Link
 from proxyfl.engine.access import ACCESS_LOG
+from proxyfl.launch.progress import rank_line_format
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,7 @@ def _prefix_logs(rank: int) -> _ClientPrefix:
     for handler in logging.getLogger().handlers:
         handler.addFilter(prefix)
         if handler.formatter is not None:
-            handler.setFormatter(logging.Formatter(
-                "%(asctime)s [%(place)s] %(levelname)s %(name)s: %(message)s"))  # fmt: skip
+            handler.setFormatter(logging.Formatter(rank_line_format("%(place)s")))
     return prefix
 
 

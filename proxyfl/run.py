@@ -58,6 +58,7 @@ from proxyfl.engine.validation import (
     record_failure,
     run_phase,
 )
+from proxyfl.launch.progress import rank_line_format
 from proxyfl.rank_inputs import check_resumable, check_stores, check_world, open_client_data
 from proxyfl.results import METRICS_FILE, RUN_FILE
 
@@ -146,7 +147,7 @@ def _client_label(config: TrainConfig, comm: Any) -> Any:
 def _configure_logging(rank: int) -> None:
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+        format=rank_line_format(f"rank {rank}"),
         stream=sys.stderr,
         force=True,
     )

@@ -16,15 +16,12 @@ train on. This needs MPI initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py's defa
 
 from __future__ import annotations
 
-import logging
 import struct
 import threading
 import time
 from typing import Any, NoReturn
 
 from proxyfl.comm.inbox import Inbox
-
-logger = logging.getLogger(__name__)
 
 LINK_TAG = 201
 POLL_S = 0.001  # an empty probe's pause: at most a millisecond added to a message

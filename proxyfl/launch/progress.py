@@ -19,6 +19,13 @@ from pathlib import Path
 
 from proxyfl.results import MetricRow, read_metrics
 
+
+def rank_line_format(place: str) -> str:
+    """The logging format of a rank's lines, ``place`` its bracket (``rank 1``, or the
+    ``%(place)s`` field a hosting rank fills in): the lines :data:`_RANK_LINE` reads."""
+    return f"%(asctime)s [{place}] %(levelname)s %(name)s: %(message)s"
+
+
 _RANK_LINE = re.compile(
     r"^\S+ \S+ \[(?P<place>rank (?P<rank>\d+)(?: client \d+)?)\] (?P<level>[A-Z]+) "
     r"(?P<name>[\w.]+): (?P<message>.*)$"

@@ -38,6 +38,7 @@ from proxyfl.comm.flare.link import (
     JobStopped,
 )
 from proxyfl.engine.validation import EXIT_STOPPED
+from proxyfl.launch.progress import rank_line_format
 
 RANK_TASK = "rank"
 SITES = "sites"
@@ -145,8 +146,7 @@ def run_rank_logged(world: Any, arguments: list[str]) -> int:
     from proxyfl.run import run_rank
 
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s [rank {world.Get_rank()}] %(levelname)s %(name)s: %(message)s"))  # fmt: skip
+    handler.setFormatter(logging.Formatter(rank_line_format(f"rank {world.Get_rank()}")))
     loggers = [logging.getLogger(name) for name in RANK_LOGGERS]
     for logger in loggers:
         logger.addHandler(handler)

@@ -161,3 +161,31 @@ def test_a_rank_of_two_clients_killed_mid_run_is_named_with_them_and_the_rerun_r
     assert any("resuming after round" in line for line in lines), lines[-20:]
     helpers.same_run(helpers.dvc_hashed_files(whole), helpers.dvc_hashed_files(killed_run),
                      whole, killed_run)  # fmt: skip
+
+
+def test_a_hosted_client_failing_mid_training_is_named_and_ends_the_job(
+    stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    """An unexpected error in one client of a rank that hosts two, after setup: client 3's
+    round-1 checkpoint cannot be written (a file stands where its folder goes). The job
+    fails naming the client, its centre and its rank and the error; the run is not
+    finished; the other rank's clients do not wait on the failed one forever."""
+    from proxyfl.config import TrainConfig
+    from proxyfl.launch.job import TrainingJob, TrainingJobFailed, run_job
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "rank_3").write_text("not a folder")
+    job = TrainingJob(TrainConfig(
+        algorithm="ProxyFL", data=stores, run_dir=run_dir, centers=CENTERS, ranks=2, rounds=2,
+        batch_size=8, proxy_model="cnn1", private_model=["mlp"], device="cpu", seed=0,
+        sigma=1.0, clip=1.0, lr=1e-2,
+    ))  # fmt: skip
+    with pytest.raises(TrainingJobFailed) as failure:
+        run_job(job, on_line=lambda _: None)
+    message = str(failure.value)
+    assert failure.value.exit_code != 0, message
+    assert "client 3 (centre 3, rank 1) failed at training: FileExistsError" in message, message
+    assert str(run_dir / "checkpoints" / "rank_3") in message
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] != "finished"
