@@ -303,9 +303,14 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
     _refuse_without_room(trainer, comm, run_dir, label(rank))
 
     if not config.resume or start_round == 0:
-        ckpt.clear_checkpoints(run_dir, rank)
-        if rank == 0:
-            (run_dir / METRICS_FILE).unlink(missing_ok=True)
+
+        def start_afresh() -> None:
+            ckpt.clear_checkpoints(run_dir, rank)
+            if rank == 0:
+                (run_dir / METRICS_FILE).unlink(missing_ok=True)
+
+        _, error = run_phase(start_afresh)  # e.g. a folder where a checkpoint was: named
+        _fail_if_any(comm, error, label, run_dir)
     records = gather_json(comm, client_summary(trainer), root=0)
     machines = gather_json(comm, rank_machine_record(trainer), root=0)
     if rank == 0:

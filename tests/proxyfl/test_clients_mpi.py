@@ -189,3 +189,19 @@ def test_a_hosted_client_failing_mid_training_is_named_and_ends_the_job(
     assert str(run_dir / "checkpoints" / "rank_3") in message
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] != "finished"
+
+
+def test_a_run_folder_that_cannot_start_afresh_names_the_client_in_one_line(
+    stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    """Before round 1 a run starts afresh (its old checkpoints removed): a folder where
+    client 3's checkpoint was is one line naming the client, exit 2, no traceback."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "rank_3" / "round_0001.pt").mkdir(parents=True)
+    result = helpers.run_mpi(2, helpers.train_args(stores, run_dir, "FedAvg", centers=CENTERS))
+    assert result.returncode == 2, helpers.explain(result)
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "proxyfl.run: error: client 3 (centre 3, rank 1): [Errno 21] Is a directory"
+    ), errors
+    assert "Traceback" not in result.stderr, helpers.explain(result)
