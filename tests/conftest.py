@@ -16,10 +16,12 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
 from filelock import FileLock
 
@@ -93,6 +95,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         elif path.startswith("tests/slurm/"):  # one Slurm cluster, not one a worker
             item.add_marker(pytest.mark.xdist_group("slurm"))
     items.sort(key=_rank)  # stable: the files' own order otherwise
+
+
+def command_line(process: psutil.Process, settle_s: float = 10.0) -> list[str]:
+    """``process``'s command line once its exec is done; [] once it is gone or a zombie.
+
+    A child that ``subprocess.Popen`` has just returned reads an empty
+    ``/proc/PID/cmdline`` for a moment: exec closes the descriptor Popen waits on before
+    the kernel sets the new program's arguments, and a loaded machine runs the parent
+    within that window (6 % of children under a half-core hog, ``python -m tests.stress``).
+    A test that picks processes out by their command line waits the window out."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return []
+            argv = process.cmdline()
+        except psutil.Error:  # gone (or never ours to read)
+            return []
+        if argv or time.monotonic() > deadline:
+            return argv
+        time.sleep(0.005)
 
 
 def shared_build(

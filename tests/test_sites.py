@@ -18,6 +18,7 @@ import yaml
 from plumbing.network import free_port
 from proxyfl.launch.flare import admin_session
 from proxyfl.launch.kits import Kits, Project
+from tests.conftest import command_line
 
 pytestmark = pytest.mark.slow
 
@@ -135,4 +136,4 @@ def test_a_site_whose_server_is_not_up_gives_up_after_its_timeout(tmp_path: Path
     assert "site centre-0 could not join its server: not joined within" in line
     assert time.monotonic() - started < 30
     assert not [p for p in psutil.Process().children(recursive=True)
-                if "client_train" in " ".join(p.cmdline())]  # fmt: skip
+                if "client_train" in " ".join(command_line(p))]  # fmt: skip

@@ -19,6 +19,7 @@ import pytest
 
 from plumbing.warm import DISABLE_ENV, WarmRanks, kept_warm_server, warm_server
 from plumbing.warm_shim import HEADER, SOCKET_ENV, STARTED_ENV
+from tests.conftest import command_line
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -317,13 +318,13 @@ def _servers_of_other_tests() -> None:
     """A warm server the test process keeps for other tests' MPI jobs (the proxyfl tests'
     run_mpi) is not this test's."""
     _BEFORE.clear()
-    _BEFORE.update(p.pid for p in psutil.Process().children() if "plumbing.warm" in p.cmdline())
+    _BEFORE.update(p.pid for p in psutil.Process().children() if "plumbing.warm" in command_line(p))
 
 
 def _servers() -> list[psutil.Process]:
     """The warm servers this test started that are running."""
     return [p for p in psutil.Process().children()
-            if "plumbing.warm" in p.cmdline() and p.pid not in _BEFORE]  # fmt: skip
+            if p.pid not in _BEFORE and "plumbing.warm" in command_line(p)]  # fmt: skip
 
 
 def test_a_kept_server_serves_every_job_of_its_block(modules: Path, tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from proxyfl.launch.flare import (
 from proxyfl.launch.job import TrainingJob, TrainingJobFailed, run_job
 from proxyfl.launch.kits import Project, provision
 from proxyfl.launch.placement import Placement
+from tests.conftest import command_line
 
 pytestmark = pytest.mark.slow
 
@@ -154,7 +155,7 @@ def test_a_flare_job_writes_the_bytes_of_mpiexec(
     # nothing of the job is left running; the kits' keys are not left in the run
     assert _listeners_under() <= before
     assert not [p for p in psutil.Process().children(recursive=True)
-                if "nvflare" in " ".join(p.cmdline())]  # fmt: skip
+                if "nvflare" in " ".join(command_line(p))]  # fmt: skip
 
 
 def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:

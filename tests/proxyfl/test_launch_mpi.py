@@ -48,6 +48,7 @@ from proxyfl.launch.shared_memory import (
     warn_if_short,
 )
 from proxyfl.results import predictions_path, read_predictions
+from tests.conftest import command_line
 from wsi.store.reader import PatchSplitReader
 from wsi.store.schema import store_path
 
@@ -140,7 +141,7 @@ def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
 
     def servers() -> list[psutil.Process]:
         return [p for p in psutil.Process().children()
-                if "plumbing.warm" in p.cmdline() and p.pid not in others]  # fmt: skip
+                if p.pid not in others and "plumbing.warm" in command_line(p)]  # fmt: skip
 
     others: set[int] = set()
     others.update(p.pid for p in servers())  # kept for other tests' jobs (run_mpi's, this
