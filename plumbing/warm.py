@@ -83,6 +83,7 @@ class RankRequest:
     cwd: str
     fds: dict[int, int]  # the rank's descriptor number -> the one received for it
     shim_pid: int
+    ignored_signals: frozenset[int]  # those the shim inherited ignored
 
 
 @dataclass
@@ -115,9 +116,10 @@ def _receive(connection: socket.socket) -> RankRequest:
         numbers = [int(n) for n in message["fds"]]
         if len(numbers) != len(fds):
             raise ValueError(f"a shim named {len(numbers)} descriptors and sent {len(fds)}")
+        ignored = frozenset(int(number) for number in message["ignored_signals"])
         return RankRequest(argv=[str(a) for a in message["argv"]], env=dict(message["env"]),
                            cwd=str(message["cwd"]), fds=dict(zip(numbers, fds, strict=True)),
-                           shim_pid=int(message["shim_pid"]))  # fmt: skip
+                           shim_pid=int(message["shim_pid"]), ignored_signals=ignored)  # fmt: skip
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -308,11 +310,27 @@ def _place_descriptors(fds: Mapping[int, int]) -> None:
         os.close(high)
 
 
+def _take_signals(ignored: frozenset[int]) -> None:
+    """The dispositions an executed rank would have started with: ``ignored`` (the shim's,
+    inherited) ignored, as exec passes them on; SIGINT raising ``KeyboardInterrupt`` where
+    it is not (the server ignores it); no other signal ignored, whatever the server's own
+    launcher ignored. What the server set up otherwise (coverage's SIGTERM handler, where
+    the tests measure it) stays: a fresh interpreter sets up the same."""
+    for number in warm_shim.FORWARDED:
+        if number in ignored:
+            signal.signal(number, signal.SIG_IGN)
+        elif number == signal.SIGINT:
+            signal.signal(number, signal.default_int_handler)  # as a fresh interpreter has it
+        elif (signal.getsignal(number) == signal.SIG_IGN
+              and number not in warm_shim.IGNORED_BY_PYTHON):  # fmt: skip
+            signal.signal(number, signal.SIG_DFL)
+
+
 def become_rank(request: RankRequest) -> None:
     """Turn this forked child into the rank the shim would have executed: returns only by
     raising SystemExit, as the program's ``__main__`` does."""
     _place_descriptors(request.fds)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it
+    _take_signals(request.ignored_signals)
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)

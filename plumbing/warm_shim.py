@@ -11,6 +11,13 @@ the same signal).
 
 Where there is no server, or it cannot be reached, the shim executes PROGRAM itself: the
 rank starts cold, as it would without the server.
+
+Signals: the shim catches every forwarded signal before it sends its request, so that none
+``mpiexec`` sends while the server forks is lost (one that a background job's launcher
+left ignored was dropped in that window, and the job then waited for its rank for ever).
+The signals the shim inherited ignored are named in the request, and the forked rank
+ignores them as an executed one would have (:func:`plumbing.warm.become_rank`); a shim
+that starts the rank cold puts them back first.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ FORWARDED = (
     signal.SIGUSR2, signal.SIGPIPE, signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU,
     signal.SIGXFSZ, signal.SIGVTALRM, signal.SIGPROF, signal.SIGSYS,
 )  # fmt: skip
+# Every interpreter ignores these two as it starts (as subprocess' restore_signals says):
+# the shim cannot tell whether its launcher ignored them, and a rank ignores them anyway
+IGNORED_BY_PYTHON = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def _open_descriptors() -> list[int]:
@@ -60,7 +70,12 @@ def start_ticks() -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
-def _exec_cold(argv: list[str]) -> None:
+def _exec_cold(argv: list[str], inherited: dict[int, object] | None = None) -> None:
+    """Execute the rank in place, with the signal dispositions the shim inherited
+    (``inherited``: those it changed since)."""
+    for number, disposition in (inherited or {}).items():
+        ignored = disposition == signal.SIG_IGN and number not in IGNORED_BY_PYTHON
+        signal.signal(number, signal.SIG_IGN if ignored else signal.SIG_DFL)
     os.execv(argv[0], argv)
 
 
@@ -70,22 +85,6 @@ def main(argv: list[str]) -> None:
     path = os.environ.pop(SOCKET_ENV, "")
     if not path:
         _exec_cold(argv)
-    descriptors = _open_descriptors()
-    environment = dict(os.environ)
-    environment[STARTED_ENV] = str(start_ticks())
-    request = json.dumps({"argv": argv, "env": environment, "cwd": os.getcwd(),
-                          "fds": descriptors, "shim_pid": os.getpid()}).encode()  # fmt: skip
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(path)
-        socket.send_fds(connection, [HEADER.pack(len(request))], descriptors)
-        connection.sendall(request)
-    except OSError as error:
-        print(f"warm_shim: no warm server at {path} ({error}); starting cold",
-              file=sys.stderr, flush=True)  # fmt: skip
-        connection.close()
-        _exec_cold(argv)
-
     child: list[int] = []
 
     def forward(number: int, _frame: object) -> None:
@@ -100,8 +99,28 @@ def main(argv: list[str]) -> None:
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
 
-    for number in FORWARDED:
-        signal.signal(number, forward)
+    # caught before the request goes: a signal sent while the server forks reaches the rank
+    inherited = {number: signal.signal(number, forward) for number in FORWARDED}
+    ignored = [int(number) for number, disposition in inherited.items()
+               if disposition == signal.SIG_IGN and number not in IGNORED_BY_PYTHON]  # fmt: skip
+    descriptors = _open_descriptors()
+    environment = dict(os.environ)
+    environment[STARTED_ENV] = str(start_ticks())
+    request = json.dumps({"argv": argv, "env": environment, "cwd": os.getcwd(),
+                          "fds": descriptors, "shim_pid": os.getpid(),
+                          "ignored_signals": ignored}).encode()  # fmt: skip
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(path)
+        # a server gone while this sends is an error here (not SIGPIPE, which is forwarded)
+        socket.send_fds(connection, [HEADER.pack(len(request))], descriptors,
+                        socket.MSG_NOSIGNAL)  # fmt: skip
+        connection.sendall(request, socket.MSG_NOSIGNAL)
+    except OSError as error:
+        print(f"warm_shim: no warm server at {path} ({error}); starting cold",
+              file=sys.stderr, flush=True)  # fmt: skip
+        connection.close()
+        _exec_cold(argv, inherited)
     for word, value in _messages(connection):
         if word == "pid":
             child.append(int(value))
@@ -113,12 +132,10 @@ def main(argv: list[str]) -> None:
         os._exit(1)
     # the server ended before forking the rank (its imports failed, or it was stopped):
     # nothing has run yet, so the rank starts cold
-    for number in FORWARDED:
-        signal.signal(number, signal.SIG_DFL)
     print(f"warm_shim: the warm server at {path} ended before starting the rank; "
           "starting cold", file=sys.stderr, flush=True)  # fmt: skip
     connection.close()
-    _exec_cold(argv)
+    _exec_cold(argv, inherited)
 
 
 def _messages(connection: socket.socket) -> Iterator[tuple[str, str]]:

@@ -54,6 +54,7 @@ from proxyfl.engine.validation import (
     SetupError,
     agree,
     check_or_exit,
+    ending_together,
     exit_together,
     record_failure,
     run_phase,
@@ -204,6 +205,7 @@ def host_rank_clients(world: Any, argv: Sequence[str] | None, config: TrainConfi
         status = host_clients(link, rank, placement, on_node, argv,
                               functools.partial(run_rank, fault_record=False))  # fmt: skip
     except SystemExit:  # the clients' own stop (bad input, the test hook), not a crash
+        ending_together()  # what their threads could not do for the rank
         fatal_signals.close()
         raise
     finally:

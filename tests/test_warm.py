@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from plumbing.warm import DISABLE_ENV, WarmRanks, kept_warm_server, warm_server
-from plumbing.warm_shim import HEADER, SOCKET_ENV, STARTED_ENV
+from plumbing.warm_shim import FORWARDED, HEADER, SOCKET_ENV, STARTED_ENV
 from tests.conftest import command_line
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -33,6 +33,8 @@ report = {
     "env": os.environ.get("PROBE_VALUE"), "started": os.environ.get("STARTED_ENV"),
     "preloaded_before_main": warm_probe_preload.IMPORTED_BEFORE_MAIN,
     "extra_fd": os.read(int(os.environ["PROBE_FD"]), 100).decode(),
+    "ignored": [name for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1")
+                if signal.getsignal(getattr(signal, name)) == signal.SIG_IGN],
 }
 with open(out, "w") as handle:
     json.dump(report, handle)
@@ -76,17 +78,32 @@ def _environment(modules: Path, tmp_path: Path) -> dict[str, str]:
             "PRELOAD_LOG": str(tmp_path / "preload.log")}  # fmt: skip
 
 
-def _start(warm: WarmRanks, env: dict[str, str], tmp_path: Path, name: str,
-           *args: str, value: str = "v") -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
+# The shim's launcher (mpiexec, as the shell that started it left it): the signals named in
+# its first argument ignored (a background job of a script: SIGINT and SIGQUIT), the others
+# at their default, whatever the test process inherited (CI's ignores SIGINT); then the shim
+LAUNCHER = """
+import os, signal, sys
+ignoring = sys.argv[1].split(",")
+for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN if name in ignoring else signal.SIG_DFL)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _start(warm: WarmRanks, env: dict[str, str], tmp_path: Path, name: str, *args: str,
+           value: str = "v", ignoring: tuple[str, ...] = ()
+           ) -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
     """A rank started as mpiexec would: through the shim, with one extra descriptor (a
-    pipe holding a word) at a number the program is told."""
+    pipe holding a word) at a number the program is told, and the signals named in
+    ``ignoring`` inherited ignored."""
     out = tmp_path / f"{name}.json"
     read_end, write_end = os.pipe()
     os.write(write_end, name.encode())
     os.close(write_end)
     rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out),
                 "PROBE_VALUE": value, "PROBE_FD": str(read_end)}  # fmt: skip
-    command = warm.program([sys.executable, "-m", "warm_probe", *args])
+    command = [sys.executable, "-I", "-S", "-c", LAUNCHER, ",".join(ignoring),
+               *warm.program([sys.executable, "-m", "warm_probe", *args])]  # fmt: skip
     cwd = tmp_path / name
     cwd.mkdir()
     process = subprocess.Popen(command, env=rank_env, cwd=cwd, pass_fds=(read_end,))
@@ -153,6 +170,68 @@ def test_without_a_server_the_shim_starts_the_rank_cold(modules: Path, tmp_path:
     assert json.loads(out.read_text())["pid"] == process.pid
     with warm_server({**env, DISABLE_ENV: "1"}, []) as disabled:
         assert disabled is None
+
+
+def test_a_rank_ignores_the_signals_its_launcher_left_ignored_forked_or_cold(
+    modules: Path, tmp_path: Path
+) -> None:
+    """A background job of a script starts mpiexec, and so the shims, with SIGINT and
+    SIGQUIT ignored: the forked rank starts with them ignored, as the rank a shim executes
+    cold does; a rank whose shim inherited nothing ignored ignores none (the server itself
+    ignores SIGINT)."""
+    env = _environment(modules, tmp_path)
+    background = ("SIGINT", "SIGQUIT")
+    with warm_server(env, []) as warm:
+        assert warm is not None
+        forked, forked_out = _start(warm, env, tmp_path, "forked", "exit", "0", ignoring=background)
+        plain, plain_out = _start(warm, env, tmp_path, "plain", "exit", "0")
+        assert forked.wait(timeout=60) == 0 and plain.wait(timeout=60) == 0
+    cold, cold_out = _start(warm, env, tmp_path, "cold", "exit", "0", ignoring=background)
+    assert cold.wait(timeout=60) == 0
+    forked_report, plain_report, cold_report = (
+        json.loads(out.read_text()) for out in (forked_out, plain_out, cold_out)
+    )
+    assert forked_report["pid"] != forked.pid and cold_report["pid"] == cold.pid
+    assert forked_report["ignored"] == cold_report["ignored"] == ["SIGINT", "SIGQUIT"]
+    assert plain_report["ignored"] == []
+
+
+def test_a_shim_catches_what_it_forwards_before_it_asks_for_its_rank(
+    modules: Path, tmp_path: Path
+) -> None:
+    """No signal mpiexec sends while the server forks is lost: once the shim's request
+    reaches the server the shim already catches every signal it forwards, those its
+    launcher left ignored too (CI lost a Ctrl-C there: the shim ran on, its rank never
+    told), and names those in the request; a server that then hangs up leaves the rank to
+    start cold, ignoring them as they were inherited."""
+    # an environment larger than the socket's buffer: the shim is still sending its request
+    # when the header is read, and cannot yet have done what it does after sending
+    padding = {f"PROBE_PADDING_{n}": "x" * 100_000 for n in range(12)}
+    env = {**_environment(modules, tmp_path), **padding}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(tmp_path / "server.socket"))
+        listener.listen(1)
+        listener.settimeout(60)
+        ranks = WarmRanks(tmp_path / "server.socket")
+        process, out = _start(ranks, env, tmp_path, "asking", "exit", "0",
+                              ignoring=("SIGINT", "SIGQUIT"))  # fmt: skip
+        connection, _ = listener.accept()
+        with connection:
+            header, fds, _, _ = socket.recv_fds(connection, HEADER.size, 1024)
+            for fd in fds:
+                os.close(fd)
+            status = Path(f"/proc/{process.pid}/status").read_text()
+            caught = int(status.split("SigCgt:")[1].split()[0], 16)
+            missed = [signal.Signals(n).name for n in FORWARDED if not caught >> (n - 1) & 1]
+            assert not missed, f"not caught while the request comes: {missed}"
+            (length,) = HEADER.unpack(header)
+            body = b""
+            while len(body) < length:
+                body += connection.recv(length - len(body))
+            assert len(body) > 1_000_000
+            assert json.loads(body)["ignored_signals"] == [signal.SIGINT, signal.SIGQUIT]
+    assert process.wait(timeout=60) == 0
+    assert json.loads(out.read_text())["ignored"] == ["SIGINT", "SIGQUIT"]
 
 
 # A preload that fails once a shim waits in the server's queue (the listener's descriptor is
@@ -295,7 +374,7 @@ def test_a_shim_gone_with_its_reply_unread_ends_its_rank_and_not_the_server(
                     "PROBE_FD": "5"}  # fmt: skip
         body = json.dumps({"argv": [sys.executable, "-m", "warm_probe", "sleep"],
                            "env": rank_env, "cwd": str(tmp_path), "fds": [5],
-                           "shim_pid": os.getpid()}).encode()  # fmt: skip
+                           "shim_pid": os.getpid(), "ignored_signals": []}).encode()  # fmt: skip
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(str(warm.socket_path))
         socket.send_fds(connection, [HEADER.pack(len(body))], [read_end])

@@ -188,14 +188,22 @@ def agree(comm: Any, error: str | None, label: Callable[[int], str] | None = Non
     return unique
 
 
-def exit_together(comm: Any, messages: list[str], program: str = "proxyfl.run") -> NoReturn:
-    """Rank 0 prints ``messages``; every rank exits with status 2.
+def ending_together() -> None:
+    """From here on this process ignores SIGINT, for it is ending with its peers.
 
-    The first rank to exit non-zero makes the launcher stop the others (MPICH's: SIGINT),
-    which may still be running their exit handlers: from here on a rank ignores SIGINT, so
-    that no ``KeyboardInterrupt`` traceback from a handler follows the one error line."""
+    The first rank to exit non-zero makes the launcher stop the others (``python -m
+    mpi4py`` ends a rank's ``SystemExit(2)`` by MPI_Abort, and MPICH's launcher then sends
+    SIGINT), which may still be running their exit handlers: no ``KeyboardInterrupt``
+    traceback from a handler follows the one error line. Only the main thread may set a
+    handler: a hosted client's thread leaves it to its rank's (:mod:`proxyfl.hosted`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_together(comm: Any, messages: list[str], program: str = "proxyfl.run") -> NoReturn:
+    """Rank 0 prints ``messages``; every rank exits with status 2, ignoring SIGINT from
+    here on (:func:`ending_together`)."""
+    ending_together()
     if comm.Get_rank() == 0:
         for message in _deduplicate(messages):
             print(f"{program}: error: {message}", file=sys.stderr, flush=True)

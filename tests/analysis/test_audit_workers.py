@@ -16,6 +16,7 @@ import torch
 
 from analysis.audit.references import ReferenceRecipe, ReferenceTrainingError, train_references
 from analysis.audit.workers import AUDIT_THREADS, audit_processes
+from tests.conftest import command_line
 
 # cnn2: 128-channel convolutions, whose weight gradients are reductions split by thread
 RECIPE = ReferenceRecipe("cnn2", 2, 16, epochs=2, batch_size=8, lr=3e-3, weight_decay=1e-4)
@@ -35,7 +36,7 @@ def _pool_workers() -> set[int]:
     """This process's spawned workers (not multiprocessing's resource tracker, which
     lives as long as this process, by design)."""
     return {child.pid for child in psutil.Process().children()
-            if "spawn_main" in " ".join(child.cmdline())}  # fmt: skip
+            if "spawn_main" in " ".join(command_line(child))}  # fmt: skip
 
 
 def _patches() -> tuple[np.ndarray, np.ndarray]:

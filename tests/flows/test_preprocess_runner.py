@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from flows.preprocess import main
-from tests.conftest import prefect_home_from
+from tests.conftest import command_line, prefect_home_from
 from wsi.synth import SynthManifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +40,7 @@ def _flags(root: Path, out: Path, runner: str) -> list[str]:
 
 
 def _command_line(process: psutil.Process) -> str:
-    try:
-        return " ".join(process.cmdline())
-    except psutil.Error:
-        return ""
+    return " ".join(command_line(process))
 
 
 def is_prefect_server(command_line: str) -> bool:
@@ -105,11 +102,11 @@ class Descendants:
 def alive(processes: dict[tuple[int, float], str]) -> dict[tuple[int, float], str]:
     """Those of ``processes`` still running (a zombie has exited: it only awaits reaping)."""
     running = {}
-    for (pid, started), command_line in processes.items():
+    for (pid, started), command in processes.items():
         try:
             process = psutil.Process(pid)
             if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
-                running[(pid, started)] = command_line
+                running[(pid, started)] = command
         except psutil.NoSuchProcess:
             continue
     return running

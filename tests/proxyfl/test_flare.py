@@ -108,8 +108,8 @@ class _WhileTraining:
         if self.listeners is not None or "[rank " not in line:
             return
         self.listeners = _listeners_under() - self.before
-        self.job_processes = [p.cmdline() for p in psutil.Process().children(recursive=True)
-                              if "worker_process" in " ".join(p.cmdline())]  # fmt: skip
+        self.job_processes = [command_line(p) for p in psutil.Process().children(recursive=True)
+                              if "worker_process" in " ".join(command_line(p))]  # fmt: skip
         (kits,) = (self.run_dir / "flare" / "kits").iterdir()
         port = int(kits.name.removeprefix("port-"))
         (root,) = (kits / "proxyfl").glob("prod_*")
@@ -194,8 +194,8 @@ def test_a_site_killed_mid_run_is_named_and_the_rerun_resumes_to_the_same_bytes(
         if killed or "[rank 1]" not in line or "round 3/8" not in line:
             return
         (worker,) = [p for p in psutil.Process().children(recursive=True)
-                     if "worker_process" in " ".join(p.cmdline())
-                     and " ".join(p.cmdline()).count("/centre-1")]  # fmt: skip
+                     if "worker_process" in " ".join(command_line(p))
+                     and " ".join(command_line(p)).count("/centre-1")]  # fmt: skip
         worker.kill()
         killed.append(time.monotonic())
 
@@ -240,8 +240,8 @@ def test_the_launcher_stopped_or_killed_mid_run_leaves_no_process(
         if "round 1/200" in line:
             break
     tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
-    assert any("worker_process" in " ".join(p.cmdline()) and "/pooled" in " ".join(p.cmdline())
-               for p in tree), lines[-10:]  # fmt: skip
+    commands = [" ".join(command_line(p)) for p in tree]
+    assert any("worker_process" in c and "/pooled" in c for c in commands), lines[-10:]
     stopped = time.monotonic()
     launcher.send_signal(stop)
     status = launcher.wait(timeout=30)
@@ -251,6 +251,6 @@ def test_the_launcher_stopped_or_killed_mid_run_leaves_no_process(
     while (left := [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) \
             and time.monotonic() < deadline:  # fmt: skip
         time.sleep(0.2)
-    assert not left, [p.cmdline() for p in left]
+    assert not left, [command_line(p) for p in left]
     assert time.monotonic() - stopped < 20
     assert _listeners_under() <= before

@@ -317,7 +317,7 @@ def _forked_rank(started: psutil.Process) -> psutil.Process:
     """The process that runs the rank mpiexec started as ``started``: itself, or, when
     ``started`` is a warm shim, the server's child holding the same PMI socket at the same
     descriptor (plumbing.warm places every descriptor at its number in the shim)."""
-    if not any("warm_shim" in part for part in started.cmdline()):
+    if not any("warm_shim" in part for part in command_line(started)):
         return started
     descriptor = started.environ()["PMI_FD"]
     socket_of = Path(f"/proc/{started.pid}/fd/{descriptor}").readlink()
