@@ -8,7 +8,9 @@ A test that passes on an idle machine can fail where the machine is busier or sl
 slower of the project's two machine kinds has about half a core of headroom while the
 suite runs. Each group below (its test files) runs ``--runs`` times in a fresh pytest,
 one group after the other, while a hog process keeps ``--hog`` of one core busy (spinning
-that share of every 10 ms). What it prints, per group: runs, failed runs, failures per
+that share of every 10 ms), and as CI starts it: a background job of a script, SIGINT and
+SIGQUIT ignored (a signal lost in the warm shim's window showed only so; ``--foreground``
+leaves them as this command has them). What it prints, per group: runs, failed runs, failures per
 100 runs, and each failing test with how often it failed; the whole record as JSON with
 ``--json``. Exit 1 when any run failed.
 
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -164,15 +167,26 @@ class RunOutcome:
         return self.code in (0, 5)  # 5: every test deselected
 
 
-def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str]) -> RunOutcome:
-    """One run of a group in a fresh pytest, its folders and report in ``workdir``."""
+def as_background_job() -> None:
+    """What a non-interactive shell does to a command it starts with ``&``: SIGINT and
+    SIGQUIT ignored, which every process the command starts inherits (CI's are so)."""
+    for number in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_IGN)
+
+
+def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str],
+              background: bool = True) -> RunOutcome:  # fmt: skip
+    """One run of a group in a fresh pytest, its folders and report in ``workdir``; started
+    as a background job (:func:`as_background_job`) unless ``background`` is false."""
     report = workdir / "report.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                f"--basetemp={workdir / 'tmp'}", f"--junitxml={report}", *pytest_args,
                *files]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    # this process runs no thread of its own, which makes preexec_fn safe here
+    setup = as_background_job if background else None
+    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, preexec_fn=setup)  # fmt: skip
     outcome = RunOutcome(done.returncode, time.perf_counter() - started,
                          failed_tests(report), skipped_tests(report))  # fmt: skip
     if not outcome.passed:
@@ -199,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="keep each failed run's output and pytest folders there",
     )
+    parser.add_argument(
+        "--foreground",
+        action="store_true",
+        help="run pytest with SIGINT and SIGQUIT as this command has them, not ignored",
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest options, after --")
     args = parser.parse_args(argv)
     if args.runs < 1 or not 0 <= args.hog <= 1:
@@ -206,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = {name: GroupRecord(name, GROUPS[name]) for name in args.groups}
     print(
         f"{len(records)} group(s) x {args.runs} run(s), a hog of {args.hog} core "
-        f"({os.cpu_count()} cores)",
+        f"({os.cpu_count()} cores), "
+        + ("as a foreground job" if args.foreground else "SIGINT and SIGQUIT ignored, as CI's"),
         flush=True,
     )
     with hog(args.hog), tempfile.TemporaryDirectory(prefix="stress-") as scratch:
@@ -214,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for record in records.values():
                 workdir = Path(scratch) / f"{record.group}-{run}"
                 workdir.mkdir()
-                outcome = run_group(record.files, workdir, args.pytest_args)
+                outcome = run_group(record.files, workdir, args.pytest_args,
+                                    background=not args.foreground)  # fmt: skip
                 record.runs += 1
                 record.seconds.append(outcome.seconds)
                 record.skipped_tests.update(outcome.skipped)
