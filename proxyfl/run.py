@@ -315,10 +315,15 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
         _fail_if_any(comm, error, label, run_dir)
     records = gather_json(comm, client_summary(trainer), root=0)
     machines = gather_json(comm, rank_machine_record(trainer), root=0)
-    if rank == 0:
-        write_machine_json(config, machines)
-        write_run_json(config, size, records, status="running")
-    comm.Barrier()
+
+    def write_start_records() -> None:
+        if rank == 0:
+            write_machine_json(config, machines)
+            write_run_json(config, size, records, status="running")
+
+    # said in one line as every setup failure; and no rank trains before the records exist
+    _, error = run_phase(write_start_records)
+    _fail_if_any(comm, error, label, run_dir)
     trainer.timings.setup_seconds += (
         time.perf_counter() - wall_start - trainer.timings.compile_seconds
     )

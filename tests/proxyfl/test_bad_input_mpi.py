@@ -79,3 +79,20 @@ def test_bad_input_gives_one_clear_message_and_every_rank_fails(
     # Nothing was trained or written.
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_run_record_that_cannot_be_written_is_one_line_naming_rank_0(
+    helpers: Any, stores: Path, tmp_path: Path
+) -> None:
+    """Rank 0 writes the run's first records (machine.json, then run.json "running") once
+    every rank is set up, before round 1: where it cannot (a folder where run.json goes),
+    one line naming the rank and the file, exit 2, no traceback, and no round trained."""
+    run_dir = tmp_path / "run"
+    (run_dir / "run.json").mkdir(parents=True)
+    result = helpers.run_mpi(2, helpers.train_args(stores, run_dir, "FedAvg"), timeout=120)
+    assert result.returncode == 2, helpers.explain(result)
+    errors = [line for line in result.stderr.splitlines() if "proxyfl.run: error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("proxyfl.run: error: rank 0"), errors
+    assert "run.json" in errors[0] and "Is a directory" in errors[0], errors
+    assert "Traceback" not in result.stderr, helpers.explain(result)
+    assert not (run_dir / "metrics.jsonl").exists()
