@@ -129,7 +129,6 @@ def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int],
         points = curves(runs)[method]
         accuracies = [point.accuracy_mean for point in points]
         finals = np.array([curves([run])[method][-1].accuracy_mean for run in runs])
-        best = max(range(len(accuracies)), key=accuracies.__getitem__)
         privacy = final_epsilon(runs).get(method)
         if privacy is None:  # σ = 0: no guarantee, no ε
             shown, notion_text = "∞", "none (no noise)"
@@ -137,11 +136,7 @@ def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int],
             epsilon, per_round, notion = privacy
             shown = f"{epsilon:.1f}" + (f" ({per_round:g}/round)" if per_round else "")
             notion_text = PRIVACY_NOTIONS[notion]
-        lines.append(
-            f"| {name} | {finals.mean():.3f} ± {finals.std():.3f} "
-            f"| {accuracies[best]:.3f} ({best + 1}) "
-            f"| {plateau_round(accuracies)} | {shown} | {notion_text} |"
-        )
+        lines.append(_digits_row(name, finals, accuracies, shown, notion_text))
         curves_by_name[name] = accuracies
         finals_by_name[name] = finals
         shown_by_name[name] = shown, notion_text
@@ -151,13 +146,7 @@ def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int],
     print(f"digits: {name}", flush=True)
     port = np.array(port_curves(stores, clients, seeds, rounds, PortSettings(model=model)))
     accuracies, finals = port.mean(axis=0).tolist(), port[:, -1]
-    best = max(range(len(accuracies)), key=accuracies.__getitem__)
-    shown, notion_text = shown_by_name[ours]
-    lines.append(
-        f"| {name} | {finals.mean():.3f} ± {finals.std():.3f} "
-        f"| {accuracies[best]:.3f} ({best + 1}) "
-        f"| {plateau_round(accuracies)} | {shown} | {notion_text} |"
-    )
+    lines.append(_digits_row(name, finals, accuracies, *shown_by_name[ours]))
     floor = finals.mean() - finals.std()
     held = finals_by_name[ours].mean() >= floor
     lines += ["", f"{ours}: {finals_by_name[ours].mean():.3f} against the port's "
@@ -171,6 +160,16 @@ def digits_table(directory: Path, rounds: int, model: str, seeds: Sequence[int],
         lines.append(f"| {t} | " + " | ".join(f"{curves_by_name[n][t - 1]:.3f}" for n in header)
                      + " |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _digits_row(name: str, finals: np.ndarray, accuracies: list[float], epsilon: str,
+                notion: str) -> str:  # fmt: skip
+    """One row of :func:`digits_table`: the seeds' last-round accuracy (mean ± std), the
+    mean curve's best round and plateau, the ε and its notion as shown."""
+    best = max(range(len(accuracies)), key=accuracies.__getitem__)
+    return (f"| {name} | {finals.mean():.3f} ± {finals.std():.3f} "
+            f"| {accuracies[best]:.3f} ({best + 1}) "
+            f"| {plateau_round(accuracies)} | {epsilon} | {notion} |")  # fmt: skip
 
 
 def final_epsilon(runs: Sequence[RunResult]) -> dict[str, tuple[float, float | None, str]]:
