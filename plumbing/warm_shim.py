@@ -72,7 +72,7 @@ def start_ticks() -> int:
 
 def _exec_cold(argv: list[str], inherited: dict[int, object] | None = None) -> None:
     """Execute the rank in place, with the signal dispositions the shim inherited
-    (``inherited``: those it changed since)."""
+    (``inherited``: what it found of each signal it has caught since)."""
     for number, disposition in (inherited or {}).items():
         ignored = disposition == signal.SIG_IGN and number not in IGNORED_BY_PYTHON
         signal.signal(number, signal.SIG_IGN if ignored else signal.SIG_DFL)
