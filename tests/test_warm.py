@@ -227,7 +227,9 @@ def test_a_shim_catches_what_it_forwards_before_it_asks_for_its_rank(
             (length,) = HEADER.unpack(header)
             body = b""
             while len(body) < length:
-                body += connection.recv(length - len(body))
+                chunk = connection.recv(length - len(body))
+                assert chunk, "the shim hung up before its request was whole"
+                body += chunk
             assert len(body) > 1_000_000
             assert json.loads(body)["ignored_signals"] == [signal.SIGINT, signal.SIGQUIT]
     assert process.wait(timeout=60) == 0
