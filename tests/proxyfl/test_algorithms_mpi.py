@@ -60,6 +60,8 @@ class Runs:
             args = self.helpers.train_args(self.stores, out, algorithm, **options)
             result = self.helpers.run_mpi(ranks, args, timeout=300)
             assert result.returncode == 0, self.helpers.explain(result)
+            # a job that exited 0 and wrote nothing was seen once (2026-11-29): say what it said
+            assert (out / "run.json").is_file(), self.helpers.explain(result)
             self.done[algorithm] = out
         return self.done[algorithm]
 
