@@ -1,7 +1,8 @@
 """``camelyon-proxyfl sites``: the FLARE participants of a federation across hospitals.
 
     camelyon-proxyfl sites provision --out DIR --server-host HOST [--port PORT]
-    camelyon-proxyfl sites start KIT
+    camelyon-proxyfl sites start KIT [--data DIR --runs DIR]
+    camelyon-proxyfl sites submit ADMIN_KIT [--algorithms ... --seeds ... --rounds N ...]
 
 ``provision`` writes the startup kits of one project (``nvflare provision``,
 :mod:`proxyfl.launch.kits`): the server's (for HOST, the name every site connects to), one
@@ -14,13 +15,23 @@ to its participant; the keys in them are secrets.
 its server; one whose certificate the server refuses (or whose server's it refuses), or
 that has not joined within ``--connect-timeout``, ends with one line and
 :data:`~proxyfl.launch.flare.EXIT_NO_CONNECTION`. A server whose port is taken ends with
-:data:`~plumbing.refusals.EXIT_REFUSED`. docs/sites.md is the page for a hospital's IT.
+:data:`~plumbing.refusals.EXIT_REFUSED`. A site's own folders
+(:class:`~proxyfl.sites.federation.SiteFolders`: its centre's store, its runs) are
+``--data`` and ``--runs``, by default ``train.data`` and ``train.runs`` of the project it
+is started in.
+
+``submit`` runs the training jobs of ``train:`` (flags as ``camelyon-proxyfl train``'s) on
+the federation an administrator's kit reaches, one after another
+(:mod:`proxyfl.sites.submit`): each site trains its centre's rank in its own folders,
+and the results that may leave the sites come back into ``RUNS/ALGORITHM/seed_S``.
+docs/sites.md is the page for a hospital's IT.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,15 +41,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from camelyon_proxyfl.params.base import config_option, enter_project, from_folder, load_sections
-from camelyon_proxyfl.params.train import TrainParams
+from camelyon_proxyfl.params.base import (
+    DEFAULT_PARAMS,
+    ParamsCommand,
+    config_option,
+    enter_project,
+    from_folder,
+    load_sections,
+    project_root,
+)
+from camelyon_proxyfl.params.train import TrainParams, TrainSection
 from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError, exit_on_bad_parameters
 from plumbing.network import port_taken
 from plumbing.processes import adopt_orphans, parent_bound_command, stop_trees
 from plumbing.refusals import EXIT_REFUSED
-from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, site_names
+from proxyfl.config import TrainOptions
+from proxyfl.engine.validation import clear_failures
+from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, FlareJobError, site_names
 from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, provision
 from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
+from proxyfl.launch.rundir import write_config
+from proxyfl.sites.federation import SiteFolders
+from proxyfl.sites.submit import submit_run
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
 # what a site's FLARE client says once the server has taken its certificate and name
@@ -70,15 +94,95 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
                        help="a site: how long it may take to join its server before it "
                        "gives up (default 300)")  # fmt: skip
+    start.add_argument("--data", type=Path, default=None,
+                       help="a site: the folder of its centre's store (default: train.data "
+                       "of the project it is started in)")  # fmt: skip
+    start.add_argument("--runs", type=Path, default=None,
+                       help="a site: the folder its runs land in (default: train.runs of "
+                       "the project it is started in)")  # fmt: skip
+    commands.add_parser("submit", add_help=False,
+                        help="run training jobs on a running federation, from the "
+                        "administrator's kit (camelyon-proxyfl sites submit --help)")  # fmt: skip
     return parser
+
+
+def _submit_parser(argv: Sequence[str]) -> ParamsCommand[TrainParams]:
+    command = ParamsCommand(TrainParams, "camelyon-proxyfl sites submit",
+                            "Run the training jobs of train: on a running federation, one "
+                            "after another, from the administrator's kit.", argv)  # fmt: skip
+    command.parser.add_argument("kit", type=Path, help="the administrator's startup kit")
+    command.parser.add_argument(
+        "--connect-timeout", type=float, default=60.0, metavar="SECONDS",
+        help="how long the server and each site of a job may take to answer, and a site "
+        "may be gone mid-run, before the job ends (default 60)",
+    )  # fmt: skip
+    # the sites' placement is the federation's: no launcher, hosts or ranks to choose
+    command.add_section(TrainSection, ("train",), exclude=(
+        "options", "data", "launcher", "hosts", "hostfile", "ssh_timeout_s", "ranks", "retries",
+    ))  # fmt: skip
+    command.add_section(TrainOptions, ("train", "options"),
+                        group="training options (train.options in params.yaml)")  # fmt: skip
+    return command
 
 
 @exit_on_bad_parameters
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["submit"]:  # flags of params.yaml's train: section, as train's
+        return _submit(words[1:])
     args = _parser().parse_args(argv)
     if args.command == "provision":
         return _provision(args, argv)
-    return _start(args.kit, args.connect_timeout)
+    return _start(args.kit, args.connect_timeout, args.data, args.runs)
+
+
+def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:
+    """A site's folders: those given, else the project's ``train.data`` and ``train.runs``
+    (the project of the working directory, or of a folder above it), else ``data/patches``
+    and ``runs`` here; absolute."""
+    here = Path.cwd()
+    root = project_root(here)
+    if root is not None and (data is None or runs is None):
+        train = load_sections(TrainParams, root / DEFAULT_PARAMS).train
+        data, runs = data or root / train.data, runs or root / train.runs
+    return SiteFolders((here / (data or TrainSection().data)).resolve(),
+                       (here / (runs or TrainSection().runs)).resolve())  # fmt: skip
+
+
+def _submit(argv: list[str]) -> int:
+    args, params = _submit_parser(argv).parse()
+    train = params.train
+    status = 0
+    for config in train.job_configs():
+        assert config.run_dir is not None
+        run_name = config.run_dir.relative_to(train.runs).as_posix()
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(config)  # what was asked, beside what comes back
+        clear_failures(config.run_dir)  # an earlier attempt's
+        try:
+            outcome = submit_run(args.kit, config, run_name, args.connect_timeout,
+                                 on_status=lambda line: print(line, flush=True))  # fmt: skip
+        except FlareJobError as error:
+            print(f"error: {config.algorithm} seed {config.seed}: {error}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            return error.status
+        except KeyboardInterrupt:
+            print(f"{config.algorithm} seed {config.seed}: stopped (the job aborted)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return 130
+        for site, line in outcome.errors.items():
+            print(f"{site}: {line}", file=sys.stderr)
+        if outcome.status != 0:
+            failed = ", ".join(f"{site} {code}" for site, code in outcome.sites.items() if code)
+            print(f"error: {config.algorithm} seed {config.seed} failed with exit code "
+                  f"{outcome.status} (sites: {failed or 'none answered'}); what came back: "
+                  f"{config.run_dir}", file=sys.stderr, flush=True)  # fmt: skip
+            status = status or outcome.status
+            continue
+        print(f"{config.algorithm} seed {config.seed}: finished; {len(outcome.files)} files "
+              f"back in {config.run_dir} (models, predictions and checkpoints stay at the "
+              "sites)", flush=True)  # fmt: skip
+    return status
 
 
 def _provision(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -108,12 +212,18 @@ def _provision(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     return 0
 
 
-def _start(kit: Path, connect_timeout_s: float) -> int:
+def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | None) -> int:
     try:
         participant = Participant.of(kit)
     except KitError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_PARAMETERS
+    env = dict(os.environ)
+    if participant.role == "site":  # its job processes inherit its folders
+        folders = _site_folders(data, runs)
+        env.update(folders.environment())
+        print(f"site {participant.name}: stores in {folders.data}, runs in {folders.runs}",
+              file=sys.stderr, flush=True)  # fmt: skip
     if participant.role == "server":
         keep_stores_in_kit(kit)  # where the kit is now, not where it was provisioned
         port = int(_server_target(kit).rsplit(":", 1)[1])
@@ -124,7 +234,7 @@ def _start(kit: Path, connect_timeout_s: float) -> int:
     adopt_orphans()  # the participant's job processes run in sessions of their own
     # a session of its own: Ctrl-C is this command's to handle (the participant is stopped
     # with everything it started), and it dies with this command all the same
-    process = subprocess.Popen(parent_bound_command(participant.command()), cwd=kit,
+    process = subprocess.Popen(parent_bound_command(participant.command()), cwd=kit, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, errors="replace",
                                start_new_session=True)  # fmt: skip

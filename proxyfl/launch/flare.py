@@ -150,19 +150,16 @@ class FlareProcesses:
             process.log.close()
 
 
-def write_job(folder: Path, name: str, sites: list[str], arguments: list[str],
-              placement: list[list[int]], outcome_file: Path) -> Path:  # fmt: skip
-    """The FLARE job folder: the server's controller and the sites' executor, by class
-    path (installed code; the job carries no code of its own)."""
+def write_job(folder: Path, name: str, run: dict[str, Any]) -> Path:
+    """The FLARE job folder: the server's controller, given ``run`` (the arguments of
+    :class:`~proxyfl.sites.controller.RunController`, its ``sites`` among them), and the
+    sites' executor, by class path (installed code; the job carries no code of its own)."""
     config = folder / "app" / "config"
     config.mkdir(parents=True, exist_ok=True)
     meta = {"name": name, "resource_spec": {}, "deploy_map": {"app": ["@ALL"]},
-            "min_clients": len(sites)}  # fmt: skip
+            "min_clients": len(run["sites"])}  # fmt: skip
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
-    controller = {"id": "run", "path": "proxyfl.sites.controller.RunController",
-                  "args": {"sites": sites, "arguments": arguments, "placement": placement,
-                           "working_directory": str(Path.cwd()),
-                           "outcome_file": str(outcome_file.resolve())}}  # fmt: skip
+    controller = {"id": "run", "path": "proxyfl.sites.controller.RunController", "args": run}
     server = {"format_version": 2, "workflows": [controller], "components": []}
     (config / "config_fed_server.json").write_text(json.dumps(server, indent=1))
     executor = {
@@ -175,10 +172,17 @@ def write_job(folder: Path, name: str, sites: list[str], arguments: list[str],
 
 
 @contextlib.contextmanager
-def admin_session(kits: Kits, timeout_s: float) -> Iterator[Any]:
+def admin_session(kits: Kits | Path, timeout_s: float) -> Iterator[Any]:
+    """A FLARE admin session with the administrator's kit (of ``kits``, or the kit
+    folder ``kits``), connected within ``timeout_s``."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
-    session = new_secure_session(username=ADMIN, startup_kit_location=str(kits.admin.resolve()),
+    kit = kits.admin if isinstance(kits, Kits) else kits
+    settings = kit / "startup" / "fed_admin.json"
+    username = ADMIN
+    if settings.is_file():  # a kit provisioned elsewhere may name its administrator otherwise
+        username = json.loads(settings.read_text())["admin"]["username"]
+    session = new_secure_session(username=username, startup_kit_location=str(kit.resolve()),
                                  timeout=timeout_s)  # fmt: skip
     try:
         yield session
@@ -220,8 +224,10 @@ def run_flare_job(
             wait_for_sites(session, sites, processes, connect_timeout_s)
             logger.info("FLARE server and %d site(s) up in %.1f s", len(sites),
                         time.perf_counter() - started)  # fmt: skip
-            job = write_job(workspace / "job", f"proxyfl-{run_dir.name}", sites, arguments,
-                            placement, outcome_file)  # fmt: skip
+            run = {"sites": sites, "placement": placement, "arguments": arguments,
+                   "working_directory": str(Path.cwd()),
+                   "outcome_file": str(outcome_file.resolve())}  # fmt: skip
+            job = write_job(workspace / "job", f"proxyfl-{run_dir.name}", run)
             job_id = session.submit_job(str(job.resolve()))
             try:
                 return _follow(session, job_id, sites, processes, server, outcome_file, run_dir)

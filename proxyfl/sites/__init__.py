@@ -6,6 +6,7 @@ certificate per site.
 
 The rank program is :func:`proxyfl.run.run_rank`, unchanged, over a
 :class:`~proxyfl.comm.world.MessageWorld`. :mod:`proxyfl.launch.flare` runs such a job on
-one machine; :mod:`proxyfl.launch.kits` writes the participants' startup kits
-(docs/sites.md).
+one machine, :mod:`proxyfl.sites.submit` submits one to a running federation (each
+site in its own folders: :mod:`proxyfl.sites.federation`); :mod:`proxyfl.launch.kits`
+writes the participants' startup kits (docs/sites.md).
 """

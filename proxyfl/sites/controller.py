@@ -5,7 +5,13 @@ arguments, where each rank runs) and waits for all of them. A rank that aborts s
 (:data:`~proxyfl.comm.flare.link.ABORT_TOPIC`); the server then tells every site
 (:data:`~proxyfl.comm.flare.link.STOP_TOPIC`) so that no rank waits for a message that
 will never come, and the job's status is that rank's. The outcome (each rank's status, the
-job's) is written as JSON to ``outcome_file`` for the launcher.
+job's) is written as JSON to ``outcome_file`` for the launcher on this machine.
+
+A job submitted to a running federation (:mod:`proxyfl.sites.submit`) carries the
+run's configuration instead (``config``, ``run_name``: :mod:`proxyfl.sites.federation`);
+each site answers with the files that may leave it, and the outcome and those files are
+written into the job's result folder on the server (:data:`OUTCOME_FILE`,
+:data:`RESULTS_FOLDER`), which FLARE keeps with the job for its administrator to download.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from nvflare.apis.client import Client
 from nvflare.apis.controller_spec import Task
@@ -25,25 +32,42 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
 from proxyfl.comm.flare.link import ABORT_TOPIC, RANK, STATUS, STOP_TOPIC
-from proxyfl.sites.executor import ARGUMENTS, PLACEMENT, RANK_TASK, SITES, WORKING_DIRECTORY
+from proxyfl.sites.executor import (
+    ARGUMENTS,
+    ERROR,
+    PLACEMENT,
+    RANK_TASK,
+    SITES,
+    WORKING_DIRECTORY,
+)
+from proxyfl.sites.federation import CONFIG, RESULTS, RUN_NAME, write_results
 
 # how long the server keeps telling the sites a job is ending (a site whose job process is
 # still starting hears it once it has started)
 STOP_RELAY_S = 300.0
+# in a federation job's result folder on the server (what its administrator downloads)
+OUTCOME_FILE = "outcome.json"
+RESULTS_FOLDER = "run"  # the files the sites sent back, as they lie in the run directory
 
 
 class RunController(Controller):
     """One job of ``sites`` (rank order) running the rank program with ``arguments`` in
-    ``working_directory``."""
+    ``working_directory`` (the local launcher's), or with the configuration ``config`` in
+    each site's own runs folder as ``run_name`` (a federation's)."""
 
     def __init__(
-        self, sites: list[str], arguments: list[str], placement: list[list[int]],
-        working_directory: str, outcome_file: str, task_timeout_s: float = 7 * 24 * 3600.0,
+        self, sites: list[str], placement: list[list[int]], arguments: list[str] | None = None,
+        working_directory: str | None = None, outcome_file: str | None = None,
+        config: dict[str, Any] | None = None, run_name: str | None = None,
+        task_timeout_s: float = 7 * 24 * 3600.0,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.sites, self.arguments, self.placement = list(sites), list(arguments), placement
-        self.working_directory = working_directory
-        self.outcome_file = Path(outcome_file)
+        if (config is None) == (arguments is None):
+            raise ValueError("a job runs either with arguments (one machine) or a config")
+        self.sites, self.placement = list(sites), placement
+        self.arguments, self.working_directory = arguments, working_directory
+        self.config, self.run_name = config, run_name
+        self.outcome_file = Path(outcome_file) if outcome_file is not None else None
         self.task_timeout_s = task_timeout_s
         self.aborted_by: tuple[int, int] | None = None  # (rank, status) of the first abort
         self._lock = threading.Lock()
@@ -84,21 +108,35 @@ class RunController(Controller):
     def control_flow(self, abort_signal: Signal, fl_ctx: FLContext) -> None:
         data = Shareable()
         data[SITES] = self.sites
-        data[ARGUMENTS] = self.arguments
         data[PLACEMENT] = self.placement
-        data[WORKING_DIRECTORY] = self.working_directory
+        if self.config is not None:
+            data[CONFIG], data[RUN_NAME] = json.dumps(self.config), self.run_name
+        else:
+            data[ARGUMENTS], data[WORKING_DIRECTORY] = self.arguments, self.working_directory
         task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s))
         self.broadcast_and_wait(task=task, fl_ctx=fl_ctx, targets=self.sites,
                                 min_responses=len(self.sites), wait_time_after_min_received=0,
                                 abort_signal=abort_signal)  # fmt: skip
         statuses: dict[str, int | None] = {name: None for name in self.sites}
+        errors: dict[str, str] = {}
+        results: dict[str, bytes] = {}
         for client_task in task.client_tasks:
             result = client_task.result
             if result is not None and result.get_return_code() == ReturnCode.OK:
-                statuses[client_task.client.name] = int(result.get(STATUS, 1))
-        self._write_outcome(statuses)
+                name = client_task.client.name
+                statuses[name] = int(result.get(STATUS, 1))
+                if result.get(ERROR):
+                    errors[name] = str(result.get(ERROR))
+                results.update(result.get(RESULTS) or {})
+        if self.outcome_file is not None:
+            self._write_outcome(self.outcome_file, statuses, errors)
+        else:  # a federation's: into the job's result folder, kept with the job
+            folder = Path(fl_ctx.get_workspace().get_result_root(fl_ctx.get_job_id()))
+            write_results(folder / RESULTS_FOLDER, results)
+            self._write_outcome(folder / OUTCOME_FILE, statuses, errors)
 
-    def _write_outcome(self, statuses: dict[str, int | None]) -> None:
+    def _write_outcome(self, path: Path, statuses: dict[str, int | None],
+                       errors: dict[str, str]) -> None:  # fmt: skip
         if self.aborted_by is not None:
             status = self.aborted_by[1]
         else:
@@ -108,10 +146,12 @@ class RunController(Controller):
             "status": status,
             "sites": statuses,
             "aborted_by_rank": None if self.aborted_by is None else self.aborted_by[0],
+            "errors": errors,
         }
-        temporary = self.outcome_file.with_name(self.outcome_file.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".partial")
         temporary.write_text(json.dumps(outcome, indent=1))
-        os.replace(temporary, self.outcome_file)
+        os.replace(temporary, path)
 
     def stop_controller(self, fl_ctx: FLContext) -> None:
         pass

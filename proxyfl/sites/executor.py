@@ -6,6 +6,10 @@ in rank order and the rank program's arguments; the executor runs
 FLARE's aux messages (:class:`~proxyfl.comm.flare.link.AuxLink`), and answers with the
 rank's exit status. The rank's log lines go to the site's standard error with the rank
 program's own prefix (``[rank N]``), as under mpiexec.
+
+A federation's task carries the run's configuration instead of a path to it: the rank runs
+in this site's own folders (:mod:`proxyfl.sites.federation`), and the answer carries the
+files of the run that may leave the site.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any
 
 from nvflare.apis.event_type import EventType
@@ -37,8 +42,16 @@ from proxyfl.comm.flare.link import (
     Inbox,
     JobStopped,
 )
-from proxyfl.engine.validation import EXIT_STOPPED
+from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failures
 from proxyfl.launch.progress import rank_line_format
+from proxyfl.sites.federation import (
+    CONFIG,
+    RESULTS,
+    RUN_NAME,
+    FederationError,
+    SiteFolders,
+    results_that_leave,
+)
 
 RANK_TASK = "rank"
 SITES = "sites"
@@ -46,6 +59,7 @@ ARGUMENTS = "arguments"
 PLACEMENT = "placement"  # per rank: [local rank, ranks on its machine]
 # the folder the job's relative paths (its stores, its run directory) are relative to
 WORKING_DIRECTORY = "working_directory"
+ERROR = "error"  # a site's one line, where its rank could not start
 # the loggers of the rank program (proxyfl.run configures the root logger under mpiexec;
 # here the root logger is FLARE's)
 RANK_LOGGERS = ("proxyfl", "plumbing", "camelyon_proxyfl", "analysis")
@@ -94,17 +108,47 @@ class RankExecutor(Executor):
         link = AuxLink(fl_ctx.get_engine(), fl_ctx, sites, rank, self.inbox, abort_signal,
                        self.send_timeout_s)  # fmt: skip
         world = MessageWorld(link, rank, len(sites), local_rank, local_size)
-        # the process is this job's alone (FLARE starts one per job): its folder is the
-        # job's, as an MPI rank's is its launcher's
-        os.chdir(shareable[WORKING_DIRECTORY])
-        status = _run_until_aborted(world, list(shareable[ARGUMENTS]), abort_signal)
+        reply = make_reply(ReturnCode.OK)
+        run_dir: Path | None = None
+        try:
+            arguments, working_directory, run_dir = _job_at_this_site(shareable)
+        except FederationError as error:  # before any work: bad input, as exit 2 says
+            line = f"proxyfl.run: error: rank {rank} ({sites[rank]}): {error}"
+            print(line, file=sys.stderr, flush=True)
+            status, reply[ERROR] = EXIT_BAD_INPUT, line
+        else:
+            # the process is this job's alone (FLARE starts one per job): its folder is the
+            # job's, as an MPI rank's is its launcher's (a federation's: the site's own)
+            os.chdir(working_directory)
+            status = _run_until_aborted(world, arguments, abort_signal)
         if status not in (0, None) and self.inbox.stopped is None:
             # the others would wait for this rank's next message: end the job
             with contextlib.suppress(JobStopped):
                 link.abort(status)
-        reply = make_reply(ReturnCode.OK)
         reply[STATUS] = int(status or 0)
+        if run_dir is not None:  # a federation's site: what may leave it goes back
+            reply[RESULTS] = results_that_leave(run_dir, rank)
         return reply
+
+
+def _job_at_this_site(task: Shareable) -> tuple[list[str], Path, Path | None]:
+    """The rank program's arguments, the folder it runs in and, for a federation's job,
+    the run directory at this site (:mod:`proxyfl.sites.federation`): its configuration
+    carried in the task, written into the site's own runs folder with its own stores."""
+    if CONFIG not in task:  # the local launcher's: its config.json, in its folder
+        return list(task[ARGUMENTS]), Path(task[WORKING_DIRECTORY]), None
+    from pydantic import ValidationError
+
+    folders = SiteFolders.from_environment()
+    try:
+        config_file = folders.write_run_config(str(task[CONFIG]), str(task[RUN_NAME]))
+    except ValidationError as error:
+        raise FederationError(f"the job's configuration is not valid here: {error}") from error
+    except OSError as error:
+        raise FederationError(f"{folders.runs}: the run's folder cannot be written "
+                              f"({error.strerror or error})") from error  # fmt: skip
+    clear_failures(config_file.parent)  # an earlier attempt's are not this one's
+    return ["--config", str(config_file)], folders.runs.parent, config_file.parent
 
 
 def _run_until_aborted(world: Any, arguments: list[str], abort_signal: Signal) -> int:

@@ -1,0 +1,116 @@
+"""A job submitted to a running federation: what each site keeps, and what leaves it.
+
+Under ``train.launcher: flare`` on one machine every rank runs in the launch's folder, its
+stores and its run directory shared. Across hospitals there is no shared folder: each
+site is started (``camelyon-proxyfl sites start KIT``) with its own :class:`SiteFolders`,
+the folder of its centre's store and the folder its runs land in. The job carries its
+configuration as JSON (:data:`CONFIG`), validated again at each site, and the run's name
+(``ALGORITHM/seed_S``, :data:`RUN_NAME`); a site trains its rank in ``RUNS/RUN_NAME``
+with ``data`` its own.
+
+What leaves a site once its rank has ended is :func:`results_that_leave`: the run's
+records and the rank's, which hold numbers and names only (metrics, ε, every message's
+digest, the machine's timings, a failure's one line). The models, the predictions (one
+line per test patch), the checkpoints and the store stay at the site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from plumbing.atomic import write_bytes
+from proxyfl.config import TrainConfig
+from proxyfl.engine.validation import FAILURES_DIR
+from proxyfl.launch.rundir import write_config
+from proxyfl.results import MACHINE_FILE, METRICS_FILE, RUN_FILE
+
+# the task's keys of a federation job (in place of the local launcher's arguments)
+CONFIG = "config"  # the run's TrainConfig as JSON; its data and run_dir are the site's
+RUN_NAME = "run_name"  # the run directory under each site's runs folder
+RESULTS = "results"  # a site's answer: {relative path: bytes} of results_that_leave
+# how `sites start` tells a site's FLARE processes (and so their job processes) its folders
+DATA_ENV = "PROXYFL_SITE_DATA"
+RUNS_ENV = "PROXYFL_SITE_RUNS"
+_NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_DIGESTED = (RUN_FILE, METRICS_FILE)  # each with its NAME.sha256 (plumbing.verified)
+
+
+class FederationError(ValueError):
+    """A federation task this site cannot run: the line says why."""
+
+
+def checked_run_name(name: str) -> str:
+    """``name`` if it is a relative path of plain parts (``FedAvg/seed_0``): a run name from
+    the server never points outside the site's runs folder."""
+    parts = name.split("/")
+    if not name or not all(_NAME_PART.fullmatch(part) for part in parts):
+        raise FederationError(f"{name!r} is not a run name (ALGORITHM/seed_S: plain names "
+                              "joined by /)")  # fmt: skip
+    return name
+
+
+@dataclass(frozen=True)
+class SiteFolders:
+    """A site's own folders, absolute: ``data`` holds its centre's store, ``runs`` the
+    runs it takes part in."""
+
+    data: Path
+    runs: Path
+
+    def environment(self) -> dict[str, str]:
+        return {DATA_ENV: str(self.data), RUNS_ENV: str(self.runs)}
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] = os.environ) -> SiteFolders:
+        if not env.get(DATA_ENV) or not env.get(RUNS_ENV):
+            raise FederationError(
+                "this site was started without its folders: start it with `camelyon-proxyfl "
+                "sites start KIT` in its project (or give --data and --runs)"
+            )  # fmt: skip
+        return cls(Path(env[DATA_ENV]), Path(env[RUNS_ENV]))
+
+    def run_config(self, config_json: str, run_name: str) -> TrainConfig:
+        """The job's configuration at this site: ``config_json`` validated, its stores and
+        run directory this site's."""
+        values = json.loads(config_json)
+        if not isinstance(values, dict):
+            raise FederationError("the job's configuration is not a JSON object")
+        values.update(data=str(self.data), run_dir=str(self.runs / checked_run_name(run_name)))
+        return TrainConfig.model_validate(values)
+
+    def write_run_config(self, config_json: str, run_name: str) -> Path:
+        """``RUNS/RUN_NAME/config.json`` of :meth:`run_config`, for the rank program."""
+        return write_config(self.run_config(config_json, run_name))
+
+
+def results_that_leave(run_dir: Path, rank: int) -> dict[str, bytes]:
+    """The files of ``run_dir`` that rank ``rank``'s site sends back (module doc), by path
+    relative to it: rank 0's ``run.json``, ``metrics.jsonl`` (each with its digest) and
+    ``machine.json``; the rank's ``ranks/rank_R.json`` and ``.machine.json``, and its
+    failure record if it failed. Those that exist."""
+    names = [f"ranks/rank_{rank}.json", f"ranks/rank_{rank}.machine.json",
+             f"{FAILURES_DIR}/rank_{rank}.json"]  # fmt: skip
+    if rank == 0:
+        names += [MACHINE_FILE, *_DIGESTED, *(f"{name}.sha256" for name in _DIGESTED)]
+    return {name: (run_dir / name).read_bytes() for name in sorted(names)
+            if (run_dir / name).is_file()}  # fmt: skip
+
+
+def write_results(run_dir: Path, results: Mapping[str, bytes]) -> list[str]:
+    """Each of ``results`` (:func:`results_that_leave`, from the sites) written into
+    ``run_dir``, atomically; the names written. A name that is not one a site sends is
+    refused."""
+    allowed = re.compile(r"(ranks/rank_\d+(\.machine)?\.json|failures/rank_\d+\.json|"
+                         r"machine\.json|(run\.json|metrics\.jsonl)(\.sha256)?)")  # fmt: skip
+    for name in results:
+        if not allowed.fullmatch(name):
+            raise FederationError(f"{name!r} is not a file a site sends back")
+    for name, data in sorted(results.items()):
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(run_dir / name, data)
+    return sorted(results)
