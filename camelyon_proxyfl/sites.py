@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from camelyon_proxyfl.params.base import (
     DEFAULT_PARAMS,
@@ -55,14 +56,16 @@ from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError, exit_on_bad_parameter
 from plumbing.network import port_taken
 from plumbing.processes import adopt_orphans, parent_bound_command, stop_trees
 from plumbing.refusals import EXIT_REFUSED
+from plumbing.warm import warm_server
 from proxyfl.config import TrainOptions
 from proxyfl.engine.validation import clear_failures
 from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, FlareJobError, site_names
+from proxyfl.launch.job import RANK_IMPORTS
 from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, provision
 from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
 from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
-from proxyfl.sites.submit import submit_run
+from proxyfl.sites.submit import federation_session, submit_run
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
 # what a site's FLARE client says once the server has taken its certificate and name
@@ -116,6 +119,12 @@ def _submit_parser(argv: Sequence[str]) -> ParamsCommand[TrainParams]:
         help="how long the server and each site of a job may take to answer, and a site "
         "may be gone mid-run, before the job ends (default 60)",
     )  # fmt: skip
+    command.parser.add_argument(
+        "--replace", action="store_true",
+        help="train anew each site's run of the same name (its folder there deleted first); "
+        "without it, a site's run of another configuration is refused, an unfinished one "
+        "resumes from its checkpoints",
+    )  # fmt: skip
     # the sites' placement is the federation's: no launcher, hosts or ranks to choose
     command.add_section(TrainSection, ("train",), exclude=(
         "options", "data", "launcher", "hosts", "hostfile", "ssh_timeout_s", "ranks", "retries",
@@ -151,7 +160,23 @@ def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:
 
 def _submit(argv: list[str]) -> int:
     args, params = _submit_parser(argv).parse()
-    train = params.train
+    if "Joint" in params.train.algorithms:  # before anything is submitted
+        print("error: train.algorithms: Joint pools every centre's patches in one place: it "
+              "has no federated form (run it where the data may be pooled)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_PARAMETERS
+    try:
+        with federation_session(args.kit, args.connect_timeout) as session:
+            return _submit_jobs(session, params.train, args.connect_timeout, args.replace)
+    except FlareJobError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return error.status
+
+
+def _submit_jobs(session: Any, train: TrainSection, connect_timeout_s: float,
+                 replace: bool) -> int:  # fmt: skip
+    """Every job of ``train`` on the federation of ``session``, one after another: 0, or
+    the first failed job's status (the others still run)."""
     status = 0
     for config in train.job_configs():
         assert config.run_dir is not None
@@ -160,8 +185,9 @@ def _submit(argv: list[str]) -> int:
         write_config(config)  # what was asked, beside what comes back
         clear_failures(config.run_dir)  # an earlier attempt's
         try:
-            outcome = submit_run(args.kit, config, run_name, args.connect_timeout,
-                                 on_status=lambda line: print(line, flush=True))  # fmt: skip
+            outcome = submit_run(session, config, run_name, connect_timeout_s,
+                                 on_status=lambda line: print(line, flush=True),
+                                 replace=replace)  # fmt: skip
         except FlareJobError as error:
             print(f"error: {config.algorithm} seed {config.seed}: {error}", file=sys.stderr,
                   flush=True)  # fmt: skip
@@ -197,7 +223,7 @@ def _provision(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     except ValueError as error:
         raise ConfigError("command line", str(error)) from error
     try:
-        kits = provision(project, out)
+        kits = provision(project, out, warm_jobs=True)  # where `sites start` runs a site
     except ProvisionError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -219,11 +245,6 @@ def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | 
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_PARAMETERS
     env = dict(os.environ)
-    if participant.role == "site":  # its job processes inherit its folders
-        folders = _site_folders(data, runs)
-        env.update(folders.environment())
-        print(f"site {participant.name}: stores in {folders.data}, runs in {folders.runs}",
-              file=sys.stderr, flush=True)  # fmt: skip
     if participant.role == "server":
         keep_stores_in_kit(kit)  # where the kit is now, not where it was provisioned
         port = int(_server_target(kit).rsplit(":", 1)[1])
@@ -231,10 +252,26 @@ def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | 
             print(f"error: port {port}: the FLARE server's port is taken by another process",
                   file=sys.stderr)  # fmt: skip
             return EXIT_REFUSED
+        return _run(participant, env, connect_timeout_s)
+    folders = _site_folders(data, runs)  # its job processes inherit its folders
+    env.update(folders.environment())
+    print(f"site {participant.name}: stores in {folders.data}, runs in {folders.runs}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    # each job's process forked from one interpreter that imported torch and the trainer
+    # once for the site's life (its kit's WarmJobLauncher; ~4 s of CPU a job otherwise)
+    with warm_server(dict(env), RANK_IMPORTS) as warm:
+        if warm is not None:
+            env.update(warm.environment())
+        return _run(participant, env, connect_timeout_s)
+
+
+def _run(participant: Participant, env: dict[str, str], connect_timeout_s: float) -> int:
+    """The participant's FLARE process, until it ends or this command is stopped."""
     adopt_orphans()  # the participant's job processes run in sessions of their own
     # a session of its own: Ctrl-C is this command's to handle (the participant is stopped
     # with everything it started), and it dies with this command all the same
-    process = subprocess.Popen(parent_bound_command(participant.command()), cwd=kit, env=env,
+    process = subprocess.Popen(parent_bound_command(participant.command()),
+                               cwd=participant.kit, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, errors="replace",
                                start_new_session=True)  # fmt: skip

@@ -63,7 +63,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # a one-node Slurm cluster: sbatch, srun's tasks, a killed task (skips without Slurm)
     "slurm": ("tests/slurm/test_slurm.py",),
     # FLARE: sites killed mid-run, the launcher stopped and killed, sites that cannot join
-    "flare": ("tests/proxyfl/test_flare.py", "tests/test_sites.py"),
+    "flare": (
+        "tests/proxyfl/test_flare.py",
+        "tests/test_sites.py",
+        "tests/proxyfl/test_federation.py",
+    ),
     # power loss at every write, and the preprocessing's injected faults
     "campaigns": (
         "tests/pipeline/test_crash_campaign.py",

@@ -11,9 +11,11 @@ fills each kit's ``local/`` folder with what this project needs of a site:
   :class:`~proxyfl.sites.executor.RankExecutor`, installed code, never code sent with the
   job); the server's job and snapshot stores inside its kit (FLARE's default is
   ``/tmp/nvflare``, shared by every project of the machine); how long the server waits for a
-  silent site before it drops it (``heart_beat_timeout``); for the kits of one machine's
-  sites (``warm_jobs``), :class:`~proxyfl.sites.warm_launcher.WarmJobLauncher` as the
-  sites' job launcher;
+  silent site before it drops it (``heart_beat_timeout``); with ``warm_jobs`` (the kits of
+  the launcher's own sites, and ``camelyon-proxyfl sites provision``'s),
+  :class:`~proxyfl.sites.warm_launcher.WarmJobLauncher` as the sites' job launcher, which
+  forks a job's process from the warm server its site's environment names (``sites
+  start`` runs one a site), else starts it as FLARE does;
 - ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
   already taken and says nothing), and messages up to FLARE's frame limit.
 """

@@ -40,7 +40,7 @@ from proxyfl.sites.executor import (
     SITES,
     WORKING_DIRECTORY,
 )
-from proxyfl.sites.federation import CONFIG, RESULTS, RUN_NAME, write_results
+from proxyfl.sites.federation import CONFIG, REPLACE, RESULTS, RUN_NAME, write_results
 
 # how long the server keeps telling the sites a job is ending (a site whose job process is
 # still starting hears it once it has started)
@@ -59,14 +59,14 @@ class RunController(Controller):
         self, sites: list[str], placement: list[list[int]], arguments: list[str] | None = None,
         working_directory: str | None = None, outcome_file: str | None = None,
         config: dict[str, Any] | None = None, run_name: str | None = None,
-        task_timeout_s: float = 7 * 24 * 3600.0,
+        replace: bool = False, task_timeout_s: float = 7 * 24 * 3600.0,
     ) -> None:  # fmt: skip
         super().__init__()
         if (config is None) == (arguments is None):
             raise ValueError("a job runs either with arguments (one machine) or a config")
         self.sites, self.placement = list(sites), placement
         self.arguments, self.working_directory = arguments, working_directory
-        self.config, self.run_name = config, run_name
+        self.config, self.run_name, self.replace = config, run_name, replace
         self.outcome_file = Path(outcome_file) if outcome_file is not None else None
         self.task_timeout_s = task_timeout_s
         self.aborted_by: tuple[int, int] | None = None  # (rank, status) of the first abort
@@ -111,6 +111,7 @@ class RunController(Controller):
         data[PLACEMENT] = self.placement
         if self.config is not None:
             data[CONFIG], data[RUN_NAME] = json.dumps(self.config), self.run_name
+            data[REPLACE] = self.replace
         else:
             data[ARGUMENTS], data[WORKING_DIRECTORY] = self.arguments, self.working_directory
         task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s))

@@ -46,6 +46,7 @@ from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failur
 from proxyfl.launch.progress import rank_line_format
 from proxyfl.sites.federation import (
     CONFIG,
+    REPLACE,
     RESULTS,
     RUN_NAME,
     FederationError,
@@ -141,7 +142,8 @@ def _job_at_this_site(task: Shareable) -> tuple[list[str], Path, Path | None]:
 
     folders = SiteFolders.from_environment()
     try:
-        config_file = folders.write_run_config(str(task[CONFIG]), str(task[RUN_NAME]))
+        config_file = folders.write_run_config(str(task[CONFIG]), str(task[RUN_NAME]),
+                                               replace=bool(task.get(REPLACE)))  # fmt: skip
     except ValidationError as error:
         raise FederationError(f"the job's configuration is not valid here: {error}") from error
     except OSError as error:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from proxyfl.results import MACHINE_FILE, METRICS_FILE, RUN_FILE
 CONFIG = "config"  # the run's TrainConfig as JSON; its data and run_dir are the site's
 RUN_NAME = "run_name"  # the run directory under each site's runs folder
 RESULTS = "results"  # a site's answer: {relative path: bytes} of results_that_leave
+REPLACE = "replace"  # the site's run of that name, of another configuration, trained anew
 # how `sites start` tells a site's FLARE processes (and so their job processes) its folders
 DATA_ENV = "PROXYFL_SITE_DATA"
 RUNS_ENV = "PROXYFL_SITE_RUNS"
@@ -83,9 +85,14 @@ class SiteFolders:
         values.update(data=str(self.data), run_dir=str(self.runs / checked_run_name(run_name)))
         return TrainConfig.model_validate(values)
 
-    def write_run_config(self, config_json: str, run_name: str) -> Path:
-        """``RUNS/RUN_NAME/config.json`` of :meth:`run_config`, for the rank program."""
-        return write_config(self.run_config(config_json, run_name))
+    def write_run_config(self, config_json: str, run_name: str, replace: bool = False) -> Path:
+        """``RUNS/RUN_NAME/config.json`` of :meth:`run_config`, for the rank program;
+        ``replace``: whatever the site's run of that name held is deleted first (else a run
+        of another configuration is refused by the rank, and an unfinished one resumes)."""
+        config = self.run_config(config_json, run_name)
+        if replace and config.run_dir is not None:
+            shutil.rmtree(config.run_dir, ignore_errors=True)
+        return write_config(config)
 
 
 def results_that_leave(run_dir: Path, rank: int) -> dict[str, bytes]:

@@ -26,7 +26,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,13 +68,30 @@ class FederationOutcome:
     files: list[str]
 
 
+@contextlib.contextmanager
+def federation_session(admin_kit: Path, connect_timeout_s: float) -> Iterator[Any]:
+    """An admin session with ``admin_kit`` to its server, for one or more
+    :func:`submit_run`; a :class:`~proxyfl.launch.flare.FlareJobError` where it cannot
+    connect within ``connect_timeout_s``."""
+    with contextlib.ExitStack() as stack:
+        try:
+            session = stack.enter_context(admin_session(admin_kit, connect_timeout_s))
+        except Exception as error:  # FLARE's own: no connection, a refused certificate
+            raise FlareJobError(f"the administrator's kit {admin_kit} could not connect "
+                                f"to its FLARE server: {error}",
+                                EXIT_NO_CONNECTION) from error  # fmt: skip
+        yield session
+
+
 def submit_run(
-    admin_kit: Path, config: TrainConfig, run_name: str, connect_timeout_s: float,
-    on_status: Callable[[str], None] = logger.info,
+    session: Any, config: TrainConfig, run_name: str, connect_timeout_s: float,
+    on_status: Callable[[str], None] = logger.info, replace: bool = False,
 ) -> FederationOutcome:  # fmt: skip
-    """Run ``config``'s job on the federation ``admin_kit`` administers (module doc), as
-    ``run_name`` at every site; its outcome, its results in ``config.run_dir``. Raises
-    :class:`~proxyfl.launch.flare.FlareJobError`."""
+    """Run ``config``'s job on the federation of ``session``
+    (:func:`federation_session`; module doc), as ``run_name`` at every site; its outcome,
+    its results in ``config.run_dir``. ``replace``: each site's run of that name is
+    trained anew (else one of another configuration is refused, an unfinished one
+    resumes). Raises :class:`~proxyfl.launch.flare.FlareJobError`."""
     if config.algorithm == "Joint":
         raise FlareJobError("Joint pools every centre's patches in one place: it has no "
                             "federated form (run it where the data may be pooled)",
@@ -84,26 +101,19 @@ def submit_run(
     # an object, not JSON text: FLARE reads "{...}" in a job's strings as its own variables
     values = config.model_dump(mode="json", exclude={"data", "run_dir"})  # the sites' own
     run = {"sites": sites, "placement": [[0, 1]] * len(sites), "config": values,
-           "run_name": checked_run_name(run_name)}  # fmt: skip
+           "run_name": checked_run_name(run_name), "replace": replace}  # fmt: skip
     workspace = run_dir / FLARE_FOLDER
-    with contextlib.ExitStack() as stack:
-        try:
-            session = stack.enter_context(admin_session(admin_kit, connect_timeout_s))
-        except Exception as error:  # FLARE's own: no connection, a refused certificate
-            raise FlareJobError(f"the administrator's kit {admin_kit} could not connect "
-                                f"to its FLARE server: {error}",
-                                EXIT_NO_CONNECTION) from error  # fmt: skip
-        _wait_for_sites(session, sites, connect_timeout_s)
-        job = write_job(workspace / "job", f"proxyfl-{run_name.replace('/', '-')}", run)
-        job_id = session.submit_job(str(job.resolve()))
-        on_status(f"{run_name}: job {job_id} submitted to sites {', '.join(sites)}")
-        try:
-            ended = _follow(session, job_id, sites, connect_timeout_s, on_status)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                session.abort_job(job_id)
-            raise
-        outcome_file = _download(session, job_id, workspace / "result", ended)
+    _wait_for_sites(session, sites, connect_timeout_s)
+    job = write_job(workspace / "job", f"proxyfl-{run_name.replace('/', '-')}", run)
+    job_id = session.submit_job(str(job.resolve()))
+    on_status(f"{run_name}: job {job_id} submitted to sites {', '.join(sites)}")
+    try:
+        ended = _follow(session, job_id, sites, connect_timeout_s, on_status)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            session.abort_job(job_id)
+        raise
+    outcome_file = _download(session, job_id, workspace / "result", ended)
     outcome = json.loads(outcome_file.read_text())
     sent_back = outcome_file.parent / RESULTS_FOLDER
     results = {str(path.relative_to(sent_back)): path.read_bytes()

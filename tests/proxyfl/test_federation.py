@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from plumbing.network import free_port
-from proxyfl.launch.job import TrainingJob, run_job
+from proxyfl.launch.job import TrainingJob, run_job, warm_ranks
+from proxyfl.launch.placement import Placement
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 SITES = [sys.executable, "-m", "camelyon_proxyfl.cli", "sites"]
 CENTERS = [0, 1]
 OPTIONS = {"rounds": 2, "batch_size": 8, "proxy_model": "cnn1", "private_model": ["mlp"],
-           "device": "cpu", "sigma": 1.0, "clip": 1.0, "lr": 0.01, "torch_threads": 1}  # fmt: skip
+           "device": "cpu", "sigma": 1.0, "clip": 1.0, "lr": 0.01, "torch_threads": 1,
+           "kt_samples": 2, "self_train_samples": 4,
+           "keep_final_checkpoints": True}  # fmt: skip
+# every method with a federated form (Joint pools the data: refused below), so every
+# exchange of proxyfl.comm: PushSum (ProxyFL, AvgPush), the server's average (FedAvg, FML),
+# the ring (CWT), the server's broadcast and the labels (PrivateKT), none (Regular)
+METHODS = ["ProxyFL", "AvgPush", "FedAvg", "FML", "CWT", "PrivateKT", "Regular"]
 
 
 def _start(kit: Path, cwd: Path) -> subprocess.Popen[str]:
@@ -55,12 +62,12 @@ def _site_project(folder: Path, stores: Path) -> Path:
     return folder
 
 
-def test_a_job_submitted_to_a_running_federation_brings_back_the_bytes_of_mpiexec(
+def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
     stores: Path, tmp_path: Path
 ) -> None:
     coordinator = tmp_path / "coordinator"
     coordinator.mkdir()
-    params = {"train": {"algorithms": ["FedAvg"], "seeds": [0], "centers": CENTERS,
+    params = {"train": {"algorithms": METHODS, "seeds": [0], "centers": CENTERS,
                         "runs": "runs", "options": OPTIONS}}  # fmt: skip
     (coordinator / "params.yaml").write_text(yaml.safe_dump(params))
     provisioned = subprocess.run([*SITES, "provision", "--out", "kits", "--server-host",
@@ -76,45 +83,69 @@ def test_a_job_submitted_to_a_running_federation_brings_back_the_bytes_of_mpiexe
             participants.append(site)
             _wait_for_line(site, f"site centre-{center}: joined its server")
 
-        submitted = subprocess.run([*SITES, "submit", str(kits / "admin@proxyfl.org")],
-                                   cwd=coordinator, capture_output=True, text=True,
-                                   timeout=600)  # fmt: skip
-        said = submitted.stdout + submitted.stderr
-        assert submitted.returncode == 0, said[-4000:]
-        assert "FedAvg seed 0: finished" in said and "FINISHED:COMPLETED" in said, said
-        back = coordinator / "runs" / "FedAvg" / "seed_0"
-        # each site trained in its own runs folder, and kept what never leaves it
-        for center, folder in hospitals.items():
-            kept = folder / "kept" / "FedAvg" / "seed_0"
-            assert (kept / "models" / f"client_{center}").is_dir()
-            assert (kept / "predictions" / f"client_{center}.csv").is_file()
-        assert not [name for name in ("models", "predictions", "checkpoints")
-                    if (back / name).exists()]  # fmt: skip
-
-        # the same job under mpiexec, on the same stores: the same bytes came back
+        submitting = subprocess.Popen([*SITES, "submit", str(kits / "admin@proxyfl.org")],
+                                      cwd=coordinator, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        # meanwhile (a federated job waits on FLARE much of its time), the same jobs under
+        # mpiexec on the same stores
         from camelyon_proxyfl.params.base import load_sections
         from camelyon_proxyfl.params.train import TrainParams
 
         train = load_sections(TrainParams, coordinator / "params.yaml").train
-        mpi_dir = tmp_path / "mpi" / "FedAvg" / "seed_0"
-        config = train.job_config("FedAvg", 0).model_copy(
-            update={"data": hospitals[0] / "patches", "run_dir": mpi_dir})  # fmt: skip
-        run_job(TrainingJob(config), on_line=lambda _: None)
-        for name in ("metrics.jsonl", "metrics.jsonl.sha256", "ranks/rank_0.json",
-                     "ranks/rank_1.json"):  # fmt: skip
-            assert (back / name).read_bytes() == (mpi_dir / name).read_bytes(), name
-        ours, theirs = (json.loads((run / "run.json").read_text()) for run in (back, mpi_dir))
-        assert ours["config"].pop("run_dir") == str(hospitals[0] / "kept" / "FedAvg" / "seed_0")
-        assert ours["config"].pop("data") == str(hospitals[0] / "patches")
-        for key in ("run_dir", "data"):
-            theirs["config"].pop(key)
-        assert ours == theirs and ours["status"] == "finished"
+        with warm_ranks(Placement()):
+            for method in METHODS:
+                config = train.job_config(method, 0).model_copy(update={
+                    "data": hospitals[0] / "patches",
+                    "run_dir": tmp_path / "mpi" / method / "seed_0"})  # fmt: skip
+                run_job(TrainingJob(config), on_line=lambda _: None)
+        said, _ = submitting.communicate(timeout=900)
+        assert submitting.returncode == 0, said[-4000:]
+        assert said.count("FINISHED:COMPLETED") == len(METHODS), said[-4000:]
+        for method in METHODS:
+            assert f"{method} seed 0: finished" in said, said[-4000:]
+            # each site trained in its own runs folder, and kept what never leaves it
+            back = coordinator / "runs" / method / "seed_0"
+            assert not [name for name in ("models", "predictions", "checkpoints")
+                        if (back / name).exists()]  # fmt: skip
+            for center, folder in hospitals.items():
+                kept = folder / "kept" / method / "seed_0"
+                assert (kept / "predictions" / f"client_{center}.csv").is_file(), kept
+            # what came back is the bytes mpiexec wrote
+            mpi_dir = tmp_path / "mpi" / method / "seed_0"
+            for name in ("metrics.jsonl", "metrics.jsonl.sha256", "ranks/rank_0.json",
+                         "ranks/rank_1.json"):  # fmt: skip
+                assert (back / name).read_bytes() == (mpi_dir / name).read_bytes(), name
+            ours, theirs = (json.loads((run / "run.json").read_text())
+                            for run in (back, mpi_dir))  # fmt: skip
+            # rank 0's site wrote run.json: its own folders
+            assert ours["config"].pop("run_dir") == str(hospitals[0] / "kept" / method /
+                                                        "seed_0")  # fmt: skip
+            assert ours["config"].pop("data") == str(hospitals[0] / "patches")
+            for key in ("run_dir", "data"):
+                theirs["config"].pop(key)
+            assert ours == theirs and ours["status"] == "finished", method
+
+        # the same run asked with another configuration: each site refuses it (its
+        # checkpoints are another's), unless replaced: then it is trained anew
+        admin = str(kits / "admin@proxyfl.org")
+        other = [*SITES, "submit", admin, "--algorithms", "FedAvg", "--rounds", "3"]
+        refused = subprocess.run(other, cwd=coordinator, capture_output=True, text=True,
+                                 timeout=600)  # fmt: skip
+        assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+        failures = (coordinator / "runs" / "FedAvg" / "seed_0" / "failures").glob("*.json")
+        assert any("another configuration" in path.read_text() for path in failures)
+        replaced = subprocess.run([*other, "--replace"], cwd=coordinator, capture_output=True,
+                                  text=True, timeout=600)  # fmt: skip
+        assert replaced.returncode == 0, replaced.stdout[-3000:] + replaced.stderr[-3000:]
+        rows = (coordinator / "runs" / "FedAvg" / "seed_0" / "metrics.jsonl").read_text()
+        assert {json.loads(row)["round"] for row in rows.splitlines()} == {1, 2, 3}
+        assert not (coordinator / "runs" / "FedAvg" / "seed_0" / "failures").exists()
 
         # bad input: a site without its store fails the job in one line naming it (exit 2)
         (hospitals[1] / "patches" / "center_1.h5").unlink()
         failed = subprocess.run([*SITES, "submit", str(kits / "admin@proxyfl.org"),
-                                 "--seeds", "1"], cwd=coordinator, capture_output=True,
-                                text=True, timeout=600)  # fmt: skip
+                                 "--algorithms", "FedAvg", "--seeds", "1"], cwd=coordinator,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
         assert failed.returncode == 2, failed.stdout[-3000:] + failed.stderr[-3000:]
         (line,) = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
         assert "FedAvg seed 1 failed with exit code 2" in line and "centre-1 2" in line, line
@@ -122,10 +153,11 @@ def test_a_job_submitted_to_a_running_federation_brings_back_the_bytes_of_mpiexe
                               "rank_1.json").read_text())  # fmt: skip
         assert str(hospitals[1] / "patches" / "center_1.h5") in failure["error"]
         # Joint pools the centres' data: it has no federated form, and nothing is submitted
-        joint = subprocess.run([*SITES, "submit", str(kits / "admin@proxyfl.org"),
-                                "--algorithms", "Joint"], cwd=coordinator,
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        joint = subprocess.run([*SITES, "submit", admin, "--algorithms", "FedAvg", "Joint"],
+                               cwd=coordinator, capture_output=True, text=True,
+                               timeout=120)  # fmt: skip
         assert joint.returncode == 2 and "no federated form" in joint.stderr, joint.stderr
+        assert "submitted" not in joint.stdout  # not even FedAvg's job
     finally:
         for process in participants:
             process.send_signal(signal.SIGTERM)
