@@ -65,7 +65,7 @@ from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, 
 from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
 from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
-from proxyfl.sites.submit import federation_session, submit_run
+from proxyfl.sites.submit import federation_refusal, federation_session, submit_run
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
 # what a site's FLARE client says once the server has taken its certificate and name
@@ -160,10 +160,11 @@ def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:
 
 def _submit(argv: list[str]) -> int:
     args, params = _submit_parser(argv).parse()
-    if "Joint" in params.train.algorithms:  # before anything is submitted
-        print("error: train.algorithms: Joint pools every centre's patches in one place: it "
-              "has no federated form (run it where the data may be pooled)",
-              file=sys.stderr)  # fmt: skip
+    refused = {config.algorithm: why for config in params.train.job_configs()
+               if (why := federation_refusal(config)) is not None}  # fmt: skip
+    for algorithm, why in refused.items():  # before anything is submitted
+        print(f"error: {algorithm}: {why}", file=sys.stderr)
+    if refused:
         return EXIT_BAD_PARAMETERS
     try:
         with federation_session(args.kit, args.connect_timeout) as session:

@@ -92,10 +92,9 @@ def submit_run(
     its results in ``config.run_dir``. ``replace``: each site's run of that name is
     trained anew (else one of another configuration is refused, an unfinished one
     resumes). Raises :class:`~proxyfl.launch.flare.FlareJobError`."""
-    if config.algorithm == "Joint":
-        raise FlareJobError("Joint pools every centre's patches in one place: it has no "
-                            "federated form (run it where the data may be pooled)",
-                            EXIT_BAD_INPUT)  # fmt: skip
+    refusal = federation_refusal(config)
+    if refusal is not None:
+        raise FlareJobError(refusal, EXIT_BAD_INPUT)
     _, run_dir = config.require_paths()
     sites = site_names(config.client_centers(config.job_ranks()), config.job_ranks())
     # an object, not JSON text: FLARE reads "{...}" in a job's strings as its own variables
@@ -122,6 +121,21 @@ def submit_run(
     (workspace / OUTCOME_FILE).write_text(outcome_file.read_text())
     return FederationOutcome(int(outcome["status"]), outcome["sites"], outcome.get("errors", {}),
                              outcome.get("aborted_by_rank"), files)  # fmt: skip
+
+
+def federation_refusal(config: TrainConfig) -> str | None:
+    """Why ``config``'s job cannot run across hospitals, or ``None``: Joint pools every
+    centre's patches in one place, and PrivateKT's ``public_pool: share`` takes its pool
+    from every client's training split, which no other site holds (a public centre's
+    store, ``public_pool: center``, is the federated form)."""
+    if config.algorithm == "Joint":
+        return ("Joint pools every centre's patches in one place: it has no federated form "
+                "(run it where the data may be pooled)")  # fmt: skip
+    if config.algorithm == "PrivateKT" and config.public_pool == "share":
+        return ("PrivateKT with train.options.public_pool: share takes its public pool from "
+                "every client's training split, which no other site holds: give every site "
+                "a public centre's store (public_pool: center, public_center: C)")  # fmt: skip
+    return None
 
 
 def _connected(session: Any) -> set[str]:

@@ -28,8 +28,9 @@ SITES = [sys.executable, "-m", "camelyon_proxyfl.cli", "sites"]
 CENTERS = [0, 1]
 OPTIONS = {"rounds": 2, "batch_size": 8, "proxy_model": "cnn1", "private_model": ["mlp"],
            "device": "cpu", "sigma": 1.0, "clip": 1.0, "lr": 0.01, "torch_threads": 1,
-           "kt_samples": 2, "self_train_samples": 4,
-           "keep_final_checkpoints": True}  # fmt: skip
+           "kt_samples": 2, "self_train_samples": 4, "keep_final_checkpoints": True,
+           "public_pool": "center", "public_center": 2}  # fmt: skip
+PUBLIC = 2  # PrivateKT's public centre: its store at every site
 # every method with a federated form (Joint pools the data: refused below), so every
 # exchange of proxyfl.comm: PushSum (ProxyFL, AvgPush), the server's average (FedAvg, FML),
 # the ring (CWT), the server's broadcast and the labels (PrivateKT), none (Regular)
@@ -53,9 +54,10 @@ def _wait_for_line(process: subprocess.Popen[str], words: str, timeout_s: float 
 
 def _site_project(folder: Path, stores: Path) -> Path:
     """A hospital's folder: its params.yaml (where its stores and runs are) and its store,
-    beside the other centres' (whose test splits every client is evaluated on)."""
+    beside the other centres' (whose test splits every client is evaluated on) and the
+    public centre's (PrivateKT's pool)."""
     (folder / "patches").mkdir(parents=True)
-    for center in CENTERS:
+    for center in [*CENTERS, PUBLIC]:
         shutil.copy(stores / f"center_{center}.h5", folder / "patches")
     (folder / "params.yaml").write_text(yaml.safe_dump(
         {"train": {"centers": CENTERS, "data": "patches", "runs": "kept"}}))  # fmt: skip
@@ -152,12 +154,16 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
         failure = json.loads((coordinator / "runs" / "FedAvg" / "seed_1" / "failures" /
                               "rank_1.json").read_text())  # fmt: skip
         assert str(hospitals[1] / "patches" / "center_1.h5") in failure["error"]
-        # Joint pools the centres' data: it has no federated form, and nothing is submitted
-        joint = subprocess.run([*SITES, "submit", admin, "--algorithms", "FedAvg", "Joint"],
-                               cwd=coordinator, capture_output=True, text=True,
-                               timeout=120)  # fmt: skip
-        assert joint.returncode == 2 and "no federated form" in joint.stderr, joint.stderr
-        assert "submitted" not in joint.stdout  # not even FedAvg's job
+        # Joint pools the centres' data: it has no federated form, and nothing is submitted;
+        # nor PrivateKT's pool of every client's training split: refused before any job
+        pooled = subprocess.run([*SITES, "submit", admin, "--algorithms", "FedAvg", "Joint",
+                                 "PrivateKT", "--public-pool", "share"], cwd=coordinator,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert pooled.returncode == 2, pooled.stderr
+        lines = [line for line in pooled.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 2 and "Joint" in lines[0] and "no federated form" in lines[0]
+        assert "PrivateKT" in lines[1] and "public_pool: share" in lines[1], lines
+        assert "submitted" not in pooled.stdout  # not even FedAvg's job
     finally:
         for process in participants:
             process.send_signal(signal.SIGTERM)
