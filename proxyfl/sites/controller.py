@@ -40,7 +40,15 @@ from proxyfl.sites.executor import (
     SITES,
     WORKING_DIRECTORY,
 )
-from proxyfl.sites.federation import CONFIG, REPLACE, RESULTS, RUN_NAME, write_results
+from proxyfl.sites.federation import (
+    CONFIG,
+    REPLACE,
+    RESULTS,
+    RUN_NAME,
+    FederationError,
+    checked_results,
+    write_results,
+)
 
 # how long the server keeps telling the sites a job is ending (a site whose job process is
 # still starting hears it once it has started)
@@ -128,7 +136,13 @@ class RunController(Controller):
                 statuses[name] = int(result.get(STATUS, 1))
                 if result.get(ERROR):
                     errors[name] = str(result.get(ERROR))
-                results.update(result.get(RESULTS) or {})
+                try:
+                    results |= checked_results(result.get(RESULTS) or {},
+                                               self.sites.index(name))  # fmt: skip
+                except FederationError as error:
+                    self.log_error(fl_ctx, str(error))
+                    errors[name] = str(error)
+                    statuses[name] = statuses[name] or 1
         if self.outcome_file is not None:
             self._write_outcome(self.outcome_file, statuses, errors)
         else:  # a federation's: into the job's result folder, kept with the job

@@ -95,17 +95,35 @@ class SiteFolders:
         return write_config(config)
 
 
-def results_that_leave(run_dir: Path, rank: int) -> dict[str, bytes]:
-    """The files of ``run_dir`` that rank ``rank``'s site sends back (module doc), by path
-    relative to it: rank 0's ``run.json``, ``metrics.jsonl`` (each with its digest) and
-    ``machine.json``; the rank's ``ranks/rank_R.json`` and ``.machine.json``, and its
-    failure record if it failed. Those that exist."""
+def names_that_leave(rank: int) -> list[str]:
+    """The files, relative to the run directory, that rank ``rank``'s site may send back
+    (module doc): the rank's ``ranks/rank_R.json`` and ``.machine.json`` and its failure
+    record; rank 0's also ``run.json``, ``metrics.jsonl`` (each with its digest) and
+    ``machine.json``, which rank 0 writes for the run."""
     names = [f"ranks/rank_{rank}.json", f"ranks/rank_{rank}.machine.json",
              f"{FAILURES_DIR}/rank_{rank}.json"]  # fmt: skip
     if rank == 0:
         names += [MACHINE_FILE, *_DIGESTED, *(f"{name}.sha256" for name in _DIGESTED)]
-    return {name: (run_dir / name).read_bytes() for name in sorted(names)
+    return sorted(names)
+
+
+def results_that_leave(run_dir: Path, rank: int) -> dict[str, bytes]:
+    """The files of ``run_dir`` among :func:`names_that_leave` that exist, by name."""
+    return {name: (run_dir / name).read_bytes() for name in names_that_leave(rank)
             if (run_dir / name).is_file()}  # fmt: skip
+
+
+def checked_results(results: Mapping[str, bytes], rank: int) -> dict[str, bytes]:
+    """``results`` as rank ``rank``'s site sent them, each a file that rank may send
+    (:func:`names_that_leave`): a site never writes another rank's records."""
+    allowed = set(names_that_leave(rank))
+    if not isinstance(results, Mapping) or not all(
+        isinstance(name, str) and name in allowed and isinstance(data, bytes)
+        for name, data in results.items()
+    ):  # fmt: skip
+        raise FederationError(f"rank {rank}'s site sent back files it does not write: "
+                              f"{sorted(map(str, results))[:5]}")  # fmt: skip
+    return dict(results)
 
 
 def write_results(run_dir: Path, results: Mapping[str, bytes]) -> list[str]:
