@@ -29,7 +29,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import NoReturn
 
 SOCKET_ENV = "PLUMBING_WARM_SOCKET"
@@ -70,12 +70,14 @@ def start_ticks() -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
-def _exec_cold(argv: list[str], inherited: dict[int, object] | None = None) -> None:
-    """Execute the rank in place, with the signal dispositions the shim inherited
-    (``inherited``: what it found of each signal it has caught since)."""
-    for number, disposition in (inherited or {}).items():
-        ignored = disposition == signal.SIG_IGN and number not in IGNORED_BY_PYTHON
-        signal.signal(number, signal.SIG_IGN if ignored else signal.SIG_DFL)
+def _exec_cold(argv: list[str], ignored: Collection[int] | None = None) -> None:
+    """Execute the rank in place. Where the shim has caught the forwarded signals, each goes
+    back to what it inherited: ``ignored`` (those it inherited ignored, but for
+    :data:`IGNORED_BY_PYTHON`, which the rank's interpreter ignores anyway) ignored, the
+    others their default; ``None`` where it caught none."""
+    if ignored is not None:
+        for number in FORWARDED:
+            signal.signal(number, signal.SIG_IGN if number in ignored else signal.SIG_DFL)
     os.execv(argv[0], argv)
 
 
@@ -120,7 +122,7 @@ def main(argv: list[str]) -> None:
         print(f"warm_shim: no warm server at {path} ({error}); starting cold",
               file=sys.stderr, flush=True)  # fmt: skip
         connection.close()
-        _exec_cold(argv, inherited)
+        _exec_cold(argv, ignored)
     for word, value in _messages(connection):
         if word == "pid":
             child.append(int(value))
@@ -135,7 +137,7 @@ def main(argv: list[str]) -> None:
     print(f"warm_shim: the warm server at {path} ended before starting the rank; "
           "starting cold", file=sys.stderr, flush=True)  # fmt: skip
     connection.close()
-    _exec_cold(argv, inherited)
+    _exec_cold(argv, ignored)
 
 
 def _messages(connection: socket.socket) -> Iterator[tuple[str, str]]:
