@@ -39,10 +39,6 @@ def _flags(root: Path, out: Path, runner: str) -> list[str]:
     ]
 
 
-def _command_line(process: psutil.Process) -> str:
-    return " ".join(command_line(process))
-
-
 def is_prefect_server(command_line: str) -> bool:
     """``prefect server start`` (flows.server), or a temporary server (uvicorn)."""
     return " server start " in command_line or "uvicorn" in command_line
@@ -85,7 +81,7 @@ class Descendants:
                 key = (child.pid, child.create_time())
             except psutil.NoSuchProcess:
                 continue
-            now[key] = self.seen.get(key) or _command_line(child)
+            now[key] = self.seen.get(key) or " ".join(command_line(child))
         self.seen.update(now)
         self.most_servers = max(self.most_servers, sum(map(is_prefect_server, now.values())))
         return now
