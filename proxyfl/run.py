@@ -389,8 +389,15 @@ def _record_training_failure(
                                       error=message), status)  # fmt: skip
 
 
+# the status this rank is aborting the job with, once it is (a hosted client's thread may
+# abort while the main thread runs): the launcher's SIGINT that the abort brings then ends
+# the rank with that status, without a second line (stopped)
+_ABORTING: list[int] = []
+
+
 def _abort(comm: Any, run_dir: Path, failure: RankFailure, status: int) -> NoReturn:
     """Record ``failure``, say it in one line and end the job with ``status``."""
+    _ABORTING.append(status)
     record_failure(run_dir, failure)
     # the launcher reads this line where the record could not be written (a full disk)
     print(f"proxyfl.run: error: {failure.client}: {failure.error}", file=sys.stderr,
@@ -495,7 +502,13 @@ def stopped() -> NoReturn:
     It exits, never MPI_Abort: given an abort, MPICH's fork launcher exits with the abort's
     code at once and never prints which rank a signal ended, so a rank the OOM killer
     SIGKILLed (the one its peers are stopped for) was reported as the stopped rank's 130.
-    Exiting, the launcher reaps every rank and names the signal (proxyfl.launch.job)."""
+    Exiting, the launcher reaps every rank and names the signal (proxyfl.launch.job).
+
+    A rank aborting the job itself (a hosted client's thread in :func:`_abort`, whose line
+    says why) ends with its abort's status and says nothing more."""
+    if _ABORTING:
+        sys.stderr.flush()
+        os._exit(_ABORTING[0])
     from mpi4py import MPI
 
     print(f"proxyfl.run: rank {MPI.COMM_WORLD.Get_rank()} stopped (SIGINT)", file=sys.stderr,

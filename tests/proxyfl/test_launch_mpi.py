@@ -696,3 +696,35 @@ def test_a_rank_stopped_while_it_exits_together_prints_the_one_error_line() -> N
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == "proxyfl.run: error: rank 1 (centre 1): no store"
+
+
+def test_a_rank_whose_client_aborts_is_not_also_said_stopped_by_the_sigint_it_brings(
+    tmp_path: Path,
+) -> None:
+    """A hosted client's thread aborts the job; the launcher's SIGINT, which the abort
+    brings to every rank, reaches this rank's main thread while MPI_Abort has not yet
+    returned: the rank ends with the abort's status, its one error line alone."""
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from proxyfl import run\n"
+        "from proxyfl.engine.validation import RankFailure\n"
+        "class Comm:\n"
+        "    def Abort(self, status):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # the launcher stops every rank\n"
+        "        time.sleep(30)  # and MPI_Abort has not returned yet\n"
+        "failure = RankFailure(rank=1, client='rank 1 client 3', phase='training',\n"
+        "                      error='boom')\n"
+        "client = threading.Thread(target=run._abort, daemon=True,\n"
+        "                          args=(Comm(), Path(sys.argv[1]), failure, 7))\n"
+        "try:\n"
+        "    client.start()\n"
+        "    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n"
+        "    run.stopped()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert done.stderr.strip() == "proxyfl.run: error: rank 1 client 3: boom"
+    assert (tmp_path / "failures" / "rank_1.json").is_file()
