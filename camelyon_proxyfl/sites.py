@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
 from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
 from proxyfl.sites.submit import federation_refusal, federation_session, submit_run
+from wsi.store.schema import store_path
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
 # what a site's FLARE client says once the server has taken its certificate and name
@@ -258,6 +260,11 @@ def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | 
     env.update(folders.environment())
     print(f"site {participant.name}: stores in {folders.data}, runs in {folders.runs}",
           file=sys.stderr, flush=True)  # fmt: skip
+    own = re.fullmatch(r"centre-(\d+)", participant.name)
+    store = store_path(folders.data, int(own.group(1))) if own is not None else None
+    if store is not None and not store.is_file():
+        print(f"warning: site {participant.name}: no store {store}: every job will fail "
+              "here until it is built (or give --data)", file=sys.stderr, flush=True)  # fmt: skip
     # each job's process forked from one interpreter that imported torch and the trainer
     # once for the site's life (its kit's WarmJobLauncher; ~4 s of CPU a job otherwise)
     with warm_server(dict(env), RANK_IMPORTS) as warm:
