@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -162,6 +163,9 @@ def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:
 
 def _submit(argv: list[str]) -> int:
     args, params = _submit_parser(argv).parse()
+    # the admin session's retries and relays, said as they happen; what failed is said once
+    # here, in the command's own error line
+    logging.getLogger("nvflare").setLevel(logging.CRITICAL)
     refused = {config.algorithm: why for config in params.train.job_configs()
                if (why := federation_refusal(config)) is not None}  # fmt: skip
     for algorithm, why in refused.items():  # before anything is submitted

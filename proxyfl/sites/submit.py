@@ -77,7 +77,7 @@ def federation_session(admin_kit: Path, connect_timeout_s: float) -> Iterator[An
         try:
             session = stack.enter_context(admin_session(admin_kit, connect_timeout_s))
         except Exception as error:  # FLARE's own: no connection, a refused certificate
-            raise FlareJobError(f"the administrator's kit {admin_kit} could not connect "
+            raise FlareJobError(f"the administrator's kit {admin_kit.resolve()} could not connect "
                                 f"to its FLARE server: {error}",
                                 EXIT_NO_CONNECTION) from error  # fmt: skip
         yield session
