@@ -62,9 +62,10 @@ from plumbing.warm import warm_server
 from proxyfl.config import TrainOptions
 from proxyfl.engine.validation import clear_failures
 from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, FlareJobError, site_names
-from proxyfl.launch.job import RANK_IMPORTS
+from proxyfl.launch.job import rank_imports
 from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, provision
 from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
+from proxyfl.launch.placement import Placement
 from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
 from proxyfl.sites.submit import federation_refusal, federation_session, submit_run
@@ -271,7 +272,7 @@ def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | 
               "here until it is built (or give --data)", file=sys.stderr, flush=True)  # fmt: skip
     # each job's process forked from one interpreter that imported torch and the trainer
     # once for the site's life (its kit's WarmJobLauncher; ~4 s of CPU a job otherwise)
-    with warm_server(dict(env), RANK_IMPORTS) as warm:
+    with warm_server(dict(env), rank_imports(Placement(launcher="flare"))) as warm:
         if warm is not None:
             env.update(warm.environment())
         return _run(participant, env, connect_timeout_s)

@@ -100,6 +100,16 @@ RANK_IMPORTS = (
     "proxyfl.engine.checkpoint", "proxyfl.engine.runtime", "proxyfl.loop", "proxyfl.records",
     "proxyfl.engine.trained", "proxyfl.trainer", "proxyfl.engine.memory", "mpi4py.run",
 )  # fmt: skip
+# A FLARE site's job process (proxyfl.sites.warm_launcher) runs FLARE's worker and the
+# rank's executor first: imported with the rest, once, they spare each site's job 1.4 s of
+# CPU (neither starts a thread as it is imported: the server forks)
+SITE_JOB_IMPORTS = ("nvflare.private.fed.app.client.worker_process", "proxyfl.sites.executor")
+
+
+def rank_imports(placement: Placement) -> tuple[str, ...]:
+    """What the warm server of ``placement``'s jobs imports before it forks a rank: a
+    FLARE site's job process imports :data:`SITE_JOB_IMPORTS` besides."""
+    return RANK_IMPORTS + SITE_JOB_IMPORTS if placement.launcher == "flare" else RANK_IMPORTS
 
 
 @dataclass(frozen=True)
@@ -332,7 +342,7 @@ def _run_job(
     clear_failures(job.run_dir)
     process_env = rank_environment(job.placement, env)
     # on one machine the ranks are forked from one interpreter that imported torch once
-    warm = (warm_server(_server_environment(process_env), RANK_IMPORTS)
+    warm = (warm_server(_server_environment(process_env), rank_imports(job.placement))
             if job.placement.ranks_fork_warm else contextlib.nullcontext(None))  # fmt: skip
     with warm as forked:
         if forked is not None:
@@ -376,7 +386,7 @@ def warm_ranks(
         yield
         return
     server_environment = _server_environment(rank_environment(placement, env))
-    with kept_warm_server(server_environment, RANK_IMPORTS, shared=shared):
+    with kept_warm_server(server_environment, rank_imports(placement), shared=shared):
         yield
 
 

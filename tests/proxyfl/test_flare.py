@@ -107,8 +107,11 @@ class _WhileTraining:
         if self.listeners is not None or "[rank " not in line:
             return
         self.listeners = _listeners_under() - self.before
-        self.job_processes = [command_line(p) for p in psutil.Process().children(recursive=True)
-                              if "worker_process" in " ".join(command_line(p))]  # fmt: skip
+        # a site's job process as FLARE starts it (the warm server, and the ranks it forks,
+        # name FLARE's worker among the modules the server imports: not these)
+        self.job_processes = [argv for p in psutil.Process().children(recursive=True)
+                              if "worker_process" in " ".join(argv := command_line(p))
+                              and "plumbing.warm" not in argv]  # fmt: skip
         (kits,) = (self.run_dir / "flare" / "kits").iterdir()
         port = int(kits.name.removeprefix("port-"))
         (root,) = (kits / "proxyfl").glob("prod_*")
