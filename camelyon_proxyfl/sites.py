@@ -62,7 +62,7 @@ from plumbing.warm import warm_server
 from proxyfl.config import TrainOptions
 from proxyfl.engine.validation import clear_failures
 from proxyfl.launch.flare import CERTIFICATE_REFUSED, EXIT_NO_CONNECTION, FlareJobError, site_names
-from proxyfl.launch.job import rank_imports
+from proxyfl.launch.job import SERVER_JOB_IMPORTS, rank_imports
 from proxyfl.launch.kits import KitError, Participant, Project, ProvisionError, provision
 from proxyfl.launch.kits import store_in_place as keep_stores_in_kit
 from proxyfl.launch.placement import Placement
@@ -260,7 +260,11 @@ def _start(kit: Path, connect_timeout_s: float, data: Path | None, runs: Path | 
             print(f"error: port {port}: the FLARE server's port is taken by another process",
                   file=sys.stderr)  # fmt: skip
             return EXIT_REFUSED
-        return _run(participant, env, connect_timeout_s)
+        # each job's process (its controller's) forked from one warm interpreter
+        with warm_server(dict(env), SERVER_JOB_IMPORTS) as warm:
+            if warm is not None:
+                env.update(warm.environment())
+            return _run(participant, env, connect_timeout_s)
     folders = _site_folders(data, runs)  # its job processes inherit its folders
     env.update(folders.environment())
     print(f"site {participant.name}: stores in {folders.data}, runs in {folders.runs}",

@@ -104,12 +104,19 @@ RANK_IMPORTS = (
 # rank's executor first: imported with the rest, once, they spare each site's job 1.4 s of
 # CPU (neither starts a thread as it is imported: the server forks)
 SITE_JOB_IMPORTS = ("nvflare.private.fed.app.client.worker_process", "proxyfl.sites.executor")
+# the FLARE server's job process (its RunController's), forked warm where `sites start`
+# runs a server (proxyfl.sites.warm_launcher): no torch
+SERVER_JOB_IMPORTS = ("nvflare.private.fed.app.server.runner_process",
+                      "proxyfl.sites.controller")  # fmt: skip
 
 
 def rank_imports(placement: Placement) -> tuple[str, ...]:
-    """What the warm server of ``placement``'s jobs imports before it forks a rank: a
-    FLARE site's job process imports :data:`SITE_JOB_IMPORTS` besides."""
-    return RANK_IMPORTS + SITE_JOB_IMPORTS if placement.launcher == "flare" else RANK_IMPORTS
+    """What the warm server of ``placement``'s jobs imports before it forks a rank: under
+    FLARE on this machine it forks the sites' and the server's job processes, which import
+    :data:`SITE_JOB_IMPORTS` and :data:`SERVER_JOB_IMPORTS` besides."""
+    if placement.launcher == "flare":
+        return RANK_IMPORTS + SITE_JOB_IMPORTS + SERVER_JOB_IMPORTS
+    return RANK_IMPORTS
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ fills each kit's ``local/`` folder with what this project needs of a site:
   job); the server's job and snapshot stores inside its kit (FLARE's default is
   ``/tmp/nvflare``, shared by every project of the machine); how long the server waits for a
   silent site before it drops it (``heart_beat_timeout``); with ``warm_jobs`` (the kits of
-  the launcher's own sites, and ``camelyon-proxyfl sites provision``'s),
-  :class:`~proxyfl.sites.warm_launcher.WarmJobLauncher` as the sites' job launcher, which
-  forks a job's process from the warm server its site's environment names (``sites
-  start`` runs one a site), else starts it as FLARE does;
+  the launcher's own participants, and ``camelyon-proxyfl sites provision``'s),
+  :class:`~proxyfl.sites.warm_launcher.WarmJobLauncher` as the sites' job launcher and
+  :class:`~proxyfl.sites.warm_launcher.WarmServerJobLauncher` as the server's, which fork
+  a job's process from the warm server the participant's environment names (``sites
+  start`` runs one for each), else start it as FLARE does;
 - ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
   already taken and says nothing), and messages up to FLARE's frame limit.
 """
@@ -50,6 +51,7 @@ SERVER_MODULE = "nvflare.private.fed.app.server.server_train"
 SITE_MODULE = "nvflare.private.fed.app.client.client_train"
 JOB_LAUNCHER_ID = "process_launcher"  # the component that starts a site's job processes
 WARM_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmJobLauncher"
+WARM_SERVER_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmServerJobLauncher"
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
         raise ProvisionError(f"nvflare provision failed ({done.returncode}): "
                              f"{said[-1] if said else 'no output'}")  # fmt: skip
     kits = Kits(roots[-1], project)
-    site_local_settings(kits.server, server=True,
+    site_local_settings(kits.server, server=True, warm_jobs=warm_jobs,
                         heart_beat_timeout_s=project.heart_beat_timeout_s)  # fmt: skip
     for site in project.sites:
         site_local_settings(kits.site(site), server=False, warm_jobs=warm_jobs)
@@ -210,10 +212,10 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
             if component.get("id") == "job_scheduler":  # a submitted job waited up to 10 s
                 component["args"]["min_schedule_interval"] = JOB_SCHEDULE_INTERVAL_S
         _store_in(resources, kit)
-    elif warm_jobs:
+    if warm_jobs:
         for component in resources.get("components", []):
             if component.get("id") == JOB_LAUNCHER_ID:
-                component["path"] = WARM_JOB_LAUNCHER
+                component["path"] = WARM_SERVER_JOB_LAUNCHER if server else WARM_JOB_LAUNCHER
     (local / "resources.json").write_text(json.dumps(resources, indent=2))
     grpc_options = [["grpc.so_reuseport", 0],
                     ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],
