@@ -184,7 +184,8 @@ def _submit(argv: list[str]) -> int:
 def _submit_jobs(session: Any, train: TrainSection, connect_timeout_s: float,
                  replace: bool) -> int:  # fmt: skip
     """Every job of ``train`` on the federation of ``session``, one after another: 0, or
-    the first failed job's status (the others still run)."""
+    the status of the first job a rank failed (the others still run); a job the federation
+    could not run at all (a site not joined, one lost mid-run) ends the command there."""
     status = 0
     for config in train.job_configs():
         assert config.run_dir is not None
