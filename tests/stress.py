@@ -63,10 +63,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # a one-node Slurm cluster: sbatch, srun's tasks, a killed task (skips without Slurm)
     "slurm": ("tests/slurm/test_slurm.py",),
     # FLARE: sites killed mid-run, the launcher stopped and killed, sites that cannot join
+    # (tests/proxyfl's files together: named after a file of another folder, pytest did
+    # not give the later one tests/proxyfl/conftest.py's fixtures)
     "flare": (
         "tests/proxyfl/test_flare.py",
-        "tests/test_sites.py",
         "tests/proxyfl/test_federation.py",
+        "tests/test_sites.py",
     ),
     # power loss at every write, and the preprocessing's injected faults
     "campaigns": (
