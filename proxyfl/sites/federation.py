@@ -39,6 +39,7 @@ REPLACE = "replace"  # the site's run of that name, of another configuration, tr
 DATA_ENV = "PROXYFL_SITE_DATA"
 RUNS_ENV = "PROXYFL_SITE_RUNS"
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_RANK_IN_NAME = re.compile(r"/rank_(\d+)\.")  # ranks/rank_1.json, failures/rank_1.json
 _DIGESTED = (RUN_FILE, METRICS_FILE)  # each with its NAME.sha256 (plumbing.verified)
 
 
@@ -128,12 +129,11 @@ def checked_results(results: Mapping[str, bytes], rank: int) -> dict[str, bytes]
 
 def write_results(run_dir: Path, results: Mapping[str, bytes]) -> list[str]:
     """Each of ``results`` (:func:`results_that_leave`, from the sites) written into
-    ``run_dir``, atomically; the names written. A name that is not one a site sends is
-    refused."""
-    allowed = re.compile(r"(ranks/rank_\d+(\.machine)?\.json|failures/rank_\d+\.json|"
-                         r"machine\.json|(run\.json|metrics\.jsonl)(\.sha256)?)")  # fmt: skip
+    ``run_dir``, atomically; the names written. A name that no rank's site sends
+    (:func:`names_that_leave` of the rank it names, else of rank 0) is refused."""
     for name in results:
-        if not allowed.fullmatch(name):
+        named = _RANK_IN_NAME.search(name)
+        if name not in names_that_leave(int(named.group(1)) if named else 0):
             raise FederationError(f"{name!r} is not a file a site sends back")
     for name, data in sorted(results.items()):
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)

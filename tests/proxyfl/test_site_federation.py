@@ -120,7 +120,9 @@ def test_what_comes_back_is_written_into_the_run_and_nothing_else(tmp_path: Path
     results = {**results_that_leave(site, 0), **results_that_leave(site, 1)}
     assert write_results(back, results) == sorted(results)
     assert all((back / name).read_bytes() == data for name, data in results.items())
-    for name in ("../outside.json", "models/client_0/private.pt", "/etc/passwd"):
+    for name in ("../outside.json", "models/client_0/private.pt", "/etc/passwd",
+                 "ranks/rank_1.json/../../outside.json", "failures/rank_1.machine.json",
+                 "ranks/../outside.json"):  # fmt: skip
         with pytest.raises(FederationError, match="not a file a site sends back"):
             write_results(back, {name: b"x"})
     assert not (tmp_path / "outside.json").exists()
