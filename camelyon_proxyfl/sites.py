@@ -3,6 +3,7 @@
     camelyon-proxyfl sites provision --out DIR --server-host HOST [--port PORT]
     camelyon-proxyfl sites start KIT [--data DIR --runs DIR]
     camelyon-proxyfl sites submit ADMIN_KIT [--algorithms ... --seeds ... --rounds N ...]
+    camelyon-proxyfl sites test-split STORE... --out DIR
 
 ``provision`` writes the startup kits of one project (``nvflare provision``,
 :mod:`proxyfl.launch.kits`): the server's (for HOST, the name every site connects to), one
@@ -24,6 +25,10 @@ is started in.
 the federation an administrator's kit reaches, one after another
 (:mod:`proxyfl.sites.submit`): each site trains its centre's rank in its own folders,
 and the results that may leave the sites come back into ``RUNS/ALGORITHM/seed_S``.
+
+``test-split`` writes, for each store, a copy holding its test split only
+(:mod:`wsi.store.test_split`): what a centre gives the other sites, whose clients are
+evaluated on every centre's test split; none of its training patches leaves it.
 docs/sites.md is the page for a hospital's IT.
 """
 
@@ -69,7 +74,9 @@ from proxyfl.launch.placement import Placement
 from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
 from proxyfl.sites.submit import federation_refusal, federation_session, submit_run
-from wsi.store.schema import store_path
+from wsi.store.reader import read_store_info
+from wsi.store.schema import StoreError, store_path
+from wsi.store.test_split import write_test_split
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
 # what a site's FLARE client says once the server has taken its certificate and name
@@ -107,6 +114,13 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--runs", type=Path, default=None,
                        help="a site: the folder its runs land in (default: train.runs of "
                        "the project it is started in)")  # fmt: skip
+    shared = commands.add_parser("test-split", help="copies of stores holding their test "
+                                 "split only: what a centre gives the other sites")  # fmt: skip
+    shared.add_argument("stores", type=Path, nargs="+", metavar="STORE",
+                        help="a centre's store (center_C.h5)")  # fmt: skip
+    shared.add_argument("--out", type=Path, required=True,
+                        help="folder of the copies, each center_C.h5 for its store's centre "
+                        "C (a store holding training patches there is never replaced)")  # fmt: skip
     commands.add_parser("submit", add_help=False,
                         help="run training jobs on a running federation, from the "
                         "administrator's kit (camelyon-proxyfl sites submit --help)")  # fmt: skip
@@ -146,7 +160,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "provision":
         return _provision(args, argv)
+    if args.command == "test-split":
+        return _test_split(args.stores, args.out)
     return _start(args.kit, args.connect_timeout, args.data, args.runs)
+
+
+def _test_split(stores: Sequence[Path], out: Path) -> int:
+    """Each store's test split as ``OUT/center_C.h5`` (:mod:`wsi.store.test_split`); a
+    store that cannot be copied is one ``error:`` line and exit 2, the others copied."""
+    failed = 0
+    for store in stores:
+        try:
+            center = read_store_info(store, splits=()).attrs.center
+            target = store_path(out, center)
+            patches = write_test_split(store, target)
+        except StoreError as error:
+            print(f"error: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{target}: centre {center}'s test split, {patches} patches (no training patch)")
+    return EXIT_BAD_PARAMETERS if failed else 0
 
 
 def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:

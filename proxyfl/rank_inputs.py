@@ -174,7 +174,9 @@ def check_stores(config: TrainConfig, rank: int, size: int) -> StorePlan:
         n_train -= sum(held_out_count(len(infos[c].splits["train"]), config.public_share)
                        for c in train_centers)  # fmt: skip
     if n_train == 0:
-        raise SetupError(f"no training patches in centre(s) {train_centers}")
+        raise SetupError(f"no training patches in centre(s) {train_centers} (a store of its "
+                         "test split only, as `camelyon-proxyfl sites test-split` writes for "
+                         "the other sites, cannot train)")  # fmt: skip
     problem = batch_size_problem(config.batch_size, n_train, f"centre(s) {train_centers}")
     if problem is not None and config.algorithm not in SHUFFLED_BATCHES:
         raise SetupError(f"--batch-size {problem}")

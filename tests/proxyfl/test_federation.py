@@ -20,6 +20,8 @@ import yaml
 from plumbing.network import free_port
 from proxyfl.launch.job import TrainingJob, run_job, warm_ranks
 from proxyfl.launch.placement import Placement
+from wsi.store.reader import read_store_info
+from wsi.store.test_split import write_test_split
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +54,16 @@ def _wait_for_line(process: subprocess.Popen[str], words: str, timeout_s: float 
     raise AssertionError(f"{words!r} not said: {lines[-10:]}")
 
 
-def _site_project(folder: Path, stores: Path) -> Path:
-    """A hospital's folder: its params.yaml (where its stores and runs are) and its store,
-    beside the other centres' (whose test splits every client is evaluated on) and the
-    public centre's (PrivateKT's pool)."""
+def _site_project(folder: Path, center: int, stores: Path) -> Path:
+    """A hospital's folder: its params.yaml (where its stores and runs are), its own store,
+    the other centres' test splits as each gave them (``sites test-split``: every client
+    is evaluated on every centre's test split; no training patch leaves its hospital) and
+    the public centre's store (PrivateKT's pool)."""
     (folder / "patches").mkdir(parents=True)
-    for center in [*CENTERS, PUBLIC]:
-        shutil.copy(stores / f"center_{center}.h5", folder / "patches")
+    for store in (center, PUBLIC):
+        shutil.copy(stores / f"center_{store}.h5", folder / "patches")
+    for other in set(CENTERS) - {center}:
+        write_test_split(stores / f"center_{other}.h5", folder / "patches" / f"center_{other}.h5")
     (folder / "params.yaml").write_text(yaml.safe_dump(
         {"train": {"centers": CENTERS, "data": "patches", "runs": "kept"}}))  # fmt: skip
     return folder
@@ -77,7 +82,7 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
                                  capture_output=True, text=True, timeout=120)  # fmt: skip
     assert provisioned.returncode == 0, provisioned.stderr
     kits = coordinator / "kits" / "proxyfl" / "prod_00"
-    hospitals = {c: _site_project(tmp_path / f"hospital-{c}", stores) for c in CENTERS}
+    hospitals = {c: _site_project(tmp_path / f"hospital-{c}", c, stores) for c in CENTERS}
     participants = [_start(kits / "localhost", tmp_path)]
     try:
         for center, folder in hospitals.items():
@@ -89,7 +94,7 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
                                       cwd=coordinator, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True)  # fmt: skip
         # meanwhile (a federated job waits on FLARE much of its time), the same jobs under
-        # mpiexec on the same stores
+        # mpiexec on every centre's whole store
         from camelyon_proxyfl.params.base import load_sections
         from camelyon_proxyfl.params.train import TrainParams
 
@@ -97,7 +102,7 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
         with warm_ranks(Placement()):
             for method in METHODS:
                 config = train.job_config(method, 0).model_copy(update={
-                    "data": hospitals[0] / "patches",
+                    "data": stores,
                     "run_dir": tmp_path / "mpi" / method / "seed_0"})  # fmt: skip
                 run_job(TrainingJob(config), on_line=lambda _: None)
         said, _ = submitting.communicate(timeout=900)
@@ -126,6 +131,12 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
             for key in ("run_dir", "data"):
                 theirs["config"].pop(key)
             assert ours == theirs and ours["status"] == "finished", method
+
+        # no hospital held another's training patch
+        for center, folder in hospitals.items():
+            for other in set(CENTERS) - {center}:
+                held = read_store_info(folder / "patches" / f"center_{other}.h5")
+                assert len(held.splits["train"]) == 0 < len(held.splits["test"])
 
         # the same run asked with another configuration: each site refuses it (its
         # checkpoints are another's), unless replaced: then it is trained anew
