@@ -703,16 +703,24 @@ def test_a_rank_whose_client_aborts_is_not_also_said_stopped_by_the_sigint_it_br
 ) -> None:
     """A hosted client's thread aborts the job; the launcher's SIGINT, which the abort
     brings to every rank, reaches this rank's main thread while MPI_Abort has not yet
-    returned: the rank ends with the abort's status, its one error line alone."""
+    returned: the rank ends with the abort's status, its one error line alone.
+
+    The process takes the launcher's signals as a rank does (``stoppable_by_launcher``, as
+    ``proxyfl.run.main``): started as CI starts the suite, it inherits SIGINT ignored, and
+    without that the SIGINT was lost, the main thread slept on and the process ended by a
+    race of two exits (30 s, exit 7 or 0, once SIGSEGV in coverage's two saves). The abort
+    waits longer than the main thread: a SIGINT not taken ends the process with 0."""
     script = (
         "import os, signal, sys, threading, time\n"
         "from pathlib import Path\n"
+        "from plumbing.processes import stoppable_by_launcher\n"
         "from proxyfl import run\n"
         "from proxyfl.engine.validation import RankFailure\n"
+        "stoppable_by_launcher()  # as proxyfl.run.main\n"
         "class Comm:\n"
         "    def Abort(self, status):\n"
         "        os.kill(os.getpid(), signal.SIGINT)  # the launcher stops every rank\n"
-        "        time.sleep(30)  # and MPI_Abort has not returned yet\n"
+        "        time.sleep(60)  # and MPI_Abort has not returned yet\n"
         "failure = RankFailure(rank=1, client='rank 1 client 3', phase='training',\n"
         "                      error='boom')\n"
         "client = threading.Thread(target=run._abort, daemon=True,\n"
@@ -723,11 +731,9 @@ def test_a_rank_whose_client_aborts_is_not_also_said_stopped_by_the_sigint_it_br
         "except KeyboardInterrupt:\n"
         "    run.stopped()\n"
     )
-    # -X faulthandler: a crash says where, every thread's stack (one run of the suite saw
-    # this process end by SIGSEGV after its error line, 2026-11-29: not reproduced in 180
-    # runs under load; coverage's os._exit patch saves its data there)
+    # -X faulthandler: a crash says where, with every thread's stack
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script, str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+                          cwd=REPO, capture_output=True, text=True, timeout=90)  # fmt: skip
     assert done.returncode == 7, done.stderr
     assert done.stderr.strip() == "proxyfl.run: error: rank 1 client 3: boom"
     assert (tmp_path / "failures" / "rank_1.json").is_file()
