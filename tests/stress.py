@@ -10,9 +10,11 @@ suite runs. Each group below (its test files) runs ``--runs`` times in a fresh p
 one group after the other, while a hog process keeps ``--hog`` of one core busy (spinning
 that share of every 10 ms), and as CI starts it: a background job of a script, SIGINT and
 SIGQUIT ignored (a signal lost in the warm shim's window showed only so; ``--foreground``
-leaves them as this command has them). What it prints, per group: runs, failed runs, failures per
-100 runs, and each failing test with how often it failed; the whole record as JSON with
-``--json``. Exit 1 when any run failed.
+leaves them as this command has them), and under coverage of every process, as ``make
+test`` runs (:func:`coverage_environment`; a process's coverage saves its data as it
+exits, and two exits racing showed only so; ``--no-coverage`` runs without). What it
+prints, per group: runs, failed runs, failures per 100 runs, and each failing test with
+how often it failed; the whole record as JSON with ``--json``. Exit 1 when any run failed.
 
 Run it before touching the launcher, the warm server, signal handling, the Slurm
 cluster's tests or the crash and fault campaigns (docs/getting-started.md, "The tests").
@@ -173,6 +175,18 @@ class RunOutcome:
         return self.code in (0, 5)  # 5: every test deselected
 
 
+def coverage_environment(workdir: Path) -> dict[str, str]:
+    """This process's environment with what ``make test`` adds for coverage of every
+    process (the Makefile's ``test`` target): the data files in ``workdir``, the
+    configuration, and tests/coverage_site (whose sitecustomize starts it) on the path."""
+    (workdir / "coverage").mkdir(parents=True, exist_ok=True)
+    site = str(REPO / "tests" / "coverage_site")
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "COVERAGE_FILE": str(workdir / "coverage" / ".coverage"),
+            "CAMELYON_PROXYFL_TEST_COVERAGE": str(REPO / "pyproject.toml"),
+            "PYTHONPATH": f"{site}:{path}" if path else site}  # fmt: skip
+
+
 def as_background_job() -> None:
     """What a non-interactive shell does to a command it starts with ``&``: SIGINT and
     SIGQUIT ignored, which every process the command starts inherits (CI's are so)."""
@@ -181,9 +195,10 @@ def as_background_job() -> None:
 
 
 def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str],
-              background: bool = True) -> RunOutcome:  # fmt: skip
+              background: bool = True, coverage: bool = True) -> RunOutcome:  # fmt: skip
     """One run of a group in a fresh pytest, its folders and report in ``workdir``; started
-    as a background job (:func:`as_background_job`) unless ``background`` is false."""
+    as a background job (:func:`as_background_job`) unless ``background`` is false, under
+    coverage (:func:`coverage_environment`) unless ``coverage`` is false."""
     report = workdir / "report.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                f"--basetemp={workdir / 'tmp'}", f"--junitxml={report}", *pytest_args,
@@ -191,8 +206,9 @@ def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str],
     started = time.perf_counter()
     # this process runs no thread of its own, which makes preexec_fn safe here
     setup = as_background_job if background else None
+    environment = coverage_environment(workdir) if coverage else None
     done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, preexec_fn=setup)  # fmt: skip
+                          text=True, preexec_fn=setup, env=environment)  # fmt: skip
     outcome = RunOutcome(done.returncode, time.perf_counter() - started,
                          failed_tests(report), skipped_tests(report))  # fmt: skip
     if not outcome.passed:
@@ -224,6 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="run pytest with SIGINT and SIGQUIT as this command has them, not ignored",
     )
+    parser.add_argument(
+        "--no-coverage",
+        action="store_true",
+        help="run pytest without coverage (make test measures every process it starts)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest options, after --")
     args = parser.parse_args(argv)
     if args.runs < 1 or not 0 <= args.hog <= 1:
@@ -232,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{len(records)} group(s) x {args.runs} run(s), a hog of {args.hog} core "
         f"({os.cpu_count()} cores), "
-        + ("as a foreground job" if args.foreground else "SIGINT and SIGQUIT ignored, as CI's"),
+        + ("as a foreground job" if args.foreground else "SIGINT and SIGQUIT ignored, as CI's")
+        + (", without coverage" if args.no_coverage else ", under coverage, as make test"),
         flush=True,
     )
     with hog(args.hog), tempfile.TemporaryDirectory(prefix="stress-") as scratch:
@@ -241,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workdir = Path(scratch) / f"{record.group}-{run}"
                 workdir.mkdir()
                 outcome = run_group(record.files, workdir, args.pytest_args,
-                                    background=not args.foreground)  # fmt: skip
+                                    background=not args.foreground,
+                                    coverage=not args.no_coverage)  # fmt: skip
                 record.runs += 1
                 record.seconds.append(outcome.seconds)
                 record.skipped_tests.update(outcome.skipped)

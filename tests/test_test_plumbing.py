@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLOCKED_FILES, REPO, shared_build
-from tests.stress import GROUPS, GroupRecord, failed_tests
+from tests.stress import GROUPS, GroupRecord, coverage_environment, failed_tests
 
 
 def test_a_shared_build_runs_once_and_one_cut_short_is_done_again(
@@ -91,3 +91,19 @@ def test_the_flake_hunt_covers_every_clocked_file_and_reads_pytests_report(
     record.failing_tests.update(["tests.a::test_bad"])
     assert json.loads(json.dumps(record.record()))["failing_tests"] == {"tests.a::test_bad": 1}
     assert record.failures_per_100 == 25.0
+
+
+def test_the_flake_hunt_measures_coverage_as_make_test_does(tmp_path: Path) -> None:
+    """Each variable ``make test`` sets for coverage (the Makefile's test target) is set by
+    the stress runs too, to the same configuration and coverage_site."""
+    makefile = (REPO / "Makefile").read_text()
+    target = makefile[makefile.index("\ntest: ") : makefile.index("\ntest-fast: ")]
+    environment = coverage_environment(tmp_path)
+    for name in ("COVERAGE_FILE", "CAMELYON_PROXYFL_TEST_COVERAGE", "PYTHONPATH"):
+        assert f"{name}=" in target, name
+    assert '"$(CURDIR)/pyproject.toml"' in target
+    assert environment["CAMELYON_PROXYFL_TEST_COVERAGE"] == str(REPO / "pyproject.toml")
+    assert "$(CURDIR)/tests/coverage_site" in target
+    assert environment["PYTHONPATH"].split(":")[0] == str(REPO / "tests" / "coverage_site")
+    assert Path(environment["COVERAGE_FILE"]).parent == tmp_path / "coverage"
+    assert (tmp_path / "coverage").is_dir()
