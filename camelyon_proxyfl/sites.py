@@ -75,7 +75,7 @@ from proxyfl.launch.rundir import write_config
 from proxyfl.sites.federation import SiteFolders
 from proxyfl.sites.submit import federation_refusal, federation_session, submit_run
 from wsi.store.reader import read_store_info
-from wsi.store.schema import StoreError, store_path
+from wsi.store.schema import StoreError, StoreSpaceError, store_path
 from wsi.store.test_split import write_test_split
 
 DEFAULT_PORT = 8002  # FLARE's own default for the server's one port
@@ -167,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _test_split(stores: Sequence[Path], out: Path) -> int:
     """Each store's test split as ``OUT/center_C.h5`` (:mod:`wsi.store.test_split`); a
-    store that cannot be copied is one ``error:`` line and exit 2, the others copied."""
-    failed = 0
+    store that cannot be copied is one ``error:`` line, the others copied: exit 2, or 3
+    where the disk had no room (the machine's refusal)."""
+    failures: list[StoreError] = []
     for store in stores:
         try:
             center = read_store_info(store, splits=()).attrs.center
@@ -176,10 +177,12 @@ def _test_split(stores: Sequence[Path], out: Path) -> int:
             patches = write_test_split(store, target)
         except StoreError as error:
             print(f"error: {error}", file=sys.stderr)
-            failed += 1
+            failures.append(error)
             continue
         print(f"{target}: centre {center}'s test split, {patches} patches (no training patch)")
-    return EXIT_BAD_PARAMETERS if failed else 0
+    if any(isinstance(error, StoreSpaceError) for error in failures):
+        return EXIT_REFUSED
+    return EXIT_BAD_PARAMETERS if failures else 0
 
 
 def _site_folders(data: Path | None, runs: Path | None) -> SiteFolders:
