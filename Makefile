@@ -1,6 +1,10 @@
 # Two commands for a new user: `make demo` and `make test`. Everything else is set up on demand.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Python 3.12 where the machine has one (on PATH, or pyenv's), else 3.11. Under 3.12 the
+# suite's coverage measures with sys.monitoring ([tool.coverage.run] core), which costs a
+# process ~10 % of its CPU against ~35 % for 3.11's C tracer (docs/getting-started.md)
+PYENV_PYTHON_312 := $(shell pyenv prefix 3.12 2>/dev/null)
+PYTHON ?= $(or $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null),$(if $(PYENV_PYTHON_312),$(PYENV_PYTHON_312)/bin/python3.12),python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -21,7 +25,7 @@ setup: $(STAMP)
 # PYTHONDONTWRITEBYTECODE is set: 10 s of imports instead of 4.5); pip is the fallback
 # where uv cannot be had
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3.12 ...'"; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.12 or 3.11, or name one: 'make PYTHON=python3.11 ...'"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv && $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -e '.[dev]' \
 	  || { $(BIN)/pip install --upgrade pip setuptools wheel && $(BIN)/pip install -e '.[dev]'; }

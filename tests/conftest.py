@@ -69,6 +69,7 @@ CLOCKED_FILES = (
 # with one of them at the end while the other idles. Order only: nothing depends on it.
 LONGEST_FIRST = (
     "tests/pipeline/test_dvc.py",
+    "tests/proxyfl/test_federation.py",
     "tests/pipeline/test_dvc_lock.py",
     "tests/pipeline/test_crash_campaign.py",
     "tests/pipeline/test_deployment.py",
