@@ -45,9 +45,9 @@ def _git(project: Path, env: dict[str, str], *args: str) -> str:
     return result.stdout
 
 
-# the suite's longest test: 716 s on the slower machine kind (AMD EPYC without AVX-512) in
-# CI's run, beyond the 900 s guard against a hang (pyproject.toml) once that machine is
-# busier; its own steps keep their timeouts
+# the suite's longest test: 648-716 s in make test on the slower machine kind (AMD EPYC
+# without AVX-512), and past the suite's 900 s guard against a hang (pyproject.toml) where
+# that machine ran a demo beside it (2026-11-29); its own steps keep their timeouts
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_dvc_repro_builds_everything_then_is_a_no_op(
