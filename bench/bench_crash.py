@@ -273,7 +273,9 @@ def stuck_flow_runs(prefect_home: Path) -> list[str]:
     database = prefect_home / "prefect.db"
     if not database.exists():
         return []
-    with sqlite3.connect(database) as connection:
+    # closed here: a connection left to the collector (its statement cache is a cycle)
+    # closes later, folding and deleting the copy's WAL at a moment nobody chose
+    with contextlib.closing(sqlite3.connect(database)) as connection:
         rows = connection.execute(
             "select name, state_type from flow_run where state_type in ('RUNNING', 'PENDING')"
         ).fetchall()

@@ -12,6 +12,7 @@ that asks, and read by all. ``pytest`` alone runs the same tests in one process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import shutil
@@ -185,7 +186,6 @@ def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory):  # type: ignore
 def _migrated_prefect_home(folder: Path) -> None:
     """A Prefect home after its first server's start: the database migrated and the block
     types registered (memo_store.toml), checkpointed into one file."""
-    import sqlite3
     import subprocess
     import sys
 
@@ -194,8 +194,19 @@ def _migrated_prefect_home(folder: Path) -> None:
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
     env.pop("PREFECT_API_URL", None)
     subprocess.run([sys.executable, "-c", start], cwd=REPO, env=env, check=True, timeout=300)
-    with sqlite3.connect(folder / "prefect.db") as database:
-        database.execute("pragma wal_checkpoint(truncate)")
+    checkpoint_into_one_file(folder / "prefect.db")
+
+
+def checkpoint_into_one_file(database: Path) -> None:
+    """``database`` (SQLite in WAL mode) with its write-ahead log folded in and its -wal and
+    -shm files gone when this returns. Closed here, not when collected: a connection is in
+    a reference cycle (its statement cache), and the collector closing it later, in the
+    middle of a test's copy of the folder, deleted the two files the copy had listed
+    (shutil.Error, "No such file or directory: prefect.db-shm")."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute("pragma wal_checkpoint(truncate)")
 
 
 @pytest.fixture(scope="session")

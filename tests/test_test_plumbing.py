@@ -3,13 +3,18 @@ coverage measures (tests/conftest.py, tests/coverage_site/sitecustomize.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import json
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLOCKED_FILES, REPO, shared_build
+from tests.conftest import CLOCKED_FILES, REPO, checkpoint_into_one_file, shared_build
 from tests.stress import GROUPS, GroupRecord, coverage_environment, failed_tests
 
 
@@ -34,6 +39,34 @@ def test_a_shared_build_runs_once_and_one_cut_short_is_done_again(
     assert shared_build(tmp_path_factory, name, build) == "built"
     assert len(builds) == 1  # the second call read the record
     assert sorted(p.name for p in builds[0].iterdir()) == ["made"]  # nothing of the cut one
+
+
+def test_a_checkpointed_database_is_one_file_before_anything_is_collected(tmp_path: Path) -> None:
+    """The Prefect home every test copies (``prefect_home_template``) is one file when its
+    build returns, not when the collector closes a connection: that closing, during a
+    test's copy, once deleted files the copy had listed."""
+    database = tmp_path / "prefect.db"
+    # a server's writes, its process ended without closing: the log and its index remain
+    written = subprocess.run([sys.executable, "-c", (
+        "import os, sqlite3, sys\n"
+        "db = sqlite3.connect(sys.argv[1])\n"
+        "db.execute('pragma journal_mode=wal')\n"
+        "db.execute('create table flow_run (name text)')\n"
+        "db.execute(\"insert into flow_run values ('kept')\")\n"
+        "db.commit()\n"
+        "os._exit(0)\n"), str(database)], timeout=60)  # fmt: skip
+    assert written.returncode == 0
+    assert (tmp_path / "prefect.db-wal").stat().st_size > 0
+    collecting = gc.isenabled()
+    gc.disable()  # nothing closes a connection behind the checkpoint's back
+    try:
+        checkpoint_into_one_file(database)
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["prefect.db"]
+    finally:
+        if collecting:
+            gc.enable()
+    with contextlib.closing(sqlite3.connect(database)) as reader:
+        assert reader.execute("select name from flow_run").fetchall() == [("kept",)]
 
 
 def test_coverage_starts_in_this_projects_commands_only() -> None:
