@@ -3,7 +3,8 @@ SHELL := /bin/bash
 # Python 3.12 where the machine has one (on PATH, or pyenv's), else 3.11. Under 3.12 the
 # suite's coverage measures with sys.monitoring ([tool.coverage.run] core), which costs a
 # process ~10 % of its CPU against ~35 % for 3.11's C tracer (docs/getting-started.md)
-PYENV_PYTHON_312 := $(shell pyenv prefix 3.12 2>/dev/null)
+# (both recursive: asked only when a target builds the environment, not by every make call)
+PYENV_PYTHON_312 = $(shell pyenv prefix 3.12 2>/dev/null)
 PYTHON ?= $(or $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null),$(if $(PYENV_PYTHON_312),$(PYENV_PYTHON_312)/bin/python3.12),python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
