@@ -19,6 +19,10 @@ fills each kit's ``local/`` folder with what this project needs of a site:
   start`` runs one for each), else start it as FLARE does;
 - ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
   already taken and says nothing), and messages up to FLARE's frame limit.
+
+:func:`admin_settings` gives the administrator's kit its patience with a loaded server
+(:data:`ADMIN_MESSAGE_TIMEOUT_S`), in ``startup/fed_admin.json``, which FLARE checks
+against a signature only where the kit has one (an administrator's has none).
 """
 
 from __future__ import annotations
@@ -52,6 +56,12 @@ SITE_MODULE = "nvflare.private.fed.app.client.client_train"
 JOB_LAUNCHER_ID = "process_launcher"  # the component that starts a site's job processes
 WARM_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmJobLauncher"
 WARM_SERVER_JOB_LAUNCHER = "proxyfl.sites.warm_launcher.WarmServerJobLauncher"
+# how long the administrator waits for the server's answer to one message of its login (the
+# identity challenge, the registration): the 2 s FLARE's kits are given (10 s for the login)
+# failed a session outright on a loaded 2-core machine ("failed to challenge server:
+# timeout", its answer "too late"); a timed-out message is not retried, only an unreachable
+# server is
+ADMIN_MESSAGE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -194,7 +204,18 @@ def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
                         heart_beat_timeout_s=project.heart_beat_timeout_s)  # fmt: skip
     for site in project.sites:
         site_local_settings(kits.site(site), server=False, warm_jobs=warm_jobs)
+    admin_settings(kits.admin)
     return kits
+
+
+def admin_settings(kit: Path, message_timeout_s: float = ADMIN_MESSAGE_TIMEOUT_S) -> None:
+    """The administrator's ``kit`` waits up to ``message_timeout_s`` for the server's answer
+    to each message of its login (module doc)."""
+    path = kit / "startup" / "fed_admin.json"
+    settings = json.loads(path.read_text())
+    settings["admin"].update({"authenticate_msg_timeout": message_timeout_s,
+                              "login_timeout": message_timeout_s})  # fmt: skip
+    path.write_text(json.dumps(settings, indent=2))
 
 
 def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
