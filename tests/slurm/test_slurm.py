@@ -99,16 +99,39 @@ def _export_after_options(script: Path, line: str) -> None:
 
 def _submit(project: Path, env: dict[str, str], script: Path, *options: str, wait: bool = True
             ) -> tuple[str, int, str]:  # fmt: skip
-    """``sbatch [--wait] OPTIONS SCRIPT`` from ``project``: the job's id, sbatch's exit code
-    and, once the job has ended, its output (``slurm-%j.out``)."""
+    """``sbatch [--wait] OPTIONS SCRIPT`` from ``project``: the job's id, then, with ``wait``,
+    the job's exit status and its output (``slurm-%j.out``) once it has ended; else sbatch's
+    exit status. The job's, as slurmctld records it (:func:`_exit_status`), not ``sbatch
+    --wait``'s: under load (make test beside a hog of half a core, the slower machine kind,
+    Slurm 22.05.8) ``sbatch --wait`` once exited 0 for a job slurmctld had logged with
+    ``WEXITSTATUS 2``, and a refused job read as one that had run. Not a poll timing out:
+    with slurmctld stopped through a poll, sbatch says "retrying" and exits 2."""
     submitted = subprocess.run(
         ["sbatch", "--parsable", *(["--wait"] if wait else []), *options, str(script)],
         cwd=project, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     job = submitted.stdout.strip().split(";")[0].splitlines()[0] if submitted.stdout else ""
     assert job.isdigit(), submitted.stdout + submitted.stderr
-    output = project / f"slurm-{job}.out"
-    return job, submitted.returncode, output.read_text() if wait else ""
+    if not wait:
+        return job, submitted.returncode, ""
+    return job, _exit_status(job, env), (project / f"slurm-{job}.out").read_text()
+
+
+def _exit_status(job: str, env: dict[str, str], timeout_s: float = 300) -> int:
+    """Job ``job``'s exit status once it has ended (the cluster keeps every finished job's
+    record: ``MinJobAge=0``), as sbatch maps it: the script's, else 1 for a signal."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        state = re.search(r"JobState=(\S+)", shown.stdout)
+        code = re.search(r" ExitCode=(\d+):(\d+)", shown.stdout)
+        if state and code and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                     "COMPLETING", "SUSPENDED"):  # fmt: skip
+            status, signal_number = int(code.group(1)), int(code.group(2))
+            return 1 if signal_number else status
+        assert time.monotonic() < deadline, f"job {job} not ended: {shown.stdout}{shown.stderr}"
+        time.sleep(0.5)
 
 
 def _job_state(slurm: SlurmCluster, job: str) -> str:
