@@ -38,6 +38,8 @@ from typing import Literal
 
 import yaml
 
+from plumbing.atomic import write_json, write_text
+
 logger = logging.getLogger(__name__)
 
 ORGANISATION = "proxyfl"
@@ -188,7 +190,7 @@ def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
     out = out.resolve()  # nvflare provision runs in it
     out.mkdir(parents=True, exist_ok=True)
     project_file = out / "project.yml"
-    project_file.write_text(yaml.safe_dump(project.project_file(), sort_keys=False))
+    write_text(project_file, yaml.safe_dump(project.project_file(), sort_keys=False))
     done = subprocess.run(
         [sys.executable, "-m", "nvflare.cli", "provision", "-p", str(project_file),
          "-w", str(out)],
@@ -215,7 +217,7 @@ def admin_settings(kit: Path, message_timeout_s: float = ADMIN_MESSAGE_TIMEOUT_S
     settings = json.loads(path.read_text())
     settings["admin"].update({"authenticate_msg_timeout": message_timeout_s,
                               "login_timeout": message_timeout_s})  # fmt: skip
-    path.write_text(json.dumps(settings, indent=2))
+    write_json(path, settings)
 
 
 def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
@@ -237,11 +239,11 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
         for component in resources.get("components", []):
             if component.get("id") == JOB_LAUNCHER_ID:
                 component["path"] = WARM_SERVER_JOB_LAUNCHER if server else WARM_JOB_LAUNCHER
-    (local / "resources.json").write_text(json.dumps(resources, indent=2))
+    write_json(local / "resources.json", resources)
     grpc_options = [["grpc.so_reuseport", 0],
                     ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],
                     ["grpc.max_receive_message_length", MAX_MESSAGE_BYTES]]  # fmt: skip
-    (local / "comm_config.json").write_text(json.dumps({"grpc": {"options": grpc_options}}))
+    write_json(local / "comm_config.json", {"grpc": {"options": grpc_options}})
 
 
 def _store_in(resources: dict, kit: Path) -> None:
@@ -260,4 +262,4 @@ def store_in_place(kit: Path) -> None:
     path = kit / "local" / "resources.json"
     resources = json.loads(path.read_text())
     _store_in(resources, kit)
-    path.write_text(json.dumps(resources, indent=2))
+    write_json(path, resources)

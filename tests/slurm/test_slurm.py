@@ -124,20 +124,26 @@ def _exit_status(job: str, env: dict[str, str], timeout_s: float = 300) -> int:
     while True:
         shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], env=env,
                                capture_output=True, text=True, timeout=60)  # fmt: skip
-        state = re.search(r"JobState=(\S+)", shown.stdout)
-        code = re.search(r" ExitCode=(\d+):(\d+)", shown.stdout)
-        if state and code and state.group(1) not in ("PENDING", "RUNNING", "CONFIGURING",
-                                                     "COMPLETING", "SUSPENDED"):  # fmt: skip
+        fields = _job_fields(shown.stdout)
+        state = fields.get("JobState")
+        code = re.fullmatch(r"(\d+):(\d+)", fields.get("ExitCode", ""))
+        if state and code and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
+                                            "SUSPENDED"):  # fmt: skip
             status, signal_number = int(code.group(1)), int(code.group(2))
             return 1 if signal_number else status
         assert time.monotonic() < deadline, f"job {job} not ended: {shown.stdout}{shown.stderr}"
         time.sleep(0.5)
 
 
+def _job_fields(shown: str) -> dict[str, str]:
+    """The ``Key=value`` fields of ``scontrol show job --oneliner``'s line (none once
+    slurmctld has forgotten the job)."""
+    return dict(re.findall(r"(\w+)=(\S*)", shown))
+
+
 def _job_state(slurm: SlurmCluster, job: str) -> str:
     shown = slurm.client("scontrol", "show", "job", "--oneliner", job)
-    found = re.search(r"JobState=(\S+)", shown.stdout)
-    return found.group(1) if found else "GONE"
+    return _job_fields(shown.stdout).get("JobState", "GONE")
 
 
 def _rank_pid(job: str, rank: int, timeout_s: float = 300) -> int:
