@@ -7,9 +7,10 @@ launcher's signals (a ``KeyboardInterrupt`` reaches this, the main thread, which
 rank as :func:`proxyfl.run.stopped` does), the fault record (one per rank, named by the
 rank and listing its clients), the log's prefix (``[rank R client C]``), torch's
 threads, torch's global generators (each client has its own, swapped at the baton:
-:class:`TorchGenerators`). Threads are the node's cores shared by the node's *clients*
-(:func:`~proxyfl.engine.runtime.threads_by_placement` over them), the same count whatever
-their placement, because a CPU's result depends on it.
+:class:`TorchGenerators`), the device (the clients take turns on it: :class:`DeviceTurns`,
+a waiting client's models and optimisers on the host). Threads are the node's cores
+shared by the node's *clients* (:func:`~proxyfl.engine.runtime.threads_by_placement` over
+them), the same count whatever their placement, because a CPU's result depends on it.
 
 How the rank ends: once every client has ended, with 0, or with the ``SystemExit`` the
 clients raised together (bad input: 2; the test hook's stop: 3). A client that fails
@@ -32,6 +33,7 @@ from proxyfl.comm.clients import Baton, ClientLink, ClientPlacement, ClientWorld
 from proxyfl.comm.inbox import Inbox
 from proxyfl.comm.world import Link
 from proxyfl.engine.access import ACCESS_LOG
+from proxyfl.engine.residency import DeviceResidency
 from proxyfl.launch.progress import rank_line_format
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,59 @@ class TorchGenerators:
         torch.set_rng_state(self._cpu)
         if self._cuda is not None:
             torch.cuda.set_rng_state_all(self._cuda)
+
+
+class DeviceTurns:
+    """A rank's clients take turns on its device (:mod:`proxyfl.engine.residency`): the
+    client that computes has its state there, and the one there before it moves its state
+    to the host when another takes its turn, not each time it waits: a client that has the
+    baton back before any other had it moves nothing."""
+
+    def __init__(self) -> None:
+        self._resident: DeviceResidency | None = None
+
+    def take(self, residency: DeviceResidency | None) -> None:
+        """``residency``'s client computes now (``None``: one whose models do not exist yet,
+        or never will)."""
+        if self._resident is not None and self._resident is not residency:
+            self._resident.to_host()
+        if residency is not None:
+            residency.to_device()
+        self._resident = residency
+
+    def leave(self, residency: DeviceResidency | None) -> None:
+        """``residency``'s client has ended: its state leaves the device now, not when the
+        cyclic collector frees its objects, and is nobody's to move back."""
+        if residency is not None:
+            residency.to_host()
+        if self._resident is residency:
+            self._resident = None
+
+
+class HostedClientState:
+    """A hosted client's :class:`~proxyfl.comm.clients.ClientState`: its torch generators,
+    and its turn on the device once it holds models there."""
+
+    def __init__(self, start: torch.Tensor, turns: DeviceTurns) -> None:
+        self.generators = TorchGenerators(start)
+        self.turns = turns
+        self.residency: DeviceResidency | None = None
+
+    def keep(self) -> None:
+        self.generators.keep()
+
+    def put_back(self) -> None:
+        self.turns.take(self.residency)
+        self.generators.put_back()
+
+    def hold(self, residency: DeviceResidency) -> None:
+        self.residency = residency
+        self.turns.take(residency)
+
+    def end(self) -> None:
+        """The client has ended: its models are freed with it, not kept on the host."""
+        self.turns.leave(self.residency)
+        self.residency = None
 
 
 def node_clients(world: Any, placement: ClientPlacement) -> list[int]:
@@ -113,17 +168,21 @@ def host_clients(
     outcomes: queue.Queue[tuple[int, int | BaseException]] = queue.Queue()
     prefix = _prefix_logs(rank)
     start = torch.get_rng_state()  # every client's, as a process of its own starts with
+    turns = DeviceTurns()
 
     def client_thread(client: int) -> None:
         prefix.clients[threading.get_ident()] = client
         ACCESS_LOG.on_behalf_of(client)
-        state = TorchGenerators(start)
+        state = HostedClientState(start, turns)
         link = ClientLink(client, placement, rank, rank_link, inboxes, baton, state)
         world = ClientWorld(link, on_node.index(client), len(on_node))
         try:
             with baton:
                 state.put_back()
-                outcome: int | BaseException = run_client(world, argv)
+                try:
+                    outcome: int | BaseException = run_client(world, argv)
+                finally:
+                    state.end()
         except BaseException as ended:  # the main thread decides what ends the rank
             outcome = ended
         outcomes.put((client, outcome))

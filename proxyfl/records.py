@@ -202,6 +202,8 @@ def rank_machine_record(trainer: ClientTrainer) -> dict[str, Any]:
         "recompiles": trainer.recompiles,
         "prefetch": trainer.config.prefetch,
         "deterministic": trainer.config.deterministic,
+        # a hosted client's state moved off the device while its rank's others computed
+        "off_device": trainer.residency.record() if trainer.residency is not None else None,
     }
 
 

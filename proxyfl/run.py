@@ -239,6 +239,7 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
     assert plan is not None
 
     from proxyfl.algorithms.strategies import strategy_for
+    from proxyfl.comm.clients import ClientWorld
     from proxyfl.comm.graphs import parse_schedule_spec
     from proxyfl.engine import checkpoint as ckpt
     from proxyfl.engine.runtime import configure_torch, make_runtime
@@ -274,6 +275,8 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
     trainer, error = run_phase(build)
     _fail_if_any(comm, error, label, run_dir)
     assert trainer is not None
+    if isinstance(comm, ClientWorld):  # off the device while its rank's others compute
+        comm.hold_on_device(trainer.device_residency())
 
     def resume() -> int:
         if not config.resume:

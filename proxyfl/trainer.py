@@ -74,6 +74,7 @@ from proxyfl.engine.memory import (
 )
 from proxyfl.engine.models import build_model, count_parameters
 from proxyfl.engine.prefetch import Prefetcher
+from proxyfl.engine.residency import DeviceResidency
 from proxyfl.engine.runtime import Runtime, derived_seed, kernel_set, seeded_generator
 from proxyfl.engine.timings import Timings
 from proxyfl.privacy.accounting import poisson_schedule
@@ -158,6 +159,7 @@ class ClientTrainer:
             self.config.kt_local_epochs if self.knowledge_transfer else self.config.local_epochs
         )
         self.active = True
+        self.residency: DeviceResidency | None = None  # a hosted client's (device_residency)
         self.last_scores: dict[str, Scores] | None = None
         self.graphs_before_training = 0  # torch._dynamo's count once the pre-run check ran
         proxy = self._build_proxy_model()
@@ -339,6 +341,16 @@ class ClientTrainer:
         models = [self.training.model, *([self.private] if self.private is not None else [])]
         return sum(tensor.numel() * tensor.element_size()
                    for model in models for tensor in model.state_dict().values())  # fmt: skip
+
+    def device_residency(self) -> DeviceResidency:
+        """The client's models and optimisers (and its exchange's own: PrivateKT's server),
+        for a rank that moves them off the device while its other clients compute
+        (:mod:`proxyfl.engine.residency`); kept for the rank's record."""
+        self.residency = DeviceResidency(self.runtime.device, [
+            self.private, self.private_optimizer, self.training.module,
+            self.training.base_optimizer, *self.exchange.device_holders(),
+        ])  # fmt: skip
+        return self.residency
 
     @property
     def dp(self) -> PrivateTraining | FuncPrivateTraining | PlainTraining:

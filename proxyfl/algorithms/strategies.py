@@ -30,12 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from proxyfl.comm.exchange import SERVER_RANK, Communicator
 from proxyfl.comm.graphs import Schedule
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 ExchangeKind = Literal["none", "push_sum", "server_average", "ring", "knowledge_transfer"]
 
@@ -69,6 +73,11 @@ class Exchange(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def device_holders(self) -> list[nn.Module | torch.optim.Optimizer]:
+        """The models and optimisers of its own that it keeps on the device (a server's),
+        beside the client's (:mod:`proxyfl.engine.residency`)."""
+        ...
+
 
 class ModelExchange:
     """The methods that hand nothing out before training: every member trains."""
@@ -77,6 +86,9 @@ class ModelExchange:
         self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
     ) -> Distribution:
         return Distribution()
+
+    def device_holders(self) -> list[nn.Module | torch.optim.Optimizer]:
+        return []
 
 
 class NoExchange(ModelExchange):

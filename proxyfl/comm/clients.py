@@ -34,10 +34,13 @@ import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from proxyfl.comm.inbox import Inbox
 from proxyfl.comm.world import Link, MessageWorld
+
+if TYPE_CHECKING:
+    from proxyfl.engine.residency import DeviceResidency
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ class ClientState(Protocol):
     def put_back(self) -> None:
         """Make the noted state the process's again (the client has the baton back)."""
 
+    def hold(self, residency: DeviceResidency) -> None:
+        """The client's models and optimisers, from now on off the device while the rank's
+        other clients compute (:mod:`proxyfl.engine.residency`)."""
+
 
 class NoClientState:
     """Clients that share nothing of their process's state."""
@@ -114,6 +121,9 @@ class NoClientState:
         return None
 
     def put_back(self) -> None:
+        return None
+
+    def hold(self, residency: DeviceResidency) -> None:
         return None
 
 
@@ -179,3 +189,9 @@ class ClientWorld(MessageWorld):
         super().__init__(link, link.client, link.placement.clients, local_rank, local_size)
         self.placement = link.placement
         self.host_rank = link.rank
+        self.client_link = link
+
+    def hold_on_device(self, residency: DeviceResidency) -> None:
+        """The client's models and optimisers leave the device while the others of its
+        rank compute (:meth:`ClientState.hold`)."""
+        self.client_link.state.hold(residency)

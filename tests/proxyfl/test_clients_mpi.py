@@ -58,6 +58,9 @@ def test_four_clients_write_the_same_bytes_on_four_two_and_one_rank(
             trained = [Path(entry["path"]).name for entry in record["opened"]
                        if entry["split"] == "train" and not entry.get("images_only")]  # fmt: skip
             assert trained == [f"center_{client}.h5"], (ranks, client, record["opened"])
+            # a hosted client's turns off the device are recorded (a CPU has none to take)
+            off_device = record["off_device"]
+            assert off_device is None if ranks == 4 else off_device["moves"] == 0, off_device
     # a hosting rank's lines name the client they are about
     assert "[rank 1 client 3]" in logs[2] and "[rank 0 client 3]" in logs[1]
     assert "client" not in logs[4].split("[rank 3")[1].split("]")[0]

@@ -310,6 +310,10 @@ class PrivateKTExchange:
         self.selected: list[int] = []
         self.last_losses: dict[str, float | None] = {}
 
+    def device_holders(self) -> list[nn.Module | torch.optim.Optimizer]:
+        """The server's model and optimiser, on the rank that serves."""
+        return [] if self.server is None else [self.server.model, self.server.optimizer]
+
     def distribute(
         self, comm: Communicator, theta: np.ndarray, members: list[int], round_number: int
     ) -> Distribution:
