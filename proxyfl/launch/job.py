@@ -44,6 +44,11 @@ from proxyfl.engine.validation import (
     read_failures,
 )
 from proxyfl.launch.accounting import record_launcher_wall
+from proxyfl.launch.address_exchange import (
+    RELAUNCHES,
+    AddressesOfUnequalLength,
+    AddressExchangeWatch,
+)
 from proxyfl.launch.hosts import lost_host, named_hosts
 from proxyfl.launch.placement import Placement
 from proxyfl.launch.progress import RoundFollower, RoundProgress
@@ -354,7 +359,16 @@ def _run_job(
     with warm as forked:
         if forked is not None:
             process_env.update(forked.environment())
-        _launch(job, forked, process_env, on_line, tail_lines, on_round)
+        for relaunch in range(RELAUNCHES + 1):
+            try:
+                _launch(job, forked, process_env, on_line, tail_lines, on_round)
+                return
+            except AddressesOfUnequalLength as failed:  # no rank ran: nothing to lose
+                if relaunch == RELAUNCHES:
+                    raise TrainingJobFailed(job, failed.exit_code, None, failed.lines,
+                                            reason=str(failed)) from failed  # fmt: skip
+                logger.warning("%s seed %d: %s; launching it again (%s)", job.algorithm,
+                               job.seed, failed, "proxyfl.launch.address_exchange")  # fmt: skip
 
 
 def rank_environment(placement: Placement, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -413,6 +427,7 @@ def _launch(
     # MPICH's fork launcher and srun say which rank a signal ended (the fork launcher then
     # exits 0 all the same); hydra exits with the signal's number, its words in the tails
     signaled = _SignaledRanks.of(job.placement)
+    exchange = AddressExchangeWatch()
     rounds = RoundFollower(job.run_dir / METRICS_FILE, job.config.rounds) if on_round else None
     # one pipe for every line: the launcher's, and the ranks' (which on this machine write
     # to it themselves, around the fork launcher's relay: plumbing.output)
@@ -444,6 +459,7 @@ def _launch(
                 tails.add(line)
                 if signaled is not None:
                     signaled.add(line)
+                exchange.add(line)
                 on_line(line)
                 if rounds is not None and on_round is not None:  # a round ends in lines
                     for progress in rounds.poll():
@@ -454,6 +470,8 @@ def _launch(
         except BaseException:
             _terminate(process)
             raise
+    if exit_code != 0 and exchange.failed:  # MPI_Init failed before any rank ran
+        raise AddressesOfUnequalLength(exit_code, tails.lines_of(None))
     _raise_unless_finished(job, exit_code, signaled, tails)
 
 

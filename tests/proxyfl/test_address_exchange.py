@@ -1,0 +1,117 @@
+"""MPICH's start on ranks whose process IDs differ in length
+(:mod:`proxyfl.launch.address_exchange`): the failure CI met, made certain in a PID
+namespace whose counter is set just below a power of ten, and the job's relaunch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxyfl.config import TrainConfig
+from proxyfl.launch.address_exchange import EXCHANGE_FRAME, AddressExchangeWatch
+from proxyfl.launch.job import JOB_LOG
+from proxyfl.results import RUN_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("launch_at_pid.py")
+# the job's processes after the counter's setting: the tree bound supervisor, MPICH's fork
+# launcher, then its ranks (launch_at_pid.py); 4 ranks from 9998: 9998, 9999, 10000, 10001,
+# across 10^4 even were one process more or fewer forked before them
+COUNTER = 9995
+# what CI's launch printed (2026-11-30, tests/proxyfl/test_flare.py's reference run)
+CI_LINES = [
+    "Abort(208291214) on node 0: Fatal error in internal_Init_thread: Message truncated, "
+    "error stack:",
+    "internal_Init_thread(71)...............: MPI_Init_thread(argc=(nil), argv=(nil), "
+    "required=3, provided=0x7fffa2b404a0) failed",
+    "MPII_Init_thread(333)..................: ",
+    "MPIR_init_comm_world(37)...............: ",
+    "MPID_Comm_commit_pre_hook(163).........: ",
+    "MPIDI_OFI_mpi_comm_commit_pre_hook(123): ",
+    "MPIDI_OFI_comm_addr_exchange(88).......: ",
+    "MPIR_Allgather_impl(2268)..............: ",
+    "MPIC_Wait(99)..........................: ",
+    "MPIDIG_recv_type_init(74)..............: Message from rank 1 and tag 7 truncated; "
+    "22 bytes received but buffer size is 23",
+    "[0]0:Return code = 142",
+    "[0]1:Return code = 0, signaled with Quit",
+]
+
+
+def _watched(lines: list[str]) -> bool:
+    watch = AddressExchangeWatch()
+    for line in lines:
+        watch.add(line)
+    return watch.failed
+
+
+def test_the_watch_knows_the_exchange_s_truncation_and_nothing_else() -> None:
+    """CI's lines: the failure. MPI_Init failing otherwise (UCX's exchange, another frame's
+    truncation), or a rank's own line that says "truncated": not it."""
+    assert _watched(CI_LINES)
+    ucx = [line.replace("MPIDI_OFI_comm_addr_exchange", "MPIDI_UCX_comm_addr_exchange")
+           for line in CI_LINES]  # fmt: skip
+    assert not _watched(ucx)
+    assert not _watched([line for line in CI_LINES if "truncated;" not in line])
+    assert not _watched(["[rank 0] a record was truncated", "[rank 1] round 1/2"])
+
+
+def _in_pid_namespace() -> list[str]:
+    """The command prefix that runs a program as PID 1 of a new PID namespace, with /proc
+    and /dev/shm of its own (its shared-memory clean-up sees only its own processes: it
+    must not see, and remove, the segments of jobs running beside it); skips where the
+    machine has no ``unshare`` or refuses namespaces."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no `unshare` (apt-get install util-linux) to make a PID namespace")
+    as_root = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    command = [unshare, *as_root, "--pid", "--fork", "--mount-proc", "sh", "-c",
+               'mount -t tmpfs -o size=512m tmpfs /dev/shm && exec "$@"', "sh"]  # fmt: skip
+    probe = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {probe.stderr.strip()}")
+    return command
+
+
+def test_ranks_forked_across_a_power_of_ten_start_on_the_second_launch(
+    stores: Path, tmp_path: Path
+) -> None:
+    """Ranks numbered 9998 to 10001 by the kernel: MPI_Init fails in the address exchange
+    before any rank has run a line, as on CI; ``run_job`` says why and launches the job
+    again, once, and it finishes (its ranks then all past 10^4)."""
+    prefix = _in_pid_namespace()
+    run_dir = tmp_path / "ProxyFL" / "seed_0"
+    config = TrainConfig(
+        algorithm="ProxyFL", seed=0, data=stores, run_dir=run_dir, centers=[0, 1, 2, 3],
+        rounds=1, batch_size=8, proxy_model="cnn1", private_model="mlp", device="cpu",
+        sigma=1.0, clip=1.0, lr=1e-2,
+    )  # fmt: skip
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.model_dump_json())
+    env = {
+        **os.environ,
+        "PLUMBING_COLD_RANKS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run([*prefix, sys.executable, str(DRIVER), str(config_file), str(COUNTER)],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    log = (run_dir / JOB_LOG).read_text()
+    attempts = re.split(r"^=== .* ===$", log, flags=re.MULTILINE)[1:]
+    assert len(attempts) == 2, log[-3000:]
+    first, second = attempts
+    assert EXCHANGE_FRAME in first and "truncated" in first, first  # the launch straddled 10^4
+    assert "[rank " not in first  # no rank ran a line of the program
+    assert said["outcome"] == "finished", said
+    assert [w for w in said["warnings"] if "address exchange" in w and "again" in w], said
+    assert "[rank 3]" in second
+    assert json.loads((run_dir / RUN_FILE).read_text())["status"] == "finished"
