@@ -22,6 +22,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -278,3 +279,32 @@ def start_command() -> None:
     the process that ran it unless started detached."""
     interruptible()
     end_with_parent()
+
+
+_orphan_watch: list[int] = []  # the parent the watch started with (one watch a process)
+
+
+def exit_when_orphaned(status: int, why: str, poll_s: float = 0.25) -> None:
+    """End this process with ``status`` at once (``os._exit``: as SIGKILL would, with no
+    clean-up) when the process that started it dies, after writing ``why`` to standard
+    error. For a process started by a program that cannot bind it (FLARE's participants
+    start their job processes; a death signal fires when the *thread* that forked a child
+    ends, and theirs need not live as long as it): FLARE's own watch stops a job process
+    whose participant was killed through its run's whole end, seconds that grow with the
+    machine's load. A thread polls the parent every ``poll_s``; once per process, the first
+    call's ``status``; the parent counts as dead once this process has a new one (its
+    orphans' subreaper, or init)."""
+    if _orphan_watch:
+        return
+    parent = os.getppid()
+    _orphan_watch.append(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"{why} (process {parent}, which started this one, is gone)", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        os._exit(status)
+
+    threading.Thread(target=watch, name="exit-when-orphaned", daemon=True).start()

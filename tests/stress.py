@@ -49,6 +49,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # hydra's ssh hosts (loopback, and network namespaces where it may make them)
     "launcher": (
         "tests/proxyfl/test_launch_mpi.py",
+        "tests/proxyfl/test_address_exchange.py",
         "tests/proxyfl/test_hosts.py",
         "tests/proxyfl/test_hosts_netns.py",
     ),

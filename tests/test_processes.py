@@ -236,3 +236,56 @@ def test_a_stopped_tree_is_reaped_at_once_under_a_subreaper_that_waits() -> None
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
     assert said["took"] < 4.0 and not said["left"], said
+
+
+# a participant (FLARE's site) and the job process it starts, unbound: the job process
+# watches for its parent's death (exit_when_orphaned), its lines in argv[2], and otherwise
+# lives 60 s
+_JOB_PROCESS = """
+import sys, time
+from plumbing.processes import exit_when_orphaned
+exit_when_orphaned(7, "the site is gone")
+exit_when_orphaned(9, "a second watch")  # one a process: this one is not started
+print("watching", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+_PARTICIPANT = """
+import subprocess, sys, time
+with open(sys.argv[2], "w") as log:
+    job = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stderr=log)
+print(job.pid, flush=True)
+time.sleep(60)
+"""
+# above them, a subreaper (as the launcher is, adopt_orphans): it kills the participant
+# once the watch is on and a second has passed, and waits for the orphaned job process
+_REAPER = """
+import ctypes, json, os, subprocess, sys, time
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+participant = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], stdout=subprocess.PIPE)
+job = int(participant.stdout.readline())
+while "watching" not in open(sys.argv[3]).read():
+    time.sleep(0.05)
+time.sleep(1.0)  # four of the watch's polls: it lives while its participant does
+alive = os.path.exists(f"/proc/{job}")  # not yet this process's child to wait for
+participant.kill()
+participant.wait()
+killed = time.monotonic()
+_, status = os.waitpid(job, 0)
+print(json.dumps({"alive": alive, "took": time.monotonic() - killed,
+                  "status": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux's")
+def test_a_job_process_ends_at_once_when_its_participant_is_killed(tmp_path: Path) -> None:
+    """A participant killed outright (SIGKILL), as FLARE's site by its killed launcher: its
+    job process, which it did not bind, ends within a second with the status it was given
+    (the first watch's) and says why; while the participant lives, it lives."""
+    log = tmp_path / "job.err"
+    done = subprocess.run([sys.executable, "-c", _REAPER, _PARTICIPANT, _JOB_PROCESS, str(log)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert said["alive"] and said["status"] == 7 and said["took"] < 2.0, said
+    (line,) = [line for line in log.read_text().splitlines() if line != "watching"]
+    assert line.startswith("the site is gone (process ") and line.endswith(", is gone)")

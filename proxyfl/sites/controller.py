@@ -31,7 +31,9 @@ from nvflare.apis.impl.controller import Controller
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
+from plumbing.processes import exit_when_orphaned
 from proxyfl.comm.flare.link import ABORT_TOPIC, RANK, STATUS, STOP_TOPIC
+from proxyfl.engine.validation import EXIT_STOPPED
 from proxyfl.sites.executor import (
     ARGUMENTS,
     ERROR,
@@ -81,6 +83,9 @@ class RunController(Controller):
         self._lock = threading.Lock()
 
     def start_controller(self, fl_ctx: FLContext) -> None:
+        # as a site's job process (proxyfl.sites.executor): the server killed outright, its
+        # job's process ends at once
+        exit_when_orphaned(EXIT_STOPPED, "proxyfl.sites: the server is gone; its job process ends")
         fl_ctx.get_engine().register_aux_message_handler(ABORT_TOPIC, self._on_abort)
 
     def _on_abort(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:

@@ -31,6 +31,7 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
+from plumbing.processes import exit_when_orphaned
 from proxyfl.comm.flare.link import (
     MESSAGE_TOPIC,
     PAYLOAD,
@@ -76,6 +77,11 @@ class RankExecutor(Executor):
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type == EventType.START_RUN:  # before any peer can send to this site
+            # this job's process, whose site was killed outright, ends at once (the rank's
+            # checkpoints are whole or absent): FLARE's own end of it took seconds, more as
+            # the machine was busier, with nothing to save and no one left to hear it
+            exit_when_orphaned(EXIT_STOPPED, f"proxyfl.sites: {fl_ctx.get_identity_name()}: "
+                               "the site is gone; its job process ends")  # fmt: skip
             engine = fl_ctx.get_engine()
             engine.register_aux_message_handler(MESSAGE_TOPIC, self._on_message)
             engine.register_aux_message_handler(STOP_TOPIC, self._on_stop)

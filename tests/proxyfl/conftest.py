@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 from plumbing.kernels import pinned_environment
 from plumbing.output import passing_output
 from plumbing.warm import WarmRanks, kept_warm_server
+from proxyfl.launch.address_exchange import RELAUNCHES, AddressExchangeWatch
 from proxyfl.launch.job import RANK_IMPORTS
 from proxyfl.launch.placement import Placement
 from wsi.store.schema import PatchBatch, StoreAttrs, store_path
@@ -131,6 +132,28 @@ def run_mpi(
     if warm is not None:
         program = warm.program(program)
     command = [*PLACEMENT.command_prefix(n), *program]
+    return launched_as_run_job(lambda: _run_mpi_once(command, timeout, kernels, warm))
+
+
+def launched_as_run_job(
+    launch: Callable[[], subprocess.CompletedProcess[str]],
+) -> subprocess.CompletedProcess[str]:
+    """``launch()``'s outcome, launched once more where MPICH failed to start its ranks
+    because their PIDs differ in length, before any ran, as
+    :func:`~proxyfl.launch.job.run_job` does (:mod:`proxyfl.launch.address_exchange`)."""
+    for _ in range(RELAUNCHES):
+        result = launch()
+        watch = AddressExchangeWatch()
+        for line in (result.stdout + result.stderr).splitlines():
+            watch.add(line)
+        if result.returncode == 0 or not watch.failed:
+            return result
+    return launch()
+
+
+def _run_mpi_once(
+    command: list[str], timeout: float, kernels: str, warm: WarmRanks | None
+) -> subprocess.CompletedProcess[str]:
     # appended to by the launcher and by every rank (proxyfl.run writes around the fork
     # launcher's relay: plumbing.output), so each write lands at the end
     with tempfile.TemporaryFile("a+b") as out, tempfile.TemporaryFile("a+b") as err:

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from plumbing.kernels import PINS, in_effect, main, pinned_environment
-from tests.proxyfl.conftest import PLACEMENT, REPO, explain, mpi_env, train_args
+from tests.proxyfl.conftest import (
+    PLACEMENT,
+    REPO,
+    explain,
+    launched_as_run_job,
+    mpi_env,
+    train_args,
+)
 
 X86_64 = platform.machine().lower() in {"x86_64", "amd64"}
 # sha256 of metrics.jsonl and of each kept model of the job below, pinned to AVX2
@@ -46,8 +53,9 @@ def _pinned_job(stores: Path, run_dir: Path, kernels: str) -> dict[str, str]:
                "proxyfl.run", *args]  # fmt: skip
     environment = pinned_environment(kernels, {k: v for k, v in mpi_env().items()
                                                if k not in PINS["avx2"]})  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env=environment, capture_output=True,
-                            text=True, errors="replace", timeout=300)  # fmt: skip
+    result = launched_as_run_job(lambda: subprocess.run(
+        command, cwd=REPO, env=environment, capture_output=True, text=True, errors="replace",
+        timeout=300))  # fmt: skip
     assert result.returncode == 0, explain(result)
     kept = [run_dir / "metrics.jsonl", *sorted((run_dir / "models").rglob("*.safetensors"))]
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in kept}
