@@ -220,6 +220,7 @@ def exchange_worker(repeats: int, modes: list[str]) -> None:
 
 
 def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float) -> dict:
+    from proxyfl.launch.address_exchange import relaunched_on_unequal_addresses
     from proxyfl.launch.placement import Placement
 
     placement = Placement()  # the training jobs' own: this machine, ranks over shared memory
@@ -232,9 +233,9 @@ def _launch_exchange(ranks: int, repeats: int, modes: list[str], timeout: float)
     env.update(placement.environment())
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
-    result = subprocess.run(
+    result = relaunched_on_unequal_addresses(lambda: subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    ))  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"exchange benchmark with {ranks} ranks failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -15,10 +15,18 @@ run is written, and nothing is lost.
 A relaunch starts clear of it: the PID counter only grows until it wraps at
 ``kernel.pid_max`` (32768 or 4194304), so the relaunch's ranks all lie past the power of
 ten the failed launch straddled. :func:`~proxyfl.launch.job.run_job` relaunches such a
-launch once (:data:`RELAUNCHES`) and says why; any other failure stands as it is.
+launch once (:data:`RELAUNCHES`) and says why; any other failure stands as it is. A program
+that starts MPI ranks itself (a benchmark's, a test's) does the same through
+:func:`relaunched_on_unequal_addresses`.
 """
 
 from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
 
 # the address exchange's frame in MPICH's error stack, and the collective's complaint
 EXCHANGE_FRAME = "MPIDI_OFI_comm_addr_exchange"
@@ -55,3 +63,20 @@ class AddressesOfUnequalLength(RuntimeError):
             "differ in length"
         )
         self.exit_code, self.lines = exit_code, lines
+
+
+def relaunched_on_unequal_addresses(
+    launch: Callable[[], subprocess.CompletedProcess[str]],
+) -> subprocess.CompletedProcess[str]:
+    """What ``launch()`` (an MPI launch run to its end, its output captured) gave, launched
+    again, up to :data:`RELAUNCHES` times, where its ``MPI_Init`` failed in the address
+    exchange (module doc); a warning says so."""
+    for _ in range(RELAUNCHES):
+        result = launch()
+        watch = AddressExchangeWatch()
+        for line in f"{result.stdout or ''}\n{result.stderr or ''}".splitlines():
+            watch.add(line)
+        if result.returncode == 0 or not watch.failed:
+            return result
+        logger.warning("%s; launching it again", AddressesOfUnequalLength(result.returncode, []))
+    return launch()

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import pytest
 from plumbing.kernels import pinned_environment
 from plumbing.output import passing_output
 from plumbing.warm import WarmRanks, kept_warm_server
-from proxyfl.launch.address_exchange import RELAUNCHES, AddressExchangeWatch
+from proxyfl.launch.address_exchange import relaunched_on_unequal_addresses
 from proxyfl.launch.job import RANK_IMPORTS
 from proxyfl.launch.placement import Placement
 from wsi.store.schema import PatchBatch, StoreAttrs, store_path
@@ -132,23 +132,9 @@ def run_mpi(
     if warm is not None:
         program = warm.program(program)
     command = [*PLACEMENT.command_prefix(n), *program]
-    return launched_as_run_job(lambda: _run_mpi_once(command, timeout, kernels, warm))
-
-
-def launched_as_run_job(
-    launch: Callable[[], subprocess.CompletedProcess[str]],
-) -> subprocess.CompletedProcess[str]:
-    """``launch()``'s outcome, launched once more where MPICH failed to start its ranks
-    because their PIDs differ in length, before any ran, as
-    :func:`~proxyfl.launch.job.run_job` does (:mod:`proxyfl.launch.address_exchange`)."""
-    for _ in range(RELAUNCHES):
-        result = launch()
-        watch = AddressExchangeWatch()
-        for line in (result.stdout + result.stderr).splitlines():
-            watch.add(line)
-        if result.returncode == 0 or not watch.failed:
-            return result
-    return launch()
+    # launched again where MPICH failed to start ranks whose PIDs differ in length, as
+    # run_job does (proxyfl.launch.address_exchange)
+    return relaunched_on_unequal_addresses(lambda: _run_mpi_once(command, timeout, kernels, warm))
 
 
 def _run_mpi_once(

@@ -11,11 +11,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from proxyfl.config import TrainConfig
-from proxyfl.launch.address_exchange import EXCHANGE_FRAME, AddressExchangeWatch
+from proxyfl.launch.address_exchange import (
+    EXCHANGE_FRAME,
+    AddressExchangeWatch,
+    relaunched_on_unequal_addresses,
+)
 from proxyfl.launch.job import JOB_LOG
 from proxyfl.results import RUN_FILE
 
@@ -61,6 +66,32 @@ def test_the_watch_knows_the_exchange_s_truncation_and_nothing_else() -> None:
     assert not _watched(ucx)
     assert not _watched([line for line in CI_LINES if "truncated;" not in line])
     assert not _watched(["[rank 0] a record was truncated", "[rank 1] round 1/2"])
+
+
+def test_a_launch_of_its_own_is_launched_again_on_that_failure_alone() -> None:
+    """``relaunched_on_unequal_addresses`` (a benchmark's or a test's own MPI launch): a
+    launch that printed CI's lines and failed is launched once more, its second outcome
+    returned; any other failure, or a success, is returned as it came, launched once."""
+
+    def launches(*outcomes: tuple[str, int]) -> tuple[list[int], Any]:
+        calls: list[int] = []
+
+        def launch() -> subprocess.CompletedProcess[str]:
+            said, code = outcomes[len(calls)]
+            calls.append(code)
+            return subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write("
+                                   f"{said!r}); sys.exit({code})"],
+                                  capture_output=True, text=True)  # fmt: skip
+
+        return calls, launch
+
+    ci = "\n".join(CI_LINES)
+    calls, launch = launches((ci, 142), ("", 0))
+    assert relaunched_on_unequal_addresses(launch).returncode == 0 and calls == [142, 0]
+    calls, launch = launches(("Abort(1) on node 0: a rank's own failure", 1), ("", 0))
+    assert relaunched_on_unequal_addresses(launch).returncode == 1 and calls == [1]
+    calls, launch = launches((ci, 142), (ci, 142), ("", 0))
+    assert relaunched_on_unequal_addresses(launch).returncode == 142 and calls == [142, 142]
 
 
 def _in_pid_namespace() -> list[str]:

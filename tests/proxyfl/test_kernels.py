@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from plumbing.kernels import PINS, in_effect, main, pinned_environment
+from proxyfl.launch.address_exchange import relaunched_on_unequal_addresses
 from tests.proxyfl.conftest import (
     PLACEMENT,
     REPO,
     explain,
-    launched_as_run_job,
     mpi_env,
     train_args,
 )
@@ -53,7 +53,7 @@ def _pinned_job(stores: Path, run_dir: Path, kernels: str) -> dict[str, str]:
                "proxyfl.run", *args]  # fmt: skip
     environment = pinned_environment(kernels, {k: v for k, v in mpi_env().items()
                                                if k not in PINS["avx2"]})  # fmt: skip
-    result = launched_as_run_job(lambda: subprocess.run(
+    result = relaunched_on_unequal_addresses(lambda: subprocess.run(
         command, cwd=REPO, env=environment, capture_output=True, text=True, errors="replace",
         timeout=300))  # fmt: skip
     assert result.returncode == 0, explain(result)
