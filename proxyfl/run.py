@@ -263,7 +263,7 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
     assert data is not None
 
     def build() -> ClientTrainer:
-        return ClientTrainer(
+        trainer = ClientTrainer(
             config=config,
             runtime=runtime,
             strategy=strategy_for(config.algorithm),
@@ -271,12 +271,15 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
             schedule=parse_schedule_spec(config.graph),
             run_dir=run_dir,
         )
+        if isinstance(comm, ClientWorld):
+            # off the device while its rank's others compute, from the moment its models
+            # exist: the rank's next client builds its own with this one's on the host
+            comm.hold_on_device(trainer.device_residency())
+        return trainer
 
     trainer, error = run_phase(build)
     _fail_if_any(comm, error, label, run_dir)
     assert trainer is not None
-    if isinstance(comm, ClientWorld):  # off the device while its rank's others compute
-        comm.hold_on_device(trainer.device_residency())
 
     def resume() -> int:
         if not config.resume:

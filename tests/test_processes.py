@@ -266,7 +266,10 @@ job = int(participant.stdout.readline())
 while "watching" not in open(sys.argv[3]).read():
     time.sleep(0.05)
 time.sleep(1.0)  # four of the watch's polls: it lives while its participant does
-alive = os.path.exists(f"/proc/{job}")  # not yet this process's child to wait for
+# running or asleep, not a zombie its participant has yet to wait for (a watch that
+# fired too early would leave one, /proc/PID still there)
+with open(f"/proc/{job}/stat") as stat:
+    alive = stat.read().rpartition(")")[2].split()[0] != "Z"
 participant.kill()
 participant.wait()
 killed = time.monotonic()

@@ -16,12 +16,19 @@ for byte. A state tensor that was on the host to begin with (Adam's step count) 
 where it is. A device that is the host (a CPU run) has nothing to move.
 
 With its clients' residencies taking turns (:class:`proxyfl.hosted.DeviceTurns`), a rank's
-device holds one client's state and one client's activations at a time, and its host memory
-grows by each waiting client's state instead. Its peak is meant to be that of its largest
-client whatever their number; not yet shown: on one H200 (2026-11-30), 8 clients of a
-GN-ResNet-18 pair at 128 px on one rank peaked at 3.17 GB allocated against 1.62 GB on each
-of 8 ranks, 1.55 GB above one client that the next device run is to explain (each turn's
-record says what the device held as it started: ``device_gb_at_turn``).
+device holds one client's state and one client's activations at a time, from the first
+client's setup on (each client holds its residency as soon as its models exist, so the next
+builds its own with this one's on the host), and its host memory grows by each waiting
+client's state instead. Its peak is meant to be that of its largest client whatever their
+number; not yet shown: on one H200 (2026-11-30), 8 clients of a GN-ResNet-18 pair at 128 px
+on one rank peaked at 3.17 GB allocated against 1.62 GB on each of 8 ranks, 1.55 GB above
+one client. Each client's record says what the device held as its turns started, before
+its state came back (``device_gb_between_turns``: nobody's state, unless something escapes
+the moves) and after (``device_gb_at_turn``); the next device run is to read them. On a CPU
+(3 clients on one rank, ProxyFL with GN-ResNet-18 pairs, the first 116 turns), every tensor
+object of 200 kB or more alive at a turn belonged to a client's modules or optimisers; what a
+CPU cannot show is the device's own memory kept per thread, and so per hosted client, such
+as the cuBLAS workspace torch allocates for each thread's handle.
 """
 
 from __future__ import annotations
@@ -64,8 +71,10 @@ class DeviceResidency:
         self.bytes_moved = 0
         self.seconds = 0.0
         self.state_bytes = 0  # what the last move to the host moved: the client's state
-        # the device's allocated bytes as the client's turn starts (its state back, the one
-        # before it moved off): one client's state, unless something escapes the moves
+        # the device's allocated bytes as the client's turn starts: before its state comes
+        # back (the one before it moved off: nobody's state, unless something escapes the
+        # moves), and after (one client's state more)
+        self.device_bytes_between_turns = 0
         self.device_bytes_at_turn = 0
         # optimiser state entries and parameter attributes moved to the host: their owners
         self._moved_states: list[tuple[MutableMapping[str, Any], str]] = []
@@ -115,6 +124,9 @@ class DeviceResidency:
         self.on_device = True
         if not self.moves_anything:
             return
+        if self.device.type == "cuda":
+            between = torch.cuda.memory_allocated(self.device)
+            self.device_bytes_between_turns = max(self.device_bytes_between_turns, between)
         started, moved = time.perf_counter(), 0
         for module in self.modules:
             module.to(self.device)
@@ -142,9 +154,11 @@ class DeviceResidency:
 
     def record(self) -> dict[str, Any]:
         """What the moves cost (a rank's ``machine.json``): their number, GB, seconds; the
-        client's state in GB; the device's allocated GB as its turns started."""
+        client's state in GB; the device's allocated GB as its turns started, at most,
+        before its state came back and after."""
         return {"moves": self.moves, "gb_moved": round(self.bytes_moved / 1e9, 3),
                 "seconds": round(self.seconds, 3), "state_gb": round(self.state_bytes / 1e9, 3),
+                "device_gb_between_turns": round(self.device_bytes_between_turns / 1e9, 3),
                 "device_gb_at_turn": round(self.device_bytes_at_turn / 1e9, 3)}  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import pytest
 ALGORITHMS = ("ProxyFL", "FML", "FedAvg", "AvgPush", "CWT", "Regular", "PrivateKT")
 CENTERS = [0, 1, 2, 3]
 LINGERING = Path(__file__).with_name("rank_lingering_at_exit.py")
+CHECKING_TURNS = Path(__file__).with_name("rank_checking_device_turns.py")
 
 
 def _options(algorithm: str, **more: Any) -> dict[str, Any]:
@@ -64,6 +65,21 @@ def test_four_clients_write_the_same_bytes_on_four_two_and_one_rank(
     # a hosting rank's lines name the client they are about
     assert "[rank 1 client 3]" in logs[2] and "[rank 0 client 3]" in logs[1]
     assert "client" not in logs[4].split("[rank 3")[1].split("]")[0]
+
+
+def test_a_rank_builds_each_client_with_the_others_off_its_device(
+    stores: Path, tmp_path: Path, helpers: Any
+) -> None:
+    """A rank's clients build their models one after another, each with the state of those
+    built before it already on the host: a rank's device never holds more than one
+    client's models, from setup on (before, every client built on the device first and
+    only then took turns)."""
+    args = helpers.train_args(stores, tmp_path / "run", "ProxyFL", **_options("ProxyFL"))
+    result = helpers.run_mpi(1, args, script=CHECKING_TURNS)
+    assert result.returncode == 0, helpers.explain(result)
+    builds = [line for line in result.stderr.splitlines() if line.startswith("device turns:")]
+    assert builds == [f"device turns: a client built after {count}, on the device: []"
+                      for count in range(len(CENTERS))], builds  # fmt: skip
 
 
 def test_a_run_stopped_on_ranks_of_two_clients_resumes_on_one_rank_to_the_same_bytes(
