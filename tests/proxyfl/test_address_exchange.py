@@ -30,6 +30,8 @@ DRIVER = Path(__file__).with_name("launch_at_pid.py")
 # launcher, then its ranks (launch_at_pid.py); 4 ranks from 9998: 9998, 9999, 10000, 10001,
 # across 10^4 even were one process more or fewer forked before them
 COUNTER = 9995
+# and for a second launch that fails so too: 998, 999, 1000, 1001
+COUNTER_AGAIN = 995
 # what CI's launch printed (2026-11-30, tests/proxyfl/test_flare.py's reference run)
 CI_LINES = [
     "Abort(208291214) on node 0: Fatal error in internal_Init_thread: Message truncated, "
@@ -111,12 +113,12 @@ def _in_pid_namespace() -> list[str]:
     return command
 
 
-def test_ranks_forked_across_a_power_of_ten_start_on_the_second_launch(
-    stores: Path, tmp_path: Path
-) -> None:
-    """Ranks numbered 9998 to 10001 by the kernel: MPI_Init fails in the address exchange
-    before any rank has run a line, as on CI; ``run_job`` says why and launches the job
-    again, once, and it finishes (its ranks then all past 10^4)."""
+def _job_at_pid(
+    stores: Path, tmp_path: Path, *again: int
+) -> tuple[dict[str, Any], Path, list[str]]:
+    """A 4-rank job run by ``launch_at_pid.py`` in a PID namespace whose counter is set to
+    :data:`COUNTER` (and to ``again`` before a relaunch): what the driver said, the run's
+    folder, and the job log's launches."""
     prefix = _in_pid_namespace()
     run_dir = tmp_path / "ProxyFL" / "seed_0"
     config = TrainConfig(
@@ -132,13 +134,23 @@ def test_ranks_forked_across_a_power_of_ten_start_on_the_second_launch(
         "PYTHONWARNINGS": "ignore",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    done = subprocess.run([*prefix, sys.executable, str(DRIVER), str(config_file), str(COUNTER)],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    driver = [sys.executable, str(DRIVER), str(config_file), str(COUNTER), *map(str, again)]
+    done = subprocess.run([*prefix, *driver], capture_output=True, text=True, env=env,
+                          timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     log = (run_dir / JOB_LOG).read_text()
-    attempts = re.split(r"^=== .* ===$", log, flags=re.MULTILINE)[1:]
-    assert len(attempts) == 2, log[-3000:]
+    return said, run_dir, re.split(r"^=== .* ===$", log, flags=re.MULTILINE)[1:]
+
+
+def test_ranks_forked_across_a_power_of_ten_start_on_the_second_launch(
+    stores: Path, tmp_path: Path
+) -> None:
+    """Ranks numbered 9998 to 10001 by the kernel: MPI_Init fails in the address exchange
+    before any rank has run a line, as on CI; ``run_job`` says why and launches the job
+    again, once, and it finishes (its ranks then all past 10^4)."""
+    said, run_dir, attempts = _job_at_pid(stores, tmp_path)
+    assert len(attempts) == 2, attempts
     first, second = attempts
     assert EXCHANGE_FRAME in first and "truncated" in first, first  # the launch straddled 10^4
     assert "[rank " not in first  # no rank ran a line of the program
@@ -146,3 +158,21 @@ def test_ranks_forked_across_a_power_of_ten_start_on_the_second_launch(
     assert [w for w in said["warnings"] if "address exchange" in w and "again" in w], said
     assert "[rank 3]" in second
     assert json.loads((run_dir / RUN_FILE).read_text())["status"] == "finished"
+
+
+def test_a_job_whose_relaunch_fails_so_too_fails_naming_the_cause(
+    stores: Path, tmp_path: Path
+) -> None:
+    """The first launch's ranks straddle 10^4, the second's 10^3 (the counter set again as
+    ``run_job`` warns): no third launch; the job fails with the exchange's reason, not an
+    unexplained exit code."""
+    said, run_dir, attempts = _job_at_pid(stores, tmp_path, COUNTER_AGAIN)
+    assert len(attempts) == 2, attempts
+    for attempt in attempts:
+        assert EXCHANGE_FRAME in attempt and "truncated" in attempt, attempt
+        assert "[rank " not in attempt, attempt
+    assert "MPI_Init failed in MPICH's address exchange" in said["outcome"], said
+    assert "different numbers of digits" in said["outcome"], said
+    assert len([w for w in said["warnings"] if "launching it again" in w]) == 1, said
+    assert not (run_dir / RUN_FILE).exists() or json.loads(
+        (run_dir / RUN_FILE).read_text())["status"] != "finished"  # fmt: skip
