@@ -26,9 +26,10 @@ one client. Each client's record says what the device held as its turns started,
 its state came back (``device_gb_between_turns``: nobody's state, unless something escapes
 the moves) and after (``device_gb_at_turn``); the next device run is to read them. On a CPU
 (3 clients on one rank, ProxyFL with GN-ResNet-18 pairs, the first 116 turns), every tensor
-object of 200 kB or more alive at a turn belonged to a client's modules or optimisers; what a
-CPU cannot show is the device's own memory kept per thread, and so per hosted client, such
-as the cuBLAS workspace torch allocates for each thread's handle.
+object of 200 kB or more alive at a turn belonged to a client's modules or optimisers (or
+was a checkpoint's copy on the host, being written), and none held an autograd graph; what
+a CPU cannot show is the device's own memory kept per thread, and so per hosted client,
+such as the cuBLAS workspace torch allocates for each thread's handle.
 """
 
 from __future__ import annotations
