@@ -127,3 +127,33 @@ def test_a_tensor_a_dp_engine_left_on_a_parameter_moves_with_it() -> None:
     residency.to_device()
     assert weight.summed_grad.device.type == "cuda"
     assert torch.equal(weight.summed_grad, torch.ones_like(weight))
+
+
+@cuda
+def test_a_turn_s_record_says_what_the_device_held_before_and_after_the_state_came_back() -> None:
+    """As a client's turn begins, the device holds what no client's state accounts for
+    (``device_gb_between_turns``: here the other client's state has left, and what is
+    left is the test's own tensor and whatever CUDA's libraries keep), then that plus the
+    client's state (``device_gb_at_turn``)."""
+    a, a_optimizer = _model_and_adam("cuda", seed=0)
+    b, b_optimizer = _model_and_adam("cuda", seed=1)
+    _steps(a, a_optimizer, 2, seed=1)
+    _steps(b, b_optimizer, 2, seed=2)
+    kept = torch.ones(2**20, device="cuda")  # 4 MiB of nobody's state
+    first, second = (DeviceResidency(torch.device("cuda"), [a, a_optimizer]),
+                     DeviceResidency(torch.device("cuda"), [b, b_optimizer]))  # fmt: skip
+    turns = DeviceTurns()
+    turns.take(second)
+    turns.take(first)  # b leaves; a never had: nothing to measure
+    assert first.record()["device_gb_between_turns"] == 0
+    turns.take(second)  # a leaves, b comes back
+    first_state = first.state_bytes
+    turns.take(None)  # b leaves: neither state is on the device
+    nobody = torch.cuda.memory_allocated()
+    assert nobody >= kept.nbytes
+    turns.take(first)  # a comes back
+    record = first.record()
+    assert record["device_gb_between_turns"] == round(nobody / 1e9, 3), record
+    arrived = torch.cuda.memory_allocated() - nobody  # a's state, in the allocator's blocks
+    assert first_state <= arrived < first_state + 2**20, (arrived, first_state)
+    assert record["device_gb_at_turn"] == round((nobody + arrived) / 1e9, 3), record
