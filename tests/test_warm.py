@@ -43,17 +43,24 @@ if action == "exit":
     sys.exit(int(sys.argv[2]))
 if action == "kill-self":
     os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+def wait():
+    # a minute in short sleeps: a signal whose handler the interpreter has not run yet when
+    # a sleep begins (it arrived as this process was writing .ready, after the last check)
+    # does not end that sleep, only the next check; one sleep of 60 s missed the test's
+    # SIGINT for its whole minute, 4 times in 300 beside a hog
+    for _ in range(600):
+        time.sleep(0.1)
 if action == "wait-for-usr1":
     def on_usr1(number, frame):
         sys.exit(42)
     signal.signal(signal.SIGUSR1, on_usr1)
     with open(out + ".ready", "w"):
         pass
-    time.sleep(60)
+    wait()
 if action == "sleep":
     with open(out + ".ready", "w"):
         pass
-    time.sleep(60)
+    wait()
 """.replace("STARTED_ENV", STARTED_ENV)
 
 PRELOAD = """
