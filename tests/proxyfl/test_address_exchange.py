@@ -99,13 +99,15 @@ def test_a_launch_of_its_own_is_launched_again_on_that_failure_alone() -> None:
 def _in_pid_namespace() -> list[str]:
     """The command prefix that runs a program as PID 1 of a new PID namespace, with /proc
     and /dev/shm of its own (its shared-memory clean-up sees only its own processes: it
-    must not see, and remove, the segments of jobs running beside it); skips where the
+    must not see, and remove, the segments of jobs running beside it), all of whose
+    processes end when ``unshare`` does (a test's timeout kills ``unshare`` only: without
+    ``--kill-child`` its namespace ran on, a hung job's ranks spinning); skips where the
     machine has no ``unshare`` or refuses namespaces."""
     unshare = shutil.which("unshare")
     if unshare is None:
         pytest.skip("no `unshare` (apt-get install util-linux) to make a PID namespace")
     as_root = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    command = [unshare, *as_root, "--pid", "--fork", "--mount-proc", "sh", "-c",
+    command = [unshare, *as_root, "--pid", "--kill-child", "--mount-proc", "sh", "-c",
                'mount -t tmpfs -o size=512m tmpfs /dev/shm && exec "$@"', "sh"]  # fmt: skip
     probe = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
