@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plumbing.processes import parent_bound_command
+
 REPO = Path(__file__).resolve().parents[1]
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -130,11 +132,13 @@ class GroupRecord:
 
 @contextmanager
 def hog(share: float) -> Iterator[None]:
-    """A process keeping ``share`` of one core busy for the block (none for 0)."""
+    """A process keeping ``share`` of one core busy for the block (none for 0), bound to
+    this one: a stress command ended by SIGTERM or SIGKILL runs no ``finally``, and its
+    hog would spin on, loading whatever runs next."""
     if share <= 0:
         yield
         return
-    process = subprocess.Popen([sys.executable, "-c", HOG, str(share)])
+    process = subprocess.Popen(parent_bound_command([sys.executable, "-c", HOG, str(share)]))
     try:
         yield
     finally:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import CLOCKED_FILES, REPO, checkpoint_into_one_file, shared_build
@@ -140,3 +141,27 @@ def test_the_flake_hunt_measures_coverage_as_make_test_does(tmp_path: Path) -> N
     assert environment["PYTHONPATH"].split(":")[0] == str(REPO / "tests" / "coverage_site")
     assert Path(environment["COVERAGE_FILE"]).parent == tmp_path / "coverage"
     assert (tmp_path / "coverage").is_dir()
+
+
+def test_the_flake_hunts_hog_ends_with_the_command_however_that_ends() -> None:
+    """A stress command killed outright (SIGKILL: no ``finally`` runs, nor for SIGTERM,
+    whose default action ends the process as it stands) takes its hog with it: a hog left
+    spinning would load every run that follows on the machine."""
+    program = (
+        "import time\nfrom tests.stress import hog\n"
+        "with hog(0.05):\n    print('hogging', flush=True)\n    time.sleep(120)\n"
+    )
+    command = subprocess.Popen(
+        [sys.executable, "-c", program], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert command.stdout is not None and command.stdout.readline() == "hogging\n"
+        hogs = psutil.Process(command.pid).children()
+        assert len(hogs) == 1 and hogs[0].is_running()
+    finally:
+        command.kill()
+        command.wait()
+    _, alive = psutil.wait_procs(hogs, timeout=10)
+    for process in alive:
+        process.kill()
+    assert not alive, "the hog outlived its stress command"
