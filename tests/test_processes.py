@@ -260,6 +260,7 @@ time.sleep(60)
 # once the watch is on and a second has passed, and waits for the orphaned job process
 _REAPER = """
 import ctypes, json, os, subprocess, sys, time
+import psutil
 assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
 participant = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], stdout=subprocess.PIPE)
 job = int(participant.stdout.readline())
@@ -268,8 +269,7 @@ while "watching" not in open(sys.argv[3]).read():
 time.sleep(1.0)  # four of the watch's polls: it lives while its participant does
 # running or asleep, not a zombie its participant has yet to wait for (a watch that
 # fired too early would leave one, /proc/PID still there)
-with open(f"/proc/{job}/stat") as stat:
-    alive = stat.read().rpartition(")")[2].split()[0] != "Z"
+alive = psutil.Process(job).status() != psutil.STATUS_ZOMBIE
 participant.kill()
 participant.wait()
 killed = time.monotonic()

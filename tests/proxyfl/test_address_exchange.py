@@ -116,7 +116,7 @@ def _in_pid_namespace() -> list[str]:
 
 
 def _job_at_pid(
-    stores: Path, tmp_path: Path, *again: int
+    stores: Path, tmp_path: Path, again: int | None = None
 ) -> tuple[dict[str, Any], Path, list[str]]:
     """A 4-rank job run by ``launch_at_pid.py`` in a PID namespace whose counter is set to
     :data:`COUNTER` (and to ``again`` before a relaunch): what the driver said, the run's
@@ -136,7 +136,9 @@ def _job_at_pid(
         "PYTHONWARNINGS": "ignore",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    driver = [sys.executable, str(DRIVER), str(config_file), str(COUNTER), *map(str, again)]
+    driver = [sys.executable, str(DRIVER), str(config_file), str(COUNTER)]
+    if again is not None:
+        driver.append(str(again))
     done = subprocess.run([*prefix, *driver], capture_output=True, text=True, env=env,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
