@@ -281,7 +281,7 @@ def start_command() -> None:
     end_with_parent()
 
 
-_orphan_watch: list[int] = []  # the parent the watch started with (one watch a process)
+_watched_parent: int | None = None  # the parent the watch started with (one watch a process)
 
 
 def exit_when_orphaned(status: int, why: str, poll_s: float = 0.25) -> None:
@@ -294,10 +294,10 @@ def exit_when_orphaned(status: int, why: str, poll_s: float = 0.25) -> None:
     machine's load. A thread polls the parent every ``poll_s``; once per process, the first
     call's ``status``; the parent counts as dead once this process has a new one (its
     orphans' subreaper, or init)."""
-    if _orphan_watch:
+    global _watched_parent
+    if _watched_parent is not None:
         return
-    parent = os.getppid()
-    _orphan_watch.append(parent)
+    parent = _watched_parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
