@@ -293,7 +293,8 @@ def exit_when_orphaned(status: int, why: str, poll_s: float = 0.25) -> None:
     whose participant was killed through its run's whole end, seconds that grow with the
     machine's load. A thread polls the parent every ``poll_s``; once per process, the first
     call's ``status``; the parent counts as dead once this process has a new one (its
-    orphans' subreaper, or init)."""
+    orphans' subreaper, or init). A process forked from a warm server has the server for
+    a parent: there its shim watches the starter instead (:mod:`plumbing.warm_shim`)."""
     global _watched_parent
     if _watched_parent is not None:
         return

@@ -12,6 +12,13 @@ the same signal).
 Where there is no server, or it cannot be reached, the shim executes PROGRAM itself: the
 rank starts cold, as it would without the server.
 
+The shim's starter dying ends the rank: a forked rank's parent is the server, not whoever
+started the shim, so neither the starter's end nor a watch of the rank's own parent
+(:func:`plumbing.processes.exit_when_orphaned`) reaches it. The shim watches the process
+that started it (mpiexec's proxy, FLARE's site, slurmstepd) from its first instant and,
+once that is gone, says so and ends as the rank does, killed (SIGKILL to both: a FLARE
+site killed outright left its forked rank training until the whole launch ended).
+
 Signals: the shim catches every forwarded signal before it sends its request, so that none
 ``mpiexec`` sends while the server forks is lost (one that a background job's launcher
 left ignored was dropped in that window, and the job then waited for its rank for ever).
@@ -29,6 +36,8 @@ import signal
 import socket
 import struct
 import sys
+import threading
+import time
 from collections.abc import Collection, Iterator
 from typing import NoReturn
 
@@ -48,6 +57,7 @@ FORWARDED = (
 # Every interpreter ignores these two as it starts (as subprocess' restore_signals says):
 # the shim cannot tell whether its launcher ignored them, and a rank ignores them anyway
 IGNORED_BY_PYTHON = (signal.SIGPIPE, signal.SIGXFSZ)
+STARTER_POLL_SECONDS = 0.25  # how often the shim looks for the process that started it
 
 
 def _open_descriptors() -> list[int]:
@@ -81,6 +91,25 @@ def _exec_cold(argv: list[str], ignored: Collection[int] | None = None) -> None:
     os.execv(argv[0], argv)
 
 
+def _end_with_starter(child: list[int]) -> None:
+    """From now on, once the process that started this one is gone (this one's parent has
+    changed: adopted by a subreaper, or by init), say so and end, killed, with the rank
+    (``child``, once forked; the server kills one it forks for a shim gone by then)."""
+    starter = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == starter:
+            time.sleep(STARTER_POLL_SECONDS)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"warm_shim: process {starter}, which started this one, is gone; "
+                  "the rank ends", file=sys.stderr, flush=True)  # fmt: skip
+        for pid in (*child, os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-with-starter", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("warm_shim: no program to run")
@@ -88,6 +117,7 @@ def main(argv: list[str]) -> None:
     if not path:
         _exec_cold(argv)
     child: list[int] = []
+    _end_with_starter(child)
 
     def forward(number: int, _frame: object) -> None:
         if child:

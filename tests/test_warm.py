@@ -325,6 +325,51 @@ def test_a_rank_dies_with_its_shim_and_with_the_server(modules: Path, tmp_path: 
     assert _gone(servers[0].pid)
 
 
+# A FLARE site, as a shim's starter: it starts the shim as its child (the descriptor the
+# probe reads passed on, the shim's standard error to a file), says the shim's pid, waits
+STARTER = """
+import os, subprocess, sys, time
+with open(sys.argv[1], "w") as said:
+    shim = subprocess.Popen(sys.argv[2:], pass_fds=(int(os.environ["PROBE_FD"]),), stderr=said)
+print(shim.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_rank_ends_when_whoever_started_its_shim_is_killed(modules: Path, tmp_path: Path) -> None:
+    """A FLARE site killed outright while its job process, forked warm, runs: the rank's
+    parent is the server, so only its shim, the site's child, can tell. The shim says so
+    and ends, killed, with its rank, while the server serves on (before: the rank ran on
+    until the whole launch ended)."""
+    env = _environment(modules, tmp_path)
+    with warm_server(env, []) as warm:
+        assert warm is not None
+        out, shim_said = tmp_path / "site.json", tmp_path / "shim.err"
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"site")
+        os.close(write_end)
+        rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out), "PROBE_VALUE": "v",
+                    "PROBE_FD": str(read_end)}  # fmt: skip
+        program = warm.program([sys.executable, "-m", "warm_probe", "sleep"])
+        site = subprocess.Popen([sys.executable, "-c", STARTER, str(shim_said), *program],
+                                env=rank_env, cwd=tmp_path, pass_fds=(read_end,),
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        os.close(read_end)
+        assert site.stdout is not None
+        shim = int(site.stdout.readline())
+        _wait_for(Path(str(out) + ".ready"))
+        rank = json.loads(out.read_text())["pid"]
+        assert rank != shim and psutil.pid_exists(rank)
+        site.kill()
+        site.wait()
+        assert _gone(rank), "the rank outlived the site that started its shim"
+        assert _gone(shim)
+        assert (f"warm_shim: process {site.pid}, which started this one, is gone; the rank "
+                "ends") in shim_said.read_text()  # fmt: skip
+        process, _ = _start(warm, env, tmp_path, "after", "exit", "0")
+        assert process.wait(timeout=60) == 0
+
+
 def _closed_everywhere(write_end: int, timeout: float = 10.0) -> bool:
     """Whether every read end of the pipe has been closed (a write then fails)."""
     deadline = time.monotonic() + timeout
