@@ -17,7 +17,8 @@ placement:
 - ``peak RSS/rank GB``: the largest rank's resident peak; ``RSS GB``: summed over ranks;
 - ``peak GPU/rank GB`` (on a GPU): the largest rank's peak of allocated device memory; a
   rank that hosts several clients holds one client's models on the device at a time
-  (:mod:`proxyfl.engine.residency`), so it stays near one client's whatever their number;
+  (:mod:`proxyfl.engine.residency`), so it is meant to stay near one client's whatever
+  their number (not yet shown: that module says what a device showed);
 - ``same bytes``: whether the two placements' metrics, kept models, ε and send logs are
   byte-identical (they must be).
 

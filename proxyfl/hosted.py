@@ -80,12 +80,13 @@ class DeviceTurns:
         self._resident = residency
 
     def leave(self, residency: DeviceResidency | None) -> None:
-        """``residency``'s client has ended: its state leaves the device now, not when the
-        cyclic collector frees its objects, and is nobody's to move back."""
-        if residency is not None:
-            residency.to_host()
+        """``residency``'s client has ended: it is nobody's to move again, and its state
+        leaves the device now (to the host, freed there with the client's objects), not
+        when the cyclic collector frees them."""
         if self._resident is residency:
             self._resident = None
+        if residency is not None:
+            residency.to_host()
 
 
 class HostedClientState:
@@ -109,9 +110,14 @@ class HostedClientState:
         self.turns.take(residency)
 
     def end(self) -> None:
-        """The client has ended: its models are freed with it, not kept on the host."""
-        self.turns.leave(self.residency)
-        self.residency = None
+        """The client has ended: its state leaves the device (:meth:`DeviceTurns.leave`).
+        That move only frees the device early, so it decides nothing: where it fails (a
+        CUDA error), the client's own outcome stands and the failure is logged."""
+        residency, self.residency = self.residency, None
+        try:
+            self.turns.leave(residency)
+        except Exception as error:  # the device's error, which the next client meets too
+            logger.warning("the ended client's state could not leave the device: %s", error)
 
 
 def node_clients(world: Any, placement: ClientPlacement) -> list[int]:

@@ -9,7 +9,8 @@ memory grows with its clients: C clients of a model pair with P parameters hold 
 A :class:`DeviceResidency` holds one client's modules and optimisers. :meth:`to_host` moves
 every tensor of them that is on the client's device to the host (a module's parameters,
 their gradients, any tensor a DP engine left on a parameter, its buffers; an optimiser's
-state tensors), noting which; :meth:`to_device` moves exactly those back. A move is a copy
+state tensors), noting which; :meth:`to_device` moves them back (a module as a whole: a
+client's modules live wholly on its device, so that is what was moved). A move is a copy
 of the values, and a parameter keeps its identity (its ``.data`` changes place), so the
 optimisers' references, the compiled graphs' inputs and every result are unchanged, byte
 for byte. A state tensor that was on the host to begin with (Adam's step count) is left

@@ -157,3 +157,32 @@ def test_a_turn_s_record_says_what_the_device_held_before_and_after_the_state_ca
     arrived = torch.cuda.memory_allocated() - nobody  # a's state, in the allocator's blocks
     assert first_state <= arrived < first_state + 2**20, (arrived, first_state)
     assert record["device_gb_at_turn"] == round((nobody + arrived) / 1e9, 3), record
+
+
+class _MoveFails(DeviceResidency):
+    """A residency whose move to the host fails, as a CUDA error would make it (a CPU's
+    moves cannot fail): the fault injected, not the device."""
+
+    def to_host(self) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_an_ended_clients_failed_move_decides_nothing_and_leaves_it_nobodys(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client ends (returned, or raised its exit) and its state's move off the device
+    fails: ending says so in the log and raises nothing, so the client's outcome stands;
+    the client is nobody's to move again, and the next client takes its turn."""
+    from proxyfl.hosted import HostedClientState
+
+    cpu = torch.device("cpu")
+    turns = DeviceTurns()
+    ended, nxt = _MoveFails(cpu, []), DeviceResidency(cpu, [])
+    state = HostedClientState(torch.get_rng_state(), turns)
+    state.hold(ended)
+    with caplog.at_level("WARNING", logger="proxyfl.hosted"):
+        state.end()
+    assert state.residency is None
+    assert "could not leave the device: CUDA error" in caplog.text
+    turns.take(nxt)  # would raise, were the ended client still counted on the device
+    assert nxt.on_device
