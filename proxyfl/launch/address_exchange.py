@@ -14,10 +14,11 @@ run is written, and nothing is lost.
 
 A relaunch starts clear of it: the PID counter only grows until it wraps at
 ``kernel.pid_max`` (32768 or 4194304), so the relaunch's ranks all lie past the power of
-ten the failed launch straddled. :func:`~proxyfl.launch.job.run_job` relaunches such a
-launch once (:data:`RELAUNCHES`) and says why; any other failure stands as it is. A program
-that starts MPI ranks itself (a benchmark's, a test's) does the same through
-:func:`relaunched_on_unequal_addresses`.
+ten the failed launch straddled. A launch that failed so is launched once more
+(:data:`RELAUNCHES`), with a warning that says why, by one loop
+(:func:`launched_again_on_unequal_addresses`): :func:`~proxyfl.launch.job.run_job`'s, and,
+through :func:`relaunched_on_unequal_addresses`, a program's that starts MPI ranks itself
+(a benchmark's, a test's); any other failure stands as it is.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Callable
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # the address exchange's frame in MPICH's error stack, and the collective's complaint
 EXCHANGE_FRAME = "MPIDI_OFI_comm_addr_exchange"
@@ -65,18 +68,43 @@ class AddressesOfUnequalLength(RuntimeError):
         self.exit_code, self.lines = exit_code, lines
 
 
+def launched_again_on_unequal_addresses(launch: Callable[[], T], what: str) -> T:
+    """What ``launch()`` gave, launched again, up to :data:`RELAUNCHES` times, while it
+    raises :class:`AddressesOfUnequalLength` (module doc), with a warning naming ``what``
+    each time; the last launch's failure is raised as it is."""
+    for _ in range(RELAUNCHES):
+        try:
+            return launch()
+        except AddressesOfUnequalLength as failed:  # no rank ran: nothing to lose
+            logger.warning("%s: %s; launching it again", what, failed)
+    return launch()
+
+
+class _FailedLaunch(AddressesOfUnequalLength):
+    """:class:`AddressesOfUnequalLength` of a captured launch, holding its result."""
+
+    def __init__(self, result: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(result.returncode, [])
+        self.result = result
+
+
 def relaunched_on_unequal_addresses(
     launch: Callable[[], subprocess.CompletedProcess[str]],
 ) -> subprocess.CompletedProcess[str]:
     """What ``launch()`` (an MPI launch run to its end, its output captured) gave, launched
-    again, up to :data:`RELAUNCHES` times, where its ``MPI_Init`` failed in the address
-    exchange (module doc); a warning says so."""
-    for _ in range(RELAUNCHES):
+    again where its ``MPI_Init`` failed in the address exchange
+    (:func:`launched_again_on_unequal_addresses`); the last launch's result, failed or not."""
+
+    def checked() -> subprocess.CompletedProcess[str]:
         result = launch()
         watch = AddressExchangeWatch()
         for line in f"{result.stdout or ''}\n{result.stderr or ''}".splitlines():
             watch.add(line)
-        if result.returncode == 0 or not watch.failed:
-            return result
-        logger.warning("%s; launching it again", AddressesOfUnequalLength(result.returncode, []))
-    return launch()
+        if result.returncode != 0 and watch.failed:
+            raise _FailedLaunch(result)
+        return result
+
+    try:
+        return launched_again_on_unequal_addresses(checked, "an MPI launch")
+    except _FailedLaunch as failed:
+        return failed.result

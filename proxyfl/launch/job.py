@@ -45,9 +45,9 @@ from proxyfl.engine.validation import (
 )
 from proxyfl.launch.accounting import record_launcher_wall
 from proxyfl.launch.address_exchange import (
-    RELAUNCHES,
     AddressesOfUnequalLength,
     AddressExchangeWatch,
+    launched_again_on_unequal_addresses,
 )
 from proxyfl.launch.hosts import lost_host, named_hosts
 from proxyfl.launch.placement import Placement
@@ -359,16 +359,14 @@ def _run_job(
     with warm as forked:
         if forked is not None:
             process_env.update(forked.environment())
-        for relaunch in range(RELAUNCHES + 1):
-            try:
-                _launch(job, forked, process_env, on_line, tail_lines, on_round)
-                return
-            except AddressesOfUnequalLength as failed:  # no rank ran: nothing to lose
-                if relaunch == RELAUNCHES:
-                    raise TrainingJobFailed(job, failed.exit_code, None, failed.lines,
-                                            reason=str(failed)) from failed  # fmt: skip
-                logger.warning("%s seed %d: %s; launching it again (%s)", job.algorithm,
-                               job.seed, failed, "proxyfl.launch.address_exchange")  # fmt: skip
+        try:
+            launched_again_on_unequal_addresses(
+                lambda: _launch(job, forked, process_env, on_line, tail_lines, on_round),
+                f"{job.algorithm} seed {job.seed}",
+            )
+        except AddressesOfUnequalLength as failed:
+            raise TrainingJobFailed(job, failed.exit_code, None, failed.lines,
+                                    reason=str(failed)) from failed  # fmt: skip
 
 
 def rank_environment(placement: Placement, env: Mapping[str, str] | None = None) -> dict[str, str]:
