@@ -186,15 +186,21 @@ class Participant:
 def provision(project: Project, out: Path, warm_jobs: bool = False) -> Kits:
     """Write ``project``'s kits under ``out`` (a new CA each time) and their local settings;
     ``warm_jobs``: the sites fork their job processes from the warm server their
-    environment names (sites on the machine of the launch that started one)."""
+    environment names (sites on the machine of the launch that started one).
+
+    ``out`` is the provisioner's alone (0700), and so is every file ``nvflare provision``
+    writes (umask 077): its ``state/cert.json`` holds the CA's private key and every
+    participant's, which it writes with the process's umask (0644 under the usual 022:
+    anyone on the machine could have issued a certificate for any centre)."""
     out = out.resolve()  # nvflare provision runs in it
     out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o700)
     project_file = out / "project.yml"
     write_text(project_file, yaml.safe_dump(project.project_file(), sort_keys=False))
     done = subprocess.run(
         [sys.executable, "-m", "nvflare.cli", "provision", "-p", str(project_file),
          "-w", str(out)],
-        cwd=out, capture_output=True, text=True, timeout=300,
+        cwd=out, capture_output=True, text=True, timeout=300, umask=0o077,
     )  # fmt: skip
     roots = sorted((out / project.name).glob("prod_*"))
     if done.returncode != 0 or not roots:

@@ -161,6 +161,25 @@ def test_a_flare_job_writes_the_bytes_of_mpiexec(
                 if "nvflare" in " ".join(command_line(p))]  # fmt: skip
 
 
+def test_the_kits_private_keys_are_the_provisioners_alone(tmp_path: Path) -> None:
+    """Provisioned under the usual umask (022), the kits' folder is its owner's alone and
+    so is every file holding a private key: FLARE's ``state/cert.json`` (the CA's key and
+    every participant's, 0644 before) and each participant's ``*.key``."""
+    previous = os.umask(0o022)
+    try:
+        kits = provision(Project("proxyfl", SERVER_HOST, free_port(), ("centre-0", "centre-1")),
+                         tmp_path / "kits")  # fmt: skip
+    finally:
+        os.umask(previous)
+    out = tmp_path / "kits"
+    state = out / "proxyfl" / "state" / "cert.json"
+    assert "root_pri_key" in state.read_text()
+    keys = [state, *out.rglob("*.key")]
+    assert len(keys) == 1 + 4 and kits.site("centre-1") in {k.parents[1] for k in keys}
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert {oct(path.stat().st_mode & 0o777) for path in keys} == {oct(0o600)}
+
+
 def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:
     """A site whose kit comes from another provisioning (another CA) is refused in its TLS
     handshake: one line naming it, within a minute, and nothing left running."""
