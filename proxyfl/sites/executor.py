@@ -134,7 +134,7 @@ class RankExecutor(Executor):
                 link.abort(status)
         reply[STATUS] = int(status or 0)
         if run_dir is not None:  # a federation's site: what may leave it goes back
-            reply[RESULTS] = results_that_leave(run_dir, rank)
+            reply[RESULTS] = results_that_leave(run_dir, rank, finished=status == 0)
         return reply
 
 
@@ -143,6 +143,11 @@ def _job_at_this_site(task: Shareable) -> tuple[list[str], Path, Path | None]:
     the run directory at this site (:mod:`proxyfl.sites.federation`): its configuration
     carried in the task, written into the site's own runs folder with its own stores."""
     if CONFIG not in task:  # the local launcher's: its config.json, in its folder
+        if SiteFolders.configured():  # never a file and folder of the administrator's here
+            raise FederationError(
+                "this site runs a federation's jobs in its own folders: "
+                "a job naming a configuration file and a folder is refused"
+            )
         return list(task[ARGUMENTS]), Path(task[WORKING_DIRECTORY]), None
     from pydantic import ValidationError
 

@@ -78,13 +78,24 @@ class SiteFolders:
         return cls(Path(env[DATA_ENV]), Path(env[RUNS_ENV]))
 
     def run_config(self, config_json: str, run_name: str) -> TrainConfig:
-        """The job's configuration at this site: ``config_json`` validated, its stores and
-        run directory this site's."""
+        """The job's configuration at this site: ``config_json`` validated, every path in
+        it this site's: its stores, its run directory and torch.compile's cache (the
+        default, in the site's project) whatever the job said; a canary plan, a file of
+        the administrator's, is refused (a canary run has no federated form)."""
         values = json.loads(config_json)
         if not isinstance(values, dict):
             raise FederationError("the job's configuration is not a JSON object")
+        if values.get("canaries") is not None:
+            raise FederationError("the job names a canary plan (a file of the administrator's):"
+                                  " a canary run has no federated form")  # fmt: skip
+        values.pop("compile_cache", None)
         values.update(data=str(self.data), run_dir=str(self.runs / checked_run_name(run_name)))
         return TrainConfig.model_validate(values)
+
+    @staticmethod
+    def configured(env: Mapping[str, str] = os.environ) -> bool:
+        """Whether this process is a federation's site (``sites start`` gave it folders)."""
+        return bool(env.get(DATA_ENV) and env.get(RUNS_ENV))
 
     def write_run_config(self, config_json: str, run_name: str, replace: bool = False) -> Path:
         """``RUNS/RUN_NAME/config.json`` of :meth:`run_config`, for the rank program;
@@ -108,9 +119,13 @@ def names_that_leave(rank: int) -> list[str]:
     return sorted(names)
 
 
-def results_that_leave(run_dir: Path, rank: int) -> dict[str, bytes]:
-    """The files of ``run_dir`` among :func:`names_that_leave` that exist, by name."""
-    return {name: (run_dir / name).read_bytes() for name in names_that_leave(rank)
+def results_that_leave(run_dir: Path, rank: int, finished: bool = True) -> dict[str, bytes]:
+    """The files of ``run_dir`` among :func:`names_that_leave` that exist, by name; of a
+    rank that did not finish, its failure record alone: the run's other records at the
+    site may be an earlier run's (one of another configuration, which the rank refused),
+    and would be written beside this job's configuration."""
+    names = names_that_leave(rank) if finished else [f"{FAILURES_DIR}/rank_{rank}.json"]
+    return {name: (run_dir / name).read_bytes() for name in names
             if (run_dir / name).is_file()}  # fmt: skip
 
 

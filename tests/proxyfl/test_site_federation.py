@@ -64,6 +64,31 @@ def test_replace_deletes_the_sites_earlier_run_of_that_name(tmp_path: Path) -> N
     assert not earlier.exists()
 
 
+def test_a_site_takes_no_path_from_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path a federation's rank uses is its site's: torch.compile's cache is the
+    site's default whatever the job names, a canary plan (a file of the administrator's)
+    is refused, and so is a task of the local launcher's form (a configuration file and a
+    folder named), which would run the rank outside the site's folders."""
+    from nvflare.apis.shareable import Shareable
+
+    from proxyfl.sites.executor import ARGUMENTS, WORKING_DIRECTORY, _job_at_this_site
+
+    folders = SiteFolders(tmp_path / "stores", tmp_path / "runs")
+    config = folders.run_config(_config_json(compile_cache="/elsewhere/cache"), "FedAvg/seed_3")
+    assert config.compile_cache == TrainConfig.model_fields["compile_cache"].default
+    with pytest.raises(FederationError, match="canary plan"):
+        folders.run_config(_config_json(canaries="/admin/canaries.json"), "FedAvg/seed_3")
+    task = Shareable()
+    task[ARGUMENTS], task[WORKING_DIRECTORY] = ["--config", "/admin/config.json"], "/admin"
+    for name, value in folders.environment().items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(FederationError, match="its own folders"):
+        _job_at_this_site(task)
+    for name in folders.environment():  # the local launcher's own sites: taken as it is
+        monkeypatch.delenv(name)
+    assert _job_at_this_site(task) == (["--config", "/admin/config.json"], Path("/admin"), None)
+
+
 def test_a_configuration_the_site_cannot_validate_is_refused(tmp_path: Path) -> None:
     folders = SiteFolders(tmp_path / "stores", tmp_path / "runs")
     with pytest.raises(ValueError, match="rounds"):
@@ -102,6 +127,15 @@ def test_only_records_leave_a_site_never_models_predictions_or_checkpoints(
     assert all(data == name.encode() for name, data in rank_0.items())
     assert not any(name.startswith(("models/", "predictions/", "checkpoints/"))
                    for rank in (0, 1, 7) for name in names_that_leave(rank))  # fmt: skip
+
+
+def test_a_rank_that_did_not_finish_sends_its_failure_record_alone(tmp_path: Path) -> None:
+    """A rank that refused the job (its site's run of that name has another configuration:
+    exit 2) or failed sends no run record: those at its site may be an earlier run's."""
+    run_dir = _run(tmp_path / "run")
+    assert results_that_leave(run_dir, 0, finished=False) == {}  # rank 0 has no failure here
+    assert results_that_leave(run_dir, 1, finished=False) == {
+        "failures/rank_1.json": b"failures/rank_1.json"}  # fmt: skip
 
 
 def test_a_site_cannot_send_another_ranks_records(tmp_path: Path) -> None:
