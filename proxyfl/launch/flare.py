@@ -45,9 +45,9 @@ from typing import Any, TextIO
 
 from plumbing.network import accepts, free_port, port_taken
 from plumbing.processes import adopt_orphans, parent_bound_command, stop_trees
-from plumbing.refusals import EXIT_REFUSED
+from plumbing.refusals import EXIT_REFUSED, machine_refusal
 from proxyfl.engine.validation import RankFailure, record_failure
-from proxyfl.launch.kits import ADMIN, Kits, Participant, Project, provision
+from proxyfl.launch.kits import ADMIN, Kits, Participant, Project, ProvisionError, provision
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,19 @@ def _connected(session: Any) -> set[str]:
     return {client.name for client in session.get_connected_client_list()}
 
 
+def _provisioned(project: Project, out: Path) -> Kits:
+    """``project``'s kits in ``out`` (:func:`~proxyfl.launch.kits.provision`, the sites'
+    job processes forked warm), or :class:`FlareJobError` with the machine's refusal
+    status: a folder that cannot be written, a full disk, a provisioning that failed or
+    did not end are no rank's fault, and a retry would meet them again."""
+    try:
+        return provision(project, out, warm_jobs=True)
+    except (ProvisionError, OSError, subprocess.TimeoutExpired) as error:
+        cause = machine_refusal(error) or str(error)
+        raise FlareJobError(f"the job's kits could not be provisioned: {cause}",
+                            EXIT_REFUSED) from error  # fmt: skip
+
+
 def run_flare_job(
     run_dir: Path, arguments: list[str], sites: list[str], connect_timeout_s: float,
     out: TextIO = sys.stdout,
@@ -215,7 +228,7 @@ def run_flare_job(
         # the kits' keys do not outlive the job (a rerun provisions a project of its own)
         stack.callback(shutil.rmtree, workspace / "kits", ignore_errors=True)
         # the sites' job processes fork from run_job's warm server, as mpiexec's ranks do
-        kits = provision(project, workspace / "kits" / f"port-{port}", warm_jobs=True)
+        kits = _provisioned(project, workspace / "kits" / f"port-{port}")
         processes = stack.enter_context(FlareProcesses(workspace / "logs", env, out))
         server = start_server(processes, kits, connect_timeout_s)
         for site in sites:

@@ -34,6 +34,7 @@ from proxyfl.launch.flare import (
     FlareJobError,
     FlareProcesses,
     admin_session,
+    run_flare_job,
     start_server,
     start_site,
     wait_for_sites,
@@ -178,6 +179,27 @@ def test_the_kits_private_keys_are_the_provisioners_alone(tmp_path: Path) -> Non
     assert len(keys) == 1 + 4 and kits.site("centre-1") in {k.parents[1] for k in keys}
     assert out.stat().st_mode & 0o777 == 0o700
     assert {oct(path.stat().st_mode & 0o777) for path in keys} == {oct(0o600)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only tmpfs (needs root)")
+def test_kits_that_cannot_be_provisioned_are_the_machines_refusal(tmp_path: Path) -> None:
+    """A run folder on a read-only file system: the job ends before any process starts,
+    in one line naming the folder and why, with the machine's refusal status (3: not
+    retried), not a traceback and exit 1."""
+    run_dir = tmp_path / "readonly"
+    run_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(run_dir)],
+                   check=True)  # fmt: skip
+    try:
+        with pytest.raises(FlareJobError) as refused:
+            run_flare_job(run_dir, ["--config", "unused"], ["centre-0"], 60.0)
+    finally:
+        subprocess.run(["umount", "-l", str(run_dir)], check=False)
+    assert refused.value.status == 3
+    assert str(refused.value) == (
+        f"the job's kits could not be provisioned: {run_dir / 'flare'}: on a read-only file "
+        "system (EROFS): write elsewhere (an output option or params)"
+    )
 
 
 def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:
