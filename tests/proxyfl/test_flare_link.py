@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.shareable import Shareable
+from nvflare.apis.shareable import Shareable, make_reply
 
-from proxyfl.comm.flare.link import MESSAGE_TOPIC, AuxLink, Inbox, attempt_timeout_s
+from proxyfl.comm.flare.link import (
+    ABORT_TOPIC,
+    MESSAGE_TOPIC,
+    SERVER,
+    STATUS,
+    AuxLink,
+    Inbox,
+    JobStopped,
+    attempt_timeout_s,
+)
 from proxyfl.sites.executor import RankExecutor
 
 
@@ -72,3 +82,30 @@ def test_a_message_without_its_sequence_number_is_refused() -> None:
     request.set_peer_props({ReservedKey.IDENTITY_NAME: "centre-0"})
     answer = receiver._on_message(MESSAGE_TOPIC, request, None)
     assert answer.get_return_code() == "BAD_REQUEST_DATA"
+
+
+class _LossyServer:
+    """Stands in for FLARE's engine between a rank and the server's controller: the
+    aborts it is given are lost (no answer) ``lost`` times, then answered."""
+
+    def __init__(self, lost: int) -> None:
+        self.lost, self.aborts = lost, []
+
+    def send_aux_request(self, targets: list[str], topic: str, request: Shareable,
+                         timeout: float, fl_ctx: Any) -> dict[str, Shareable]:  # fmt: skip
+        assert (targets, topic) == ([SERVER], ABORT_TOPIC)
+        self.aborts.append(request[STATUS])
+        if len(self.aborts) <= self.lost:
+            return {}
+        return {SERVER: make_reply("OK")}
+
+
+def test_a_lost_abort_is_told_again_until_the_server_has_it() -> None:
+    """A rank that ends the job (exit 2) and whose abort got no answer tells the server
+    again: else no site hears the job is ending, and the others wait for this rank's next
+    message for ever. Once the server has it, the rank stops, with its status."""
+    server = _LossyServer(lost=2)
+    link = AuxLink(server, None, ["centre-0", "centre-1"], 1, Inbox())
+    with pytest.raises(JobStopped) as stopped:
+        link.abort(2)
+    assert server.aborts == [2, 2, 2] and stopped.value.status == 2

@@ -93,11 +93,27 @@ class AuxLink:
         return self.inbox.take(self.sites[peer], tag, self.aborted)
 
     def abort(self, status: int) -> NoReturn:
+        """Tell the server this rank ends the job with ``status``, again until it has the
+        message (it then tells every site: the others would otherwise wait for this
+        rank's next message for ever), for at most ``send_timeout_s``, or until the job is
+        being stopped anyway; then raise :class:`JobStopped`."""
+        from nvflare.apis.fl_constant import ReturnCode
         from nvflare.apis.shareable import Shareable
 
         request = Shareable()
         request[STATUS] = int(status)
         request[RANK] = self.rank
-        self.engine.send_aux_request(targets=[SERVER], topic=ABORT_TOPIC, request=request,
-                                     timeout=30.0, fl_ctx=self.fl_ctx)  # fmt: skip
+        started = time.perf_counter()
+        while True:
+            replies = self.engine.send_aux_request(targets=[SERVER], topic=ABORT_TOPIC,
+                                                   request=request, timeout=30.0,
+                                                   fl_ctx=self.fl_ctx)  # fmt: skip
+            reply = replies.get(SERVER)
+            if reply is not None and reply.get_return_code() == ReturnCode.OK:
+                break
+            if self.inbox.stopped is not None or (
+                self.aborted is not None and self.aborted.triggered
+            ) or time.perf_counter() - started > self.send_timeout_s:  # fmt: skip
+                break
+            time.sleep(0.2)
         raise JobStopped(status, f"rank {self.rank} ended the job with status {status}")
