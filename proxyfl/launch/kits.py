@@ -18,7 +18,12 @@ fills each kit's ``local/`` folder with what this project needs of a site:
   a job's process from the warm server the participant's environment names (``sites
   start`` runs one for each), else start it as FLARE does;
 - ``comm_config.json``: gRPC without ``SO_REUSEPORT`` (with it, a second server binds a port
-  already taken and says nothing), and messages up to FLARE's frame limit.
+  already taken and says nothing), and messages up to FLARE's frame limit;
+- ``authorization.json``: FLARE's default policy but for the administrator's role
+  (``project_admin``), which it grants everything: here it submits, manages and downloads
+  jobs and operates the participants, but runs no shell command on a participant's kit
+  folder and sends no code with a job (``byoc``), so that the one who coordinates the
+  federation cannot read a hospital's files through FLARE.
 
 :func:`admin_settings` gives the administrator's kit its patience with a loaded server
 (:data:`ADMIN_MESSAGE_TIMEOUT_S`), in ``startup/fed_admin.json``, which FLARE checks
@@ -47,6 +52,11 @@ ADMIN = "admin@proxyfl.org"
 # the package prefix a job's components may come from (FLARE's class_allow_list: a prefix
 # ends with a dot)
 ALLOWED_PACKAGE = "proxyfl.sites."
+# the administrator's rights at every participant (module doc): no shell, no code sent
+ADMIN_RIGHTS = {"submit_job": "any", "clone_job": "any", "manage_job": "any",
+                "download_job": "any", "view": "any", "operate": "any",
+                "shell_commands": "none", "byoc": "none",
+                "server-predeployed-flwr": "none"}  # fmt: skip
 # FLARE's largest frame (2 GiB less 2 MiB): a message is streamed in chunks below it
 MAX_MESSAGE_BYTES = 2_145_386_496
 # how often the server's scheduler looks for a job to start (FLARE's default: 10 s, which a
@@ -250,6 +260,9 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
                     ["grpc.max_send_message_length", MAX_MESSAGE_BYTES],
                     ["grpc.max_receive_message_length", MAX_MESSAGE_BYTES]]  # fmt: skip
     write_json(local / "comm_config.json", {"grpc": {"options": grpc_options}})
+    policy = json.loads((local / "authorization.json.default").read_text())
+    policy["permissions"]["project_admin"] = ADMIN_RIGHTS
+    write_json(local / "authorization.json", policy)
 
 
 def _store_in(resources: dict, kit: Path) -> None:

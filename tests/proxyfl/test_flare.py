@@ -202,6 +202,23 @@ def test_kits_that_cannot_be_provisioned_are_the_machines_refusal(tmp_path: Path
     )
 
 
+def test_the_administrator_runs_no_shell_command_at_a_site(tmp_path: Path) -> None:
+    """FLARE's default policy grants the administrator's role everything, shell commands
+    on a participant's kit folder included (``ls``, ``cat``: a hospital's files read by
+    whoever coordinates): the kits' policy refuses them, at a site and at the server."""
+    from nvflare.fuel.flare_api.api_spec import AuthorizationError
+
+    kits = provision(Project("proxyfl", SERVER_HOST, free_port(), ("centre-0",)), tmp_path / "k")
+    with FlareProcesses(tmp_path / "logs", dict(os.environ), io.StringIO()) as processes:
+        start_server(processes, kits, 60)
+        start_site(processes, "centre-0", kits.site("centre-0"))
+        with admin_session(kits, 60) as session:
+            wait_for_sites(session, ["centre-0"], processes, 60)
+            for target in ("centre-0", "server"):
+                with pytest.raises(AuthorizationError):
+                    session.cat_target(target, file="local/resources.json")
+
+
 def test_a_site_of_another_project_cannot_join(tmp_path: Path) -> None:
     """A site whose kit comes from another provisioning (another CA) is refused in its TLS
     handshake: one line naming it, within a minute, and nothing left running."""
