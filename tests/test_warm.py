@@ -98,22 +98,24 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 
 def _start(warm: WarmRanks, env: dict[str, str], tmp_path: Path, name: str, *args: str,
-           value: str = "v", ignoring: tuple[str, ...] = ()
+           value: str = "v", ignoring: tuple[str, ...] = (), starter: list[str] | None = None,
            ) -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
     """A rank started as mpiexec would: through the shim, with one extra descriptor (a
     pipe holding a word) at a number the program is told, and the signals named in
-    ``ignoring`` inherited ignored."""
+    ``ignoring`` inherited ignored; or by ``starter``, a command that starts the shim
+    (its standard output a pipe)."""
     out = tmp_path / f"{name}.json"
     read_end, write_end = os.pipe()
     os.write(write_end, name.encode())
     os.close(write_end)
     rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out),
                 "PROBE_VALUE": value, "PROBE_FD": str(read_end)}  # fmt: skip
-    command = [sys.executable, "-I", "-S", "-c", LAUNCHER, ",".join(ignoring),
-               *warm.program([sys.executable, "-m", "warm_probe", *args])]  # fmt: skip
+    launcher = starter or [sys.executable, "-I", "-S", "-c", LAUNCHER, ",".join(ignoring)]
+    command = [*launcher, *warm.program([sys.executable, "-m", "warm_probe", *args])]
     cwd = tmp_path / name
     cwd.mkdir()
-    process = subprocess.Popen(command, env=rank_env, cwd=cwd, pass_fds=(read_end,))
+    process = subprocess.Popen(command, env=rank_env, cwd=cwd, pass_fds=(read_end,),
+                               stdout=None if starter is None else subprocess.PIPE)  # fmt: skip
     os.close(read_end)
     return process, out
 
@@ -344,17 +346,9 @@ def test_a_rank_ends_when_whoever_started_its_shim_is_killed(modules: Path, tmp_
     env = _environment(modules, tmp_path)
     with warm_server(env, []) as warm:
         assert warm is not None
-        out, shim_said = tmp_path / "site.json", tmp_path / "shim.err"
-        read_end, write_end = os.pipe()
-        os.write(write_end, b"site")
-        os.close(write_end)
-        rank_env = {**warm.environment(), **env, "PROBE_OUT": str(out), "PROBE_VALUE": "v",
-                    "PROBE_FD": str(read_end)}  # fmt: skip
-        program = warm.program([sys.executable, "-m", "warm_probe", "sleep"])
-        site = subprocess.Popen([sys.executable, "-c", STARTER, str(shim_said), *program],
-                                env=rank_env, cwd=tmp_path, pass_fds=(read_end,),
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
-        os.close(read_end)
+        shim_said = tmp_path / "shim.err"
+        site, out = _start(warm, env, tmp_path, "site", "sleep",
+                           starter=[sys.executable, "-c", STARTER, str(shim_said)])  # fmt: skip
         assert site.stdout is not None
         shim = int(site.stdout.readline())
         _wait_for(Path(str(out) + ".ready"))

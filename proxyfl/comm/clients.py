@@ -185,13 +185,14 @@ class ClientWorld(MessageWorld):
     placement's clients, knowing which rank hosts each (named in errors and records).
     ``local_rank`` and ``local_size``: the client's place among its node's clients."""
 
+    link: ClientLink
+
     def __init__(self, link: ClientLink, local_rank: int, local_size: int) -> None:
         super().__init__(link, link.client, link.placement.clients, local_rank, local_size)
         self.placement = link.placement
         self.host_rank = link.rank
-        self.client_link = link
 
     def hold_on_device(self, residency: DeviceResidency) -> None:
         """The client's models and optimisers leave the device while the others of its
         rank compute (:meth:`ClientState.hold`)."""
-        self.client_link.state.hold(residency)
+        self.link.state.hold(residency)

@@ -4,7 +4,11 @@ It sends every site the one task ``rank`` (the sites in rank order, the rank pro
 arguments, where each rank runs) and waits for all of them. A rank that aborts says so
 (:data:`~proxyfl.comm.flare.link.ABORT_TOPIC`); the server then tells every site
 (:data:`~proxyfl.comm.flare.link.STOP_TOPIC`) so that no rank waits for a message that
-will never come, and the job's status is that rank's. The outcome (each rank's status, the
+will never come, and the job's status is that rank's. An abort counts only where its
+sender's signature proves it came from the site of the rank it names, and the stop is
+signed by the server (:mod:`proxyfl.comm.flare.signing`). A rank that answers its task
+with a failure without having aborted (it could not sign, or its abort was lost) ends the
+job all the same. The outcome (each rank's status, the
 job's) is written as JSON to ``outcome_file`` for the launcher on this machine.
 
 A job submitted to a running federation (:mod:`proxyfl.sites.submit`) carries the
@@ -24,15 +28,30 @@ from pathlib import Path
 from typing import Any
 
 from nvflare.apis.client import Client
-from nvflare.apis.controller_spec import Task
-from nvflare.apis.fl_constant import ReservedKey, ReturnCode
+from nvflare.apis.controller_spec import ClientTask, Task
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.impl.controller import Controller
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 
 from plumbing.processes import exit_when_orphaned
-from proxyfl.comm.flare.link import ABORT_TOPIC, RANK, STATUS, STOP_TOPIC
+from proxyfl.comm.flare.link import (
+    ABORT_TOPIC,
+    RANK,
+    REASON,
+    SERVER,
+    STATUS,
+    STOP_TOPIC,
+    UNVERIFIED,
+)
+from proxyfl.comm.flare.signing import (
+    EVERY_SITE,
+    SENDER_HEADER,
+    Credentials,
+    CredentialsError,
+    UnverifiedSender,
+)
 from proxyfl.engine.validation import EXIT_STOPPED
 from proxyfl.sites.executor import (
     ARGUMENTS,
@@ -81,33 +100,81 @@ class RunController(Controller):
         self.task_timeout_s = task_timeout_s
         self.aborted_by: tuple[int, int] | None = None  # (rank, status) of the first abort
         self._lock = threading.Lock()
+        # the job's name and the server kit's keys (or why it has none): start_controller's
+        self.job = ""
+        self.credentials: Credentials | CredentialsError = CredentialsError("no job yet")
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         # as a site's job process (proxyfl.sites.executor): the server killed outright, its
         # job's process ends at once
         exit_when_orphaned(EXIT_STOPPED, "proxyfl.sites: the server is gone; its job process ends")
+        startup = Path(fl_ctx.get_workspace().get_startup_kit_dir())
+        try:
+            credentials: Credentials | CredentialsError = Credentials.of_kit(startup)
+        except CredentialsError as error:  # the sites' aborts cannot be checked, nor a stop
+            self.log_error(fl_ctx, f"the server cannot sign or check messages: {error}")
+            credentials = error
+        self.begin(str(fl_ctx.get_job_id()), credentials)
         fl_ctx.get_engine().register_aux_message_handler(ABORT_TOPIC, self._on_abort)
 
+    def begin(self, job: str, credentials: Credentials | CredentialsError) -> None:
+        """Take aborts in the job ``job``, checked with ``credentials`` (none taken where it
+        is the error of reading them)."""
+        self.job, self.credentials = job, credentials
+
     def _on_abort(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
-        status, rank = int(request.get(STATUS, 1)), int(request.get(RANK, -1))
-        site = request.get_peer_prop(ReservedKey.IDENTITY_NAME, "")
+        status, rank = request.get(STATUS), request.get(RANK)
+        if not isinstance(status, int) or not isinstance(rank, int):
+            return make_reply(ReturnCode.BAD_REQUEST_DATA)
+        try:
+            if isinstance(self.credentials, CredentialsError):
+                raise UnverifiedSender(f"the server cannot check signatures: {self.credentials}")
+            site = self.credentials.sender(request, self.job, ABORT_TOPIC, SERVER, (status, rank))
+            if site not in self.sites or self.sites.index(site) != rank:
+                raise UnverifiedSender(f"{site!r} is not rank {rank} of this job")
+        except UnverifiedSender as reason:
+            self.log_error(fl_ctx, f"refused an abort in the name of "
+                           f"{request.get_header(SENDER_HEADER)!r}: {reason}")  # fmt: skip
+            reply = make_reply(UNVERIFIED)
+            reply[REASON] = f"the server: {reason}"
+            return reply
+        self._end_job(rank, status, fl_ctx)
+        return make_reply(ReturnCode.OK)
+
+    def _end_job(self, rank: int, status: int, fl_ctx: FLContext) -> None:
+        """Rank ``rank`` ended the job with ``status``: tell every other site, once (the
+        first rank to end it decides the job's status)."""
         with self._lock:
             first = self.aborted_by is None
             if first:
                 self.aborted_by = (rank, status)
         if first:
+            site = self.sites[rank]
             self.log_warning(fl_ctx, f"{site} (rank {rank}) ended the job with status {status}")
             others = [name for name in self.sites if name != site]
-            # the handler must not wait on the sites: they are told from a thread
+            # neither an aux handler nor a task's callback may wait on the sites: they are
+            # told from a thread
             threading.Thread(target=self._tell_to_stop, args=(others, status, fl_ctx),
                              daemon=True).start()  # fmt: skip
-        return make_reply(ReturnCode.OK)
+
+    def _on_result(self, client_task: ClientTask, fl_ctx: FLContext) -> None:
+        """A rank that answered with a failure ends the job, where it has not told the
+        server so itself (its abort lost, or it could not sign one)."""
+        result = client_task.result
+        status = result.get(STATUS) if result is not None else None
+        if isinstance(status, int) and status != 0 and client_task.client.name in self.sites:
+            self._end_job(self.sites.index(client_task.client.name), status, fl_ctx)
 
     def _tell_to_stop(self, sites: list[str], status: int, fl_ctx: FLContext) -> None:
-        """Tell each of ``sites`` the job is ending, again until it has heard it (a site
-        whose job has not started yet cannot), for at most ``STOP_RELAY_S``."""
+        """Tell each of ``sites`` the job is ending, signed by the server, again until it
+        has heard it (a site whose job has not started yet cannot), for at most
+        ``STOP_RELAY_S``."""
+        if isinstance(self.credentials, CredentialsError):
+            self.log_error(fl_ctx, f"the sites cannot be told to stop: {self.credentials}")
+            return
         stop = Shareable()
         stop[STATUS] = status
+        self.credentials.sign(stop, self.job, STOP_TOPIC, EVERY_SITE, (status,))
         engine = fl_ctx.get_engine()
         deadline = time.monotonic() + STOP_RELAY_S
         while sites and time.monotonic() < deadline:
@@ -127,7 +194,8 @@ class RunController(Controller):
             data[REPLACE] = self.replace
         else:
             data[ARGUMENTS], data[WORKING_DIRECTORY] = self.arguments, self.working_directory
-        task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s))
+        task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s),
+                    result_received_cb=self._on_result)  # fmt: skip
         self.broadcast_and_wait(task=task, fl_ctx=fl_ctx, targets=self.sites,
                                 min_responses=len(self.sites), wait_time_after_min_received=0,
                                 abort_signal=abort_signal)  # fmt: skip

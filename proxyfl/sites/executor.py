@@ -7,6 +7,10 @@ FLARE's aux messages (:class:`~proxyfl.comm.flare.link.AuxLink`), and answers wi
 rank's exit status. The rank's log lines go to the site's standard error with the rank
 program's own prefix (``[rank N]``), as under mpiexec.
 
+Every message it takes is checked for its sender's signature, and every one it sends is
+signed, with the keys of the site's startup kit (:mod:`proxyfl.comm.flare.signing`): a
+message in another site's name, or a stop in the server's, is refused and logged.
+
 A federation's task carries the run's configuration instead of a path to it: the rank runs
 in this site's own folders (:mod:`proxyfl.sites.federation`), and the answer carries the
 files of the run that may leave the site.
@@ -26,7 +30,7 @@ from typing import Any
 
 from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import ReservedKey, ReturnCode
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
@@ -35,13 +39,22 @@ from plumbing.processes import exit_when_orphaned
 from proxyfl.comm.flare.link import (
     MESSAGE_TOPIC,
     PAYLOAD,
+    REASON,
     SEQUENCE_HEADER,
     STATUS,
     STOP_TOPIC,
     TAG_HEADER,
+    UNVERIFIED,
     AuxLink,
     Inbox,
     JobStopped,
+)
+from proxyfl.comm.flare.signing import (
+    EVERY_SITE,
+    SENDER_HEADER,
+    Credentials,
+    CredentialsError,
+    UnverifiedSender,
 )
 from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failures
 from proxyfl.launch.progress import rank_line_format
@@ -65,6 +78,7 @@ ERROR = "error"  # a site's one line, where its rank could not start
 # the loggers of the rank program (proxyfl.run configures the root logger under mpiexec;
 # here the root logger is FLARE's)
 RANK_LOGGERS = ("proxyfl", "plumbing", "camelyon_proxyfl", "analysis")
+logger = logging.getLogger(__name__)
 
 
 class RankExecutor(Executor):
@@ -74,6 +88,9 @@ class RankExecutor(Executor):
         super().__init__()
         self.send_timeout_s = send_timeout_s
         self.inbox = Inbox()
+        # this site's name, its job's, and its kit's keys (or why it has none): START_RUN's
+        self.site = self.job = ""
+        self.credentials: Credentials | CredentialsError = CredentialsError("no job yet")
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type == EventType.START_RUN:  # before any peer can send to this site
@@ -82,23 +99,62 @@ class RankExecutor(Executor):
             # the machine was busier, with nothing to save and no one left to hear it
             exit_when_orphaned(EXIT_STOPPED, f"proxyfl.sites: {fl_ctx.get_identity_name()}: "
                                "the site is gone; its job process ends")  # fmt: skip
+            startup = Path(fl_ctx.get_workspace().get_startup_kit_dir())
+            try:
+                credentials: Credentials | CredentialsError = Credentials.of_kit(startup)
+            except CredentialsError as error:  # said again as the task's error
+                logger.error("proxyfl.sites: this site cannot sign its messages: %s", error)
+                credentials = error
+            self.begin(fl_ctx.get_identity_name(), str(fl_ctx.get_job_id()), credentials)
             engine = fl_ctx.get_engine()
             engine.register_aux_message_handler(MESSAGE_TOPIC, self._on_message)
             engine.register_aux_message_handler(STOP_TOPIC, self._on_stop)
 
+    def begin(self, name: str, job: str, credentials: Credentials | CredentialsError) -> None:
+        """Take messages as the site ``name`` in the job ``job``, checked with
+        ``credentials`` (none taken where it is the error of reading them)."""
+        self.site, self.job, self.credentials = name, job, credentials
+
+    def _proven_sender(self, request: Shareable, topic: str, receiver: str,
+                       fields: tuple[str | int, ...], payload: bytes = b"") -> str:  # fmt: skip
+        """``request``'s sender, proven by its signature; else :class:`UnverifiedSender`."""
+        if isinstance(self.credentials, CredentialsError):
+            raise UnverifiedSender(f"this site cannot check signatures: {self.credentials}")
+        return self.credentials.sender(request, self.job, topic, receiver, fields, payload)
+
+    def _refused(self, request: Shareable, topic: str, reason: UnverifiedSender) -> Shareable:
+        logger.error("proxyfl.sites: %s refused a %s message in the name of %r: %s", self.site,
+                     topic, request.get_header(SENDER_HEADER), reason)  # fmt: skip
+        reply = make_reply(UNVERIFIED)
+        reply[REASON] = f"{self.site}: {reason}"
+        return reply
+
     def _on_message(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
-        sender = request.get_peer_prop(ReservedKey.IDENTITY_NAME, "")
         payload = request.get(PAYLOAD)
         if not isinstance(payload, bytes):  # only bytes are ever accepted
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
-        sequence = request.get_header(SEQUENCE_HEADER)
-        if not isinstance(sequence, int):
+        sequence, tag = request.get_header(SEQUENCE_HEADER), request.get_header(TAG_HEADER)
+        if not isinstance(sequence, int) or not isinstance(tag, str):
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
-        self.inbox.deliver(sender, str(request.get_header(TAG_HEADER)), payload, sequence)
+        try:
+            sender = self._proven_sender(request, MESSAGE_TOPIC, self.site, (tag, sequence),
+                                         payload)  # fmt: skip
+        except UnverifiedSender as reason:
+            return self._refused(request, MESSAGE_TOPIC, reason)
+        self.inbox.deliver(sender, tag, payload, sequence)
         return make_reply(ReturnCode.OK)  # a message asked again is answered again
 
     def _on_stop(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
-        status = int(request.get(STATUS, 1))
+        status = request.get(STATUS)
+        if not isinstance(status, int):
+            return make_reply(ReturnCode.BAD_REQUEST_DATA)
+        try:
+            sender = self._proven_sender(request, STOP_TOPIC, EVERY_SITE, (status,))
+            server = self.credentials.server  # proven above: credentials were read
+            if sender != server:
+                raise UnverifiedSender(f"only the server ({server!r}) ends a job")
+        except UnverifiedSender as reason:
+            return self._refused(request, STOP_TOPIC, reason)
         self.inbox.stop(JobStopped(status, f"the job is ending with status {status}"))
         return make_reply(ReturnCode.OK)
 
@@ -112,10 +168,16 @@ class RankExecutor(Executor):
         sites = list(shareable[SITES])
         rank = sites.index(fl_ctx.get_identity_name())
         local_rank, local_size = shareable[PLACEMENT][rank]
-        link = AuxLink(fl_ctx.get_engine(), fl_ctx, sites, rank, self.inbox, abort_signal,
-                       self.send_timeout_s)  # fmt: skip
-        world = MessageWorld(link, rank, len(sites), local_rank, local_size)
         reply = make_reply(ReturnCode.OK)
+        if isinstance(self.credentials, CredentialsError):  # it could neither send nor take
+            line = (f"proxyfl.run: error: rank {rank} ({sites[rank]}): this site cannot "
+                    f"sign its messages: {self.credentials}")  # fmt: skip
+            print(line, file=sys.stderr, flush=True)
+            reply[STATUS], reply[ERROR] = EXIT_BAD_INPUT, line
+            return reply  # the server ends the job on a failed rank's answer
+        link = AuxLink(fl_ctx.get_engine(), fl_ctx, sites, rank, self.inbox, self.credentials,
+                       self.job, abort_signal, self.send_timeout_s)  # fmt: skip
+        world = MessageWorld(link, rank, len(sites), local_rank, local_size)
         run_dir: Path | None = None
         try:
             arguments, working_directory, run_dir = _job_at_this_site(shareable)

@@ -24,6 +24,7 @@ from plumbing.output import passing_output
 from plumbing.warm import WarmRanks, kept_warm_server
 from proxyfl.launch.address_exchange import relaunched_on_unequal_addresses
 from proxyfl.launch.job import RANK_IMPORTS
+from proxyfl.launch.kits import Kits, Project, provision
 from proxyfl.launch.placement import Placement
 from wsi.store.schema import PatchBatch, StoreAttrs, store_path
 from wsi.store.writer import write_patch_store
@@ -89,6 +90,17 @@ def write_stores(
 def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four 16×16 RGB stores, 2 classes, 40 train / 10 test patches each."""
     return write_stores(tmp_path_factory.mktemp("stores"))
+
+
+@pytest.fixture(scope="session")
+def two_projects(tmp_path_factory: pytest.TempPathFactory) -> tuple[Kits, Kits]:
+    """The kits of two FLARE projects (each its own root certificate) of the same names: a
+    server ``localhost`` and the sites ``centre-0`` to ``centre-2``."""
+    folder = tmp_path_factory.mktemp("kits")
+    sites = ("centre-0", "centre-1", "centre-2")
+    ours, theirs = (provision(Project(name, "localhost", 8002, sites), folder / name)
+                    for name in ("ours", "theirs"))  # fmt: skip
+    return ours, theirs
 
 
 def mpi_env() -> dict[str, str]:

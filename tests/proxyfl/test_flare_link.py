@@ -1,62 +1,123 @@
-"""FLARE's aux messages between sites, when a request or its answer is lost: the sender
-asks again within a bounded wait, and the receiver files each message once.
+"""FLARE's aux messages between sites and the server: a lost request or answer is asked
+again within a bounded wait and filed once; a message is filed under the sender its
+signature proves, never the name its peer context carries; only the server stops a job,
+and an abort counts only from the site of the rank it names.
 
-The relay below stands in for FLARE's engine on a link that loses what a loaded FLARE lost
-(a request relayed to a site whose job process had not yet connected: dropped, no answer);
-each request that arrives is handled by the real :class:`RankExecutor`'s handler, and the
-sending side is the real :class:`AuxLink`. ``test_flare.py`` runs the whole of it over
-FLARE itself.
+The relay below stands in for FLARE's engine: a request is serialised as FLARE sends it
+(FOBS), arrives with whatever peer context the sending process wrote (a forging site's
+process writes another site's name there) and is handled by the receiver's real handler
+(:class:`RankExecutor`'s, :class:`RunController`'s); the sending side is the real
+:class:`AuxLink`, signing with the keys of kits made by ``nvflare provision``.
+``test_flare.py`` runs the whole of it over FLARE itself.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from nvflare.apis.client import Client
+from nvflare.apis.controller_spec import ClientTask, Task
 from nvflare.apis.fl_constant import ReservedKey
-from nvflare.apis.shareable import Shareable, make_reply
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
+from nvflare.apis.utils.decomposers import flare_decomposers
+from nvflare.fuel.utils import fobs
 
 from proxyfl.comm.flare.link import (
     ABORT_TOPIC,
     MESSAGE_TOPIC,
     SERVER,
     STATUS,
+    STOP_TOPIC,
+    UNVERIFIED,
     AuxLink,
     Inbox,
     JobStopped,
     attempt_timeout_s,
 )
-from proxyfl.sites.executor import RankExecutor
+from proxyfl.comm.flare.signing import EVERY_SITE, SENDER_HEADER, Credentials
+from proxyfl.engine.validation import EXIT_BAD_INPUT
+from proxyfl.launch.kits import Kits
+from proxyfl.sites.controller import RunController
+from proxyfl.sites.executor import ERROR, PLACEMENT, RANK_TASK, SITES, RankExecutor
+
+JOB = "job-7"
+SITE_NAMES = ["centre-0", "centre-1", "centre-2"]
+Handler = Callable[[str, Shareable, Any], Shareable]
 
 
-class _LossyRelay:
-    """Delivers each request to ``receiver``'s handler as coming from ``sender``, but for
-    the faults planned in turn: ``"request"`` (lost before it arrives), ``"answer"`` (it
-    arrives and is filed, its answer is lost); an empty plan delivers."""
+def _wire(shareable: Shareable) -> Shareable:
+    flare_decomposers.register()
+    return fobs.loads(fobs.dumps(shareable))
 
-    def __init__(self, receiver: RankExecutor, sender: str, plan: list[str]) -> None:
-        self.receiver, self.sender, self.plan = receiver, sender, plan
+
+class _Relay:
+    """FLARE's engine, as the module doc says. ``claimed``: the name the sending process
+    wrote in its peer context; ``forge``: what a forging process changes in a request
+    before it goes; ``plan``: faults in turn, ``"request"`` (lost before it arrives) or
+    ``"answer"`` (it arrives and is handled, its answer is lost)."""
+
+    def __init__(self, handlers: dict[str, dict[str, Handler]], claimed: str = "",
+                 forge: Callable[[Shareable], None] | None = None,
+                 plan: list[str] | None = None) -> None:  # fmt: skip
+        self.handlers, self.claimed, self.forge = handlers, claimed, forge
+        self.plan = plan or []
         self.timeouts: list[float] = []
+        self.fl_ctx = FLContext()
+        self.fl_ctx.set_prop(ReservedKey.ENGINE, self, private=True, sticky=False)
 
     def send_aux_request(self, targets: list[str], topic: str, request: Shareable,
                          timeout: float, fl_ctx: Any) -> dict[str, Shareable]:  # fmt: skip
         self.timeouts.append(timeout)
-        fault = self.plan.pop(0) if self.plan else None
-        if fault == "request":
-            return {}  # no answer within the timeout
-        arrived = Shareable()  # what the receiving site's engine hands its handler
-        arrived.set_header("proxyfl_tag", request.get_header("proxyfl_tag"))
-        arrived.set_header("proxyfl_sequence", request.get_header("proxyfl_sequence"))
-        arrived.update(request)
-        arrived.set_peer_props({ReservedKey.IDENTITY_NAME: self.sender})
-        answer = self.receiver._on_message(MESSAGE_TOPIC, arrived, None)
-        return {} if fault == "answer" else {targets[0]: answer}
+        replies = {}
+        for target in targets:
+            fault = self.plan.pop(0) if self.plan else None
+            if fault == "request":
+                continue  # no answer within the timeout
+            sent = _wire(request)
+            if self.forge is not None:
+                self.forge(sent)
+            sent.set_peer_props({ReservedKey.IDENTITY_NAME: self.claimed})
+            answer = self.handlers[target][topic](topic, _wire(sent), self.fl_ctx)
+            if fault != "answer":
+                replies[target] = _wire(answer)
+        return replies
+
+    def fire_event(self, event_type: str, fl_ctx: FLContext) -> None:
+        pass  # the log events of the server's controller
 
 
-def test_a_lost_request_or_answer_is_asked_again_and_filed_once() -> None:
-    receiver = RankExecutor()
-    relay = _LossyRelay(receiver, "centre-0", ["request", "answer", "request"])
-    link = AuxLink(relay, None, ["centre-0", "centre-1"], 0, Inbox())
+def _credentials(kits: Kits, name: str) -> Credentials:
+    return Credentials.of_kit(kits.root / name / "startup")
+
+
+def _site(kits: Kits, name: str) -> RankExecutor:
+    site = RankExecutor()
+    site.begin(name, JOB, _credentials(kits, name))
+    return site
+
+
+def _site_handlers(site: RankExecutor) -> dict[str, Handler]:
+    return {MESSAGE_TOPIC: site._on_message, STOP_TOPIC: site._on_stop}
+
+
+def _link(relay: Any, kits: Kits, signer: str, rank: int, **options: Any) -> AuxLink:
+    return AuxLink(relay, None, SITE_NAMES, rank, Inbox(), _credentials(kits, signer), JOB,
+                   **options)  # fmt: skip
+
+
+def test_a_lost_request_or_answer_is_asked_again_and_filed_once(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, "centre-0",
+                   plan=["request", "answer", "request"])  # fmt: skip
+    link = _link(relay, ours, "centre-0", 0)
     link.send(1, "p7", b"first")  # lost, then filed with its answer lost, then answered
     link.send(1, "p7", b"second")  # lost once
     link.send(1, "p9", b"third")
@@ -74,8 +135,8 @@ def test_a_large_message_waits_longer_than_a_small_one() -> None:
     assert attempt_timeout_s(45_000_000) == 45.0  # a ResNet-18 proxy at 1 MB/s
 
 
-def test_a_message_without_its_sequence_number_is_refused() -> None:
-    receiver = RankExecutor()
+def test_a_message_without_its_sequence_number_is_refused(two_projects: tuple[Kits, Kits]) -> None:
+    receiver = _site(two_projects[0], "centre-1")
     request = Shareable()
     request.set_header("proxyfl_tag", "p1")
     request["payload"] = b"x"
@@ -84,28 +145,134 @@ def test_a_message_without_its_sequence_number_is_refused() -> None:
     assert answer.get_return_code() == "BAD_REQUEST_DATA"
 
 
-class _LossyServer:
-    """Stands in for FLARE's engine between a rank and the server's controller: the
-    aborts it is given are lost (no answer) ``lost`` times, then answered."""
+def test_a_message_is_filed_under_its_proven_sender_not_the_name_it_claims(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """centre-2's process writes centre-0's name in its peer context, then also as the
+    message's sender: the first is filed under centre-2 (whose key signed it), the second
+    refused, and centre-2 is told why at once (not asked again for 10 minutes)."""
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, claimed="centre-0")
+    _link(relay, ours, "centre-2", 2).send(1, "p1", b"from centre-2")
+    assert receiver.inbox._messages.get(("centre-0", "p1")) is None
+    assert receiver.inbox.take("centre-2", "p1", None) == b"from centre-2"
 
-    def __init__(self, lost: int) -> None:
-        self.lost, self.aborts = lost, []
-
-    def send_aux_request(self, targets: list[str], topic: str, request: Shareable,
-                         timeout: float, fl_ctx: Any) -> dict[str, Shareable]:  # fmt: skip
-        assert (targets, topic) == ([SERVER], ABORT_TOPIC)
-        self.aborts.append(request[STATUS])
-        if len(self.aborts) <= self.lost:
-            return {}
-        return {SERVER: make_reply("OK")}
+    relay.forge = lambda request: request.set_header(SENDER_HEADER, "centre-0")
+    said = "site centre-1 (rank 1) refused this site's message: centre-1: its certificate is "
+    with pytest.raises(JobStopped, match=re.escape(said + "'centre-2''s")):
+        _link(relay, ours, "centre-2", 2).send(1, "p2", b"forged")
+    assert len(relay.timeouts) == 2
+    assert not any(receiver.inbox._messages.values())
 
 
-def test_a_lost_abort_is_told_again_until_the_server_has_it() -> None:
-    """A rank that ends the job (exit 2) and whose abort got no answer tells the server
-    again: else no site hears the job is ending, and the others wait for this rank's next
-    message for ever. Once the server has it, the rank stops, with its status."""
-    server = _LossyServer(lost=2)
-    link = AuxLink(server, None, ["centre-0", "centre-1"], 1, Inbox())
-    with pytest.raises(JobStopped) as stopped:
-        link.abort(2)
-    assert server.aborts == [2, 2, 2] and stopped.value.status == 2
+def test_a_message_signed_under_another_projects_root_is_refused(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """A site of the same name but of another project (another root certificate)."""
+    ours, theirs = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, claimed="centre-0")
+    with pytest.raises(JobStopped, match="not issued by this project's root"):
+        _link(relay, theirs, "centre-0", 0).send(1, "p1", b"foreign")
+    assert not any(receiver.inbox._messages.values())
+
+
+def test_only_the_server_stops_a_job(two_projects: tuple[Kits, Kits]) -> None:
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, claimed="localhost")
+    for signer in ("centre-0", "centre-2"):  # a site signs a stop in the server's place
+        stop = Shareable()
+        stop[STATUS] = 2
+        _credentials(ours, signer).sign(stop, JOB, STOP_TOPIC, EVERY_SITE, (2,))
+        reply = relay.send_aux_request(["centre-1"], STOP_TOPIC, stop, 5.0, None)
+        assert reply["centre-1"].get_return_code() == UNVERIFIED
+        assert receiver.inbox.stopped is None
+    stop = Shareable()
+    stop[STATUS] = 2
+    _credentials(ours, "localhost").sign(stop, JOB, STOP_TOPIC, EVERY_SITE, (2,))
+    assert relay.send_aux_request(["centre-1"], STOP_TOPIC, stop, 5.0, None)[
+        "centre-1"
+    ].get_return_code() == "OK"  # fmt: skip
+    assert receiver.inbox.stopped is not None and receiver.inbox.stopped.status == 2
+
+
+def _controller(kits: Kits) -> RunController:
+    controller = RunController(SITE_NAMES, [[0, 1]] * 3, arguments=[], working_directory=".")
+    controller.begin(JOB, _credentials(kits, "localhost"))
+    return controller
+
+
+def _stopped(sites: dict[str, RankExecutor], within_s: float = 30.0) -> dict[str, int | None]:
+    """Each site's stop status, once every site told to stop has heard it."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        told = {name: site.inbox.stopped for name, site in sites.items()}
+        if all(stopped is not None for stopped in told.values()):
+            break
+        time.sleep(0.05)
+    return {name: None if s.inbox.stopped is None else s.inbox.stopped.status
+            for name, s in sites.items()}  # fmt: skip
+
+
+def test_an_abort_counts_only_from_the_site_of_the_rank_it_names(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """centre-2 aborts as rank 1 (centre-1's): refused, nothing ends; centre-1 aborts:
+    the job ends with its status, and the server's signed stop reaches the other two."""
+    ours, _ = two_projects
+    controller = _controller(ours)
+    sites = {name: _site(ours, name) for name in ("centre-0", "centre-2")}
+    handlers = {SERVER: {ABORT_TOPIC: controller._on_abort}}
+    handlers |= {name: _site_handlers(site) for name, site in sites.items()}
+    with pytest.raises(JobStopped):
+        _link(_Relay(handlers, claimed="centre-1"), ours, "centre-2", 1).abort(2)
+    assert controller.aborted_by is None
+
+    relay = _Relay(handlers, claimed="centre-1")
+    with pytest.raises(JobStopped):
+        _link(relay, ours, "centre-1", 1).abort(3)
+    assert controller.aborted_by == (1, 3)
+    assert _stopped(sites) == {"centre-0": 3, "centre-2": 3}
+
+
+def test_a_rank_that_fails_without_aborting_ends_the_job(two_projects: tuple[Kits, Kits]) -> None:
+    """Its abort lost or never sent (it could not sign): its failed answer to the task
+    ends the job all the same; a rank that succeeds ends nothing."""
+    ours, _ = two_projects
+    controller = _controller(ours)
+    sites = {name: _site(ours, name) for name in ("centre-1", "centre-2")}
+    relay = _Relay({name: _site_handlers(site) for name, site in sites.items()}, "localhost")
+    task = Task(name=RANK_TASK, data=Shareable())
+    for name, status in (("centre-1", 0), ("centre-0", EXIT_BAD_INPUT)):
+        client_task = ClientTask(Client(name, None), task)
+        client_task.result = Shareable()
+        client_task.result[STATUS] = status
+        controller._on_result(client_task, relay.fl_ctx)
+        if status == 0:
+            assert controller.aborted_by is None
+    assert controller.aborted_by == (0, EXIT_BAD_INPUT)
+    assert _stopped(sites) == {"centre-1": EXIT_BAD_INPUT, "centre-2": EXIT_BAD_INPUT}
+
+
+def test_a_site_that_cannot_sign_answers_its_task_with_an_error(
+    two_projects: tuple[Kits, Kits], tmp_path: Any
+) -> None:
+    """Its kit has no key: START_RUN's error, the task answered at once with it (exit 2),
+    and no message of another site taken."""
+    from proxyfl.comm.flare.signing import CredentialsError
+
+    site = RankExecutor()
+    site.begin("centre-1", JOB, CredentialsError(f"{tmp_path}/client.key: cannot be read"))
+    fl_ctx = FLContext()
+    fl_ctx.set_prop(ReservedKey.IDENTITY_NAME, "centre-1", private=False, sticky=False)
+    task = Shareable()
+    task[SITES], task[PLACEMENT] = SITE_NAMES, [[0, 1]] * 3
+    answer = site.execute(RANK_TASK, task, fl_ctx, None)
+    assert answer[STATUS] == EXIT_BAD_INPUT
+    assert "rank 1 (centre-1): this site cannot sign its messages" in answer[ERROR]
+    assert "client.key: cannot be read" in answer[ERROR]
+    relay = _Relay({"centre-1": _site_handlers(site)}, claimed="centre-0")
+    with pytest.raises(JobStopped, match="this site cannot check signatures"):
+        _link(relay, two_projects[0], "centre-0", 0).send(1, "p1", b"x")

@@ -14,6 +14,11 @@ timeout (10 minutes, a test's job hung so under load). Each attempt is therefore
 carries its sender's sequence number, so one that arrives twice (its answer lost, not the
 request) is filed once.
 
+Each message is signed by its sender and checked by its receiver
+(:mod:`proxyfl.comm.flare.signing`): the sender a handler files a message under is the one
+whose certificate signed it, never the name FLARE's peer context carries. One refused
+(:data:`UNVERIFIED`) is not asked again: its sender's kit is not of this project.
+
 Ending a job: a rank that aborts (:meth:`AuxLink.abort`, MPI_Abort's part) tells the
 server, which tells every site (:data:`STOP_TOPIC`); a rank waiting for a message then
 raises :class:`JobStopped` instead of waiting for a peer that will never send.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, NoReturn
 
+from proxyfl.comm.flare.signing import Credentials
 from proxyfl.comm.inbox import Inbox, JobStopped
 
 MESSAGE_TOPIC = "proxyfl.message"
@@ -35,6 +41,9 @@ PAYLOAD = "payload"
 STATUS = "status"
 RANK = "rank"
 SERVER = "server"
+# a handler's answer to a message whose sender is not proven (signing's module doc)
+UNVERIFIED = "PROXYFL_UNVERIFIED_SENDER"
+REASON = "reason"  # in such an answer: why
 
 
 def attempt_timeout_s(payload_bytes: int) -> float:
@@ -44,14 +53,16 @@ def attempt_timeout_s(payload_bytes: int) -> float:
 
 
 class AuxLink:
-    """Rank ``rank`` of the job whose ranks are the sites ``sites`` (in rank order)."""
+    """Rank ``rank`` of the job ``job`` whose ranks are the sites ``sites`` (in rank order),
+    signing as ``credentials`` say."""
 
     def __init__(
         self, engine: Any, fl_ctx: Any, sites: list[str], rank: int, inbox: Inbox,
-        aborted: Any = None, send_timeout_s: float = 600.0,
+        credentials: Credentials, job: str, aborted: Any = None, send_timeout_s: float = 600.0,
     ) -> None:  # fmt: skip
         self.engine, self.fl_ctx = engine, fl_ctx
         self.sites, self.rank, self.inbox = sites, rank, inbox
+        self.credentials, self.job = credentials, job
         self.aborted = aborted
         self.send_timeout_s = send_timeout_s
         self.sent = 0  # messages sent: the last one's sequence number
@@ -69,6 +80,7 @@ class AuxLink:
         request.set_header(SEQUENCE_HEADER, self.sent)
         request[PAYLOAD] = payload
         site = self.sites[peer]
+        self.credentials.sign(request, self.job, MESSAGE_TOPIC, site, (tag, self.sent), payload)
         started = time.perf_counter()
         while True:
             replies = self.engine.send_aux_request(
@@ -83,6 +95,9 @@ class AuxLink:
                 raise self.inbox.stopped
             if self.aborted is not None and self.aborted.triggered:
                 raise JobStopped(1, "FLARE aborted the job")
+            if code == UNVERIFIED:
+                raise JobStopped(1, f"site {site} (rank {peer}) refused this site's message: "
+                                 f"{reply.get(REASON)}")  # fmt: skip
             if code == ReturnCode.BAD_REQUEST_DATA or (
                 time.perf_counter() - started > self.send_timeout_s
             ):
@@ -93,7 +108,7 @@ class AuxLink:
         return self.inbox.take(self.sites[peer], tag, self.aborted)
 
     def abort(self, status: int) -> NoReturn:
-        """Tell the server this rank ends the job with ``status``, again until it has the
+        """Tell the server this rank ends the job with ``status`` (signed), again until it has the
         message (it then tells every site: the others would otherwise wait for this
         rank's next message for ever), for at most ``send_timeout_s``, or until the job is
         being stopped anyway; then raise :class:`JobStopped`."""
@@ -103,13 +118,16 @@ class AuxLink:
         request = Shareable()
         request[STATUS] = int(status)
         request[RANK] = self.rank
+        self.credentials.sign(request, self.job, ABORT_TOPIC, SERVER, (int(status), self.rank))
         started = time.perf_counter()
         while True:
             replies = self.engine.send_aux_request(targets=[SERVER], topic=ABORT_TOPIC,
                                                    request=request, timeout=30.0,
                                                    fl_ctx=self.fl_ctx)  # fmt: skip
             reply = replies.get(SERVER)
-            if reply is not None and reply.get_return_code() == ReturnCode.OK:
+            # refused: told again it would be refused again (the server ends the job on
+            # this rank's failed answer all the same)
+            if reply is not None and reply.get_return_code() in (ReturnCode.OK, UNVERIFIED):
                 break
             if self.inbox.stopped is not None or (
                 self.aborted is not None and self.aborted.triggered
