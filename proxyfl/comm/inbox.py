@@ -29,6 +29,11 @@ class JobStopped(BaseException):
         self.status = status
 
 
+class LostMessage(ValueError):
+    """A sender's message arrived with an earlier one missing: the transport lost it (or
+    whoever relays it dropped it) though its sender was told it had arrived."""
+
+
 class Inbox:
     """What has arrived, per (sender, tag), in arrival order; and whether the job is being
     stopped. Safe to fill and take from any thread."""
@@ -43,13 +48,18 @@ class Inbox:
         self, sender: Hashable, tag: str, payload: bytes, sequence: int | None = None
     ) -> bool:
         """File ``payload``; with ``sequence`` (``sender``'s count of the messages it has
-        sent, for a transport that may deliver one twice), False where it was filed before
-        (a sender's messages come in order, one at a time: a number not above the last one
-        filed is a message asked again)."""
+        sent to this participant, for a transport that may deliver one twice), False where
+        it was filed before. A sender's messages come in order, one at a time, each once
+        the one before it has arrived: a number not above the last one filed is a message
+        asked again, and one beyond the next raises :class:`LostMessage`."""
         with self._arrived:
             if sequence is not None:
-                if sequence <= self._last_sequence.get(sender, 0):
+                last = self._last_sequence.get(sender, 0)
+                if sequence <= last:
                     return False
+                if sequence != last + 1:
+                    raise LostMessage(f"message {last + 1} from {sender} never arrived "
+                                      f"(message {sequence} did)")  # fmt: skip
                 self._last_sequence[sender] = sequence
             self._messages[(sender, tag)].append(payload)
             self._arrived.notify_all()

@@ -5,8 +5,9 @@ administrator, each holding the project's root certificate and its own certifica
 :func:`provision` writes them from a :class:`Project`; :func:`site_local_settings` then
 fills each kit's ``local/`` folder with what this project needs of a site:
 
-- ``resources.json``: FLARE's defaults, with this package on the list of classes a job may
-  name (FLARE refuses any other: a job of ours names only
+- ``resources.json``: FLARE's defaults, but for the list of classes a job may name: this
+  package's and the one FLARE adds to every job (:data:`FLARE_JOB_COMPONENTS`), where
+  FLARE's lists some 80 of its own (FLARE refuses any other: a job of ours names only
   :class:`~proxyfl.sites.controller.RunController` and
   :class:`~proxyfl.sites.executor.RankExecutor`, installed code, never code sent with the
   job); the server's job and snapshot stores inside its kit (FLARE's default is
@@ -52,6 +53,9 @@ ADMIN = "admin@proxyfl.org"
 # the package prefix a job's components may come from (FLARE's class_allow_list: a prefix
 # ends with a dot)
 ALLOWED_PACKAGE = "proxyfl.sites."
+# what FLARE adds to every job's configuration itself: a site's SiteLogStreamer adds one that
+# sends the job's error log to the server
+FLARE_JOB_COMPONENTS = ("nvflare.app_common.logging.job_log_streamer.JobLogStreamer",)
 # the administrator's rights at every participant (module doc): no shell, no code sent
 ADMIN_RIGHTS = {"submit_job": "any", "clone_job": "any", "manage_job": "any",
                 "download_job": "any", "view": "any", "operate": "any",
@@ -241,9 +245,11 @@ def site_local_settings(kit: Path, server: bool, heart_beat_timeout_s: int = 60,
     """``kit``'s ``local/resources.json`` and ``local/comm_config.json`` (module doc)."""
     local = kit / "local"
     resources = json.loads((local / "resources.json.default").read_text())
-    allowed = resources.setdefault("class_allow_list", [])
-    if ALLOWED_PACKAGE not in allowed:
-        allowed.append(ALLOWED_PACKAGE)
+    # this package's classes and what FLARE puts in every job: FLARE's default list names some
+    # 80 of its own, for jobs a site of this project never runs (a file writer, a model
+    # locator among them)
+    resources["class_allow_list"] = [ALLOWED_PACKAGE, *FLARE_JOB_COMPONENTS]
+    resources["class_list_enforcement_mode"] = "enforce"
     if server:
         for entry in resources.get("servers", []):
             entry["heart_beat_timeout"] = heart_beat_timeout_s

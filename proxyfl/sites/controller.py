@@ -21,6 +21,7 @@ written into the job's result folder on the server (:data:`OUTCOME_FILE`,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -39,15 +40,13 @@ from plumbing.processes import exit_when_orphaned
 from proxyfl.comm.flare.link import (
     ABORT_TOPIC,
     RANK,
-    REASON,
     SERVER,
     STATUS,
     STOP_TOPIC,
-    UNVERIFIED,
+    Refusals,
 )
 from proxyfl.comm.flare.signing import (
     EVERY_SITE,
-    SENDER_HEADER,
     Credentials,
     CredentialsError,
     UnverifiedSender,
@@ -103,6 +102,7 @@ class RunController(Controller):
         # the job's name and the server kit's keys (or why it has none): start_controller's
         self.job = ""
         self.credentials: Credentials | CredentialsError = CredentialsError("no job yet")
+        self.refusals = Refusals("the server", logging.getLogger(__name__))
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         # as a site's job process (proxyfl.sites.executor): the server killed outright, its
@@ -127,17 +127,13 @@ class RunController(Controller):
         if not isinstance(status, int) or not isinstance(rank, int):
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
         try:
-            if isinstance(self.credentials, CredentialsError):
-                raise UnverifiedSender(f"the server cannot check signatures: {self.credentials}")
+            if isinstance(self.credentials, CredentialsError):  # why: in the server's log
+                raise UnverifiedSender("the server cannot check signatures (its kit)")
             site = self.credentials.sender(request, self.job, ABORT_TOPIC, SERVER, (status, rank))
             if site not in self.sites or self.sites.index(site) != rank:
                 raise UnverifiedSender(f"{site!r} is not rank {rank} of this job")
         except UnverifiedSender as reason:
-            self.log_error(fl_ctx, f"refused an abort in the name of "
-                           f"{request.get_header(SENDER_HEADER)!r}: {reason}")  # fmt: skip
-            reply = make_reply(UNVERIFIED)
-            reply[REASON] = f"the server: {reason}"
-            return reply
+            return self.refusals.answer(request, ABORT_TOPIC, reason)
         self._end_job(rank, status, fl_ctx)
         return make_reply(ReturnCode.OK)
 
@@ -159,11 +155,15 @@ class RunController(Controller):
 
     def _on_result(self, client_task: ClientTask, fl_ctx: FLContext) -> None:
         """A rank that answered with a failure ends the job, where it has not told the
-        server so itself (its abort lost, or it could not sign one)."""
-        result = client_task.result
-        status = result.get(STATUS) if result is not None else None
-        if isinstance(status, int) and status != 0 and client_task.client.name in self.sites:
-            self._end_job(self.sites.index(client_task.client.name), status, fl_ctx)
+        server so itself (its abort lost, or it could not sign one): its status, or 1
+        where FLARE answered for it (its task raised, or was refused)."""
+        result, name = client_task.result, client_task.client.name
+        if result is None or name not in self.sites:
+            return
+        status = result.get(STATUS) if result.get_return_code() == ReturnCode.OK else 1
+        if status != 0:
+            self._end_job(self.sites.index(name), status if isinstance(status, int) else 1,
+                          fl_ctx)  # fmt: skip
 
     def _tell_to_stop(self, sites: list[str], status: int, fl_ctx: FLContext) -> None:
         """Tell each of ``sites`` the job is ending, signed by the server, again until it

@@ -39,23 +39,22 @@ from plumbing.processes import exit_when_orphaned
 from proxyfl.comm.flare.link import (
     MESSAGE_TOPIC,
     PAYLOAD,
-    REASON,
     SEQUENCE_HEADER,
     STATUS,
     STOP_TOPIC,
     TAG_HEADER,
-    UNVERIFIED,
     AuxLink,
     Inbox,
     JobStopped,
+    Refusals,
 )
 from proxyfl.comm.flare.signing import (
     EVERY_SITE,
-    SENDER_HEADER,
     Credentials,
     CredentialsError,
     UnverifiedSender,
 )
+from proxyfl.comm.inbox import LostMessage
 from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failures
 from proxyfl.launch.progress import rank_line_format
 from proxyfl.sites.federation import (
@@ -90,6 +89,7 @@ class RankExecutor(Executor):
         self.inbox = Inbox()
         # this site's name, its job's, and its kit's keys (or why it has none): START_RUN's
         self.site = self.job = ""
+        self.refusals = Refusals("", logger)
         self.credentials: Credentials | CredentialsError = CredentialsError("no job yet")
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
@@ -114,20 +114,14 @@ class RankExecutor(Executor):
         """Take messages as the site ``name`` in the job ``job``, checked with
         ``credentials`` (none taken where it is the error of reading them)."""
         self.site, self.job, self.credentials = name, job, credentials
+        self.refusals = Refusals(name, logger)
 
     def _proven_sender(self, request: Shareable, topic: str, receiver: str,
                        fields: tuple[str | int, ...], payload: bytes = b"") -> str:  # fmt: skip
         """``request``'s sender, proven by its signature; else :class:`UnverifiedSender`."""
-        if isinstance(self.credentials, CredentialsError):
-            raise UnverifiedSender(f"this site cannot check signatures: {self.credentials}")
+        if isinstance(self.credentials, CredentialsError):  # why: in this site's log alone
+            raise UnverifiedSender("this site cannot check signatures (its kit)")
         return self.credentials.sender(request, self.job, topic, receiver, fields, payload)
-
-    def _refused(self, request: Shareable, topic: str, reason: UnverifiedSender) -> Shareable:
-        logger.error("proxyfl.sites: %s refused a %s message in the name of %r: %s", self.site,
-                     topic, request.get_header(SENDER_HEADER), reason)  # fmt: skip
-        reply = make_reply(UNVERIFIED)
-        reply[REASON] = f"{self.site}: {reason}"
-        return reply
 
     def _on_message(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
         payload = request.get(PAYLOAD)
@@ -140,8 +134,13 @@ class RankExecutor(Executor):
             sender = self._proven_sender(request, MESSAGE_TOPIC, self.site, (tag, sequence),
                                          payload)  # fmt: skip
         except UnverifiedSender as reason:
-            return self._refused(request, MESSAGE_TOPIC, reason)
-        self.inbox.deliver(sender, tag, payload, sequence)
+            return self.refusals.answer(request, MESSAGE_TOPIC, reason)
+        try:
+            self.inbox.deliver(sender, tag, payload, sequence)
+        except LostMessage as lost:  # told it had arrived, its sender sent the next one
+            logger.error("proxyfl.sites: %s: %s", self.site, lost)
+            self.inbox.stop(JobStopped(1, f"{lost}: the job cannot go on"))
+            return make_reply(ReturnCode.BAD_REQUEST_DATA)
         return make_reply(ReturnCode.OK)  # a message asked again is answered again
 
     def _on_stop(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
@@ -154,7 +153,7 @@ class RankExecutor(Executor):
             if sender != server:
                 raise UnverifiedSender(f"only the server ({server!r}) ends a job")
         except UnverifiedSender as reason:
-            return self._refused(request, STOP_TOPIC, reason)
+            return self.refusals.answer(request, STOP_TOPIC, reason)
         self.inbox.stop(JobStopped(status, f"the job is ending with status {status}"))
         return make_reply(ReturnCode.OK)
 

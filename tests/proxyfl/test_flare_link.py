@@ -23,7 +23,7 @@ from nvflare.apis.client import Client
 from nvflare.apis.controller_spec import ClientTask, Task
 from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import Shareable
+from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.utils.decomposers import flare_decomposers
 from nvflare.fuel.utils import fobs
 
@@ -59,7 +59,8 @@ class _Relay:
     """FLARE's engine, as the module doc says. ``claimed``: the name the sending process
     wrote in its peer context; ``forge``: what a forging process changes in a request
     before it goes; ``plan``: faults in turn, ``"request"`` (lost before it arrives) or
-    ``"answer"`` (it arrives and is handled, its answer is lost)."""
+    ``"answer"`` (it arrives and is handled, its answer is lost) or ``"dropped"`` (the
+    relay answers OK for the receiver, which never sees it)."""
 
     def __init__(self, handlers: dict[str, dict[str, Handler]], claimed: str = "",
                  forge: Callable[[Shareable], None] | None = None,
@@ -78,6 +79,9 @@ class _Relay:
             fault = self.plan.pop(0) if self.plan else None
             if fault == "request":
                 continue  # no answer within the timeout
+            if fault == "dropped":
+                replies[target] = make_reply("OK")
+                continue
             sent = _wire(request)
             if self.forge is not None:
                 self.forge(sent)
@@ -159,7 +163,9 @@ def test_a_message_is_filed_under_its_proven_sender_not_the_name_it_claims(
     assert receiver.inbox.take("centre-2", "p1", None) == b"from centre-2"
 
     relay.forge = lambda request: request.set_header(SENDER_HEADER, "centre-0")
-    said = "site centre-1 (rank 1) refused this site's message: centre-1: its certificate is "
+    said = (
+        "site centre-1 (rank 1) refused this site's message, saying: centre-1: its certificate is "
+    )
     with pytest.raises(JobStopped, match=re.escape(said + "'centre-2''s")):
         _link(relay, ours, "centre-2", 2).send(1, "p2", b"forged")
     assert len(relay.timeouts) == 2
@@ -276,3 +282,126 @@ def test_a_site_that_cannot_sign_answers_its_task_with_an_error(
     relay = _Relay({"centre-1": _site_handlers(site)}, claimed="centre-0")
     with pytest.raises(JobStopped, match="this site cannot check signatures"):
         _link(relay, two_projects[0], "centre-0", 0).send(1, "p1", b"x")
+
+
+def _forged(change: str) -> Callable[[Shareable], None]:
+    """What a forging relay (the server) or site changes in a signed message on its way."""
+
+    def forge(request: Shareable) -> None:
+        if change == "payload":
+            request["payload"] = b"another proxy"
+        elif change in ("tag", "sequence"):
+            header = f"proxyfl_{change}"
+            value = request.get_header(header)
+            request.set_header(header, value + "9" if change == "tag" else value + 1)
+
+    return forge
+
+
+@pytest.mark.parametrize("change", ["payload", "tag", "sequence"])
+def test_a_message_changed_on_its_way_is_refused(
+    two_projects: tuple[Kits, Kits], change: str
+) -> None:
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, "centre-0", forge=_forged(change))
+    with pytest.raises(JobStopped, match="signature is not its sender's"):
+        _link(relay, ours, "centre-0", 0).send(1, "p1", b"proxy")
+    assert not any(receiver.inbox._messages.values()) and receiver.inbox.stopped is None
+
+
+def test_a_message_taken_to_another_site_or_job_is_refused(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """centre-0 signs for centre-2; the relay hands it to centre-1. And a message of job 7
+    handed to the same site in job 8."""
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    redirect = _Relay({"centre-2": _site_handlers(receiver)}, "centre-0")
+    with pytest.raises(JobStopped, match="signature is not its sender's"):
+        _link(redirect, ours, "centre-0", 0).send(2, "p1", b"for centre-2")
+    later = RankExecutor()
+    later.begin("centre-1", "job-8", _credentials(ours, "centre-1"))
+    replayed = _Relay({"centre-1": _site_handlers(later)}, "centre-0")
+    with pytest.raises(JobStopped, match="signature is not its sender's"):
+        _link(replayed, ours, "centre-0", 0).send(1, "p1", b"of job 7")
+    assert not any(receiver.inbox._messages.values())
+    assert not any(later.inbox._messages.values())
+
+
+def test_a_message_the_relay_dropped_ends_the_job_at_the_next(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """The server answers OK for round 1's proxy and drops it: round 2's is not taken in
+    its place; its receiver stops, saying which message never arrived."""
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, "centre-0", plan=["dropped"])
+    link = _link(relay, ours, "centre-0", 0, send_timeout_s=1.0)
+    link.send(1, "p", b"round 1 proxy")
+    with pytest.raises(JobStopped, match="did not take a message: BAD_REQUEST_DATA"):
+        link.send(1, "p", b"round 2 proxy")
+    assert receiver.inbox.stopped is not None
+    assert "message 1 from centre-0 never arrived (message 2 did)" in str(receiver.inbox.stopped)
+    with pytest.raises(JobStopped):
+        receiver.inbox.take("centre-0", "p", None)
+
+
+def test_an_abort_or_stop_with_its_status_changed_is_refused(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    ours, _ = two_projects
+    controller = _controller(ours)
+    site = _site(ours, "centre-0")
+
+    def change_status(request: Shareable) -> None:
+        request[STATUS] = 0
+
+    relay = _Relay({SERVER: {ABORT_TOPIC: controller._on_abort}, "centre-0": _site_handlers(site)},
+                   "centre-1", forge=change_status)  # fmt: skip
+    with pytest.raises(JobStopped):
+        _link(relay, ours, "centre-1", 1).abort(3)
+    assert controller.aborted_by is None
+    stop = Shareable()
+    stop[STATUS] = 2
+    _credentials(ours, "localhost").sign(stop, JOB, STOP_TOPIC, EVERY_SITE, (2,))
+    reply = relay.send_aux_request(["centre-0"], STOP_TOPIC, stop, 5.0, None)
+    assert reply["centre-0"].get_return_code() == UNVERIFIED and site.inbox.stopped is None
+
+
+@pytest.mark.parametrize("code", ["EXECUTION_EXCEPTION", "EXECUTION_RESULT_ERROR", "UNSAFE_JOB"])
+def test_a_rank_whose_task_flare_answered_for_ends_the_job(
+    two_projects: tuple[Kits, Kits], code: str
+) -> None:
+    """Its task raised, or FLARE refused it: no status of the rank's, and the job ends with
+    1 all the same (else the others wait a week, the task's timeout)."""
+    ours, _ = two_projects
+    controller = _controller(ours)
+    sites = {name: _site(ours, name) for name in ("centre-0", "centre-2")}
+    relay = _Relay({name: _site_handlers(site) for name, site in sites.items()}, "localhost")
+    client_task = ClientTask(Client("centre-1", None), Task(name=RANK_TASK, data=Shareable()))
+    client_task.result = make_reply(code)
+    controller._on_result(client_task, relay.fl_ctx)
+    assert controller.aborted_by == (1, 1)
+    assert _stopped(sites) == {"centre-0": 1, "centre-2": 1}
+
+
+def test_a_flood_of_forgeries_is_logged_in_few_lines(
+    two_projects: tuple[Kits, Kits], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thousand refused messages, each naming a sender of a megabyte: ten lines in full,
+    then one at the thousandth, each name cut short."""
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    request = Shareable()
+    request["payload"] = b"x"
+    request.set_header("proxyfl_tag", "p1")
+    request.set_header("proxyfl_sequence", 1)
+    request.set_header(SENDER_HEADER, "c" * 1_000_000)
+    with caplog.at_level("ERROR", logger="proxyfl.sites.executor"):
+        for _ in range(1000):
+            reply = receiver._on_message(MESSAGE_TOPIC, request, None)
+            assert reply.get_return_code() == UNVERIFIED
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 11 and "(1000 refused so far)" in lines[-1]
+    assert max(len(line) for line in lines) < 400

@@ -17,6 +17,8 @@ from nvflare.apis.shareable import Shareable
 
 from proxyfl.comm.flare.signing import (
     CERTIFICATE_HEADER,
+    KEPT_CERTIFICATES,
+    MAX_CERTIFICATE_BYTES,
     SENDER_HEADER,
     SIGNATURE_HEADER,
     Credentials,
@@ -176,3 +178,29 @@ def test_a_kit_that_cannot_sign_says_which_file(
         Credentials.of_kit(startup)
     with pytest.raises(CredentialsError, match="cannot be read"):
         Credentials.of_kit(tmp_path / "nothing")
+
+
+def test_a_receiver_remembers_a_bounded_number_of_certificates(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """The same certificate sent with a different prefix each time (the PEM reader skips
+    text before its block) is remembered once, by its fingerprint; an oversized one is
+    refused unread; and however many are sent, the memory stays bounded."""
+    ours, _ = two_projects
+    sender, receiver = _credentials(ours, "centre-0"), _credentials(ours, "centre-1")
+    for count in range(50):
+        request = _signed(sender)
+        request.set_header(CERTIFICATE_HEADER, b"x" * count + b"\n" + sender.signer.certificate)
+        assert _sender(receiver, request) == "centre-0"
+    assert len(receiver.verifier._issued) == 1
+    request = _signed(sender)
+    request.set_header(CERTIFICATE_HEADER, b"x" * MAX_CERTIFICATE_BYTES + sender.signer.certificate)
+    with pytest.raises(UnverifiedSender, match="certificate is over"):
+        _sender(receiver, request)
+    verifier = receiver.verifier  # full: the next certificate starts it again
+    verifier._issued |= {n.to_bytes(32) for n in range(KEPT_CERTIFICATES - 1)}
+    assert len(verifier._issued) == KEPT_CERTIFICATES
+    assert _sender(receiver, _signed(_credentials(ours, "centre-2"),
+                                     dataclasses.replace(STATEMENT, sender="centre-2"))
+                   ) == "centre-2"  # fmt: skip
+    assert len(verifier._issued) == 1

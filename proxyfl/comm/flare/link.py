@@ -26,17 +26,18 @@ raises :class:`JobStopped` instead of waiting for a peer that will never send.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, NoReturn
 
-from proxyfl.comm.flare.signing import Credentials
+from proxyfl.comm.flare.signing import SENDER_HEADER, Credentials, UnverifiedSender
 from proxyfl.comm.inbox import Inbox, JobStopped
 
 MESSAGE_TOPIC = "proxyfl.message"
 ABORT_TOPIC = "proxyfl.abort"  # a site to the server: end the job with a status
 STOP_TOPIC = "proxyfl.stop"  # the server to every site: the job is ending
 TAG_HEADER = "proxyfl_tag"
-SEQUENCE_HEADER = "proxyfl_sequence"  # the sender's count of the messages it has sent
+SEQUENCE_HEADER = "proxyfl_sequence"  # the sender's count of its messages to the receiver
 PAYLOAD = "payload"
 STATUS = "status"
 RANK = "rank"
@@ -44,6 +45,32 @@ SERVER = "server"
 # a handler's answer to a message whose sender is not proven (signing's module doc)
 UNVERIFIED = "PROXYFL_UNVERIFIED_SENDER"
 REASON = "reason"  # in such an answer: why
+REASON_CHARS = 300  # of a refusal's reason, the most a sender repeats
+
+
+class Refusals:
+    """What a receiver (``receiver``: its name, in the answer) answers a message whose sender
+    is not proven, and says of it in its log: the first ``in_full`` refusals, then every
+    ``every``-th with their count, the name the message claimed cut to 100 characters (a
+    flood of forgeries fills no disk)."""
+
+    def __init__(self, receiver: str, log: logging.Logger, in_full: int = 10,
+                 every: int = 1000) -> None:  # fmt: skip
+        self.receiver, self.log = receiver, log
+        self.in_full, self.every = in_full, every
+        self.count = 0
+
+    def answer(self, request: Any, topic: str, reason: UnverifiedSender) -> Any:
+        from nvflare.apis.shareable import make_reply
+
+        self.count += 1
+        if self.count <= self.in_full or self.count % self.every == 0:
+            claimed = repr(request.get_header(SENDER_HEADER))[:100]
+            self.log.error("%s refused a %s request in the name of %s: %s (%d refused so far)",
+                           self.receiver, topic, claimed, reason, self.count)  # fmt: skip
+        reply = make_reply(UNVERIFIED)
+        reply[REASON] = f"{self.receiver}: {reason}"
+        return reply
 
 
 def attempt_timeout_s(payload_bytes: int) -> float:
@@ -65,7 +92,7 @@ class AuxLink:
         self.credentials, self.job = credentials, job
         self.aborted = aborted
         self.send_timeout_s = send_timeout_s
-        self.sent = 0  # messages sent: the last one's sequence number
+        self.sent: dict[int, int] = {}  # per peer, messages sent: the last one's number
 
     def send(self, peer: int, tag: str, payload: bytes) -> None:
         """Deliver ``payload``; a site whose job has not started yet (the sites start theirs
@@ -74,13 +101,13 @@ class AuxLink:
         from nvflare.apis.fl_constant import ReturnCode
         from nvflare.apis.shareable import Shareable
 
-        self.sent += 1
+        sequence = self.sent[peer] = self.sent.get(peer, 0) + 1
         request = Shareable()
         request.set_header(TAG_HEADER, tag)
-        request.set_header(SEQUENCE_HEADER, self.sent)
+        request.set_header(SEQUENCE_HEADER, sequence)
         request[PAYLOAD] = payload
         site = self.sites[peer]
-        self.credentials.sign(request, self.job, MESSAGE_TOPIC, site, (tag, self.sent), payload)
+        self.credentials.sign(request, self.job, MESSAGE_TOPIC, site, (tag, sequence), payload)
         started = time.perf_counter()
         while True:
             replies = self.engine.send_aux_request(
@@ -95,9 +122,10 @@ class AuxLink:
                 raise self.inbox.stopped
             if self.aborted is not None and self.aborted.triggered:
                 raise JobStopped(1, "FLARE aborted the job")
-            if code == UNVERIFIED:
-                raise JobStopped(1, f"site {site} (rank {peer}) refused this site's message: "
-                                 f"{reply.get(REASON)}")  # fmt: skip
+            if code == UNVERIFIED:  # its reason is the peer's word: one line, bounded
+                reason = " ".join(str(reply.get(REASON)).split())[:REASON_CHARS]
+                raise JobStopped(1, f"site {site} (rank {peer}) refused this site's message, "
+                                 f"saying: {reason}")  # fmt: skip
             if code == ReturnCode.BAD_REQUEST_DATA or (
                 time.perf_counter() - started > self.send_timeout_s
             ):

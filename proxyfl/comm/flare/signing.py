@@ -26,8 +26,9 @@ A receiver accepts the message as sent by ``sender`` only when
    own name as the receiver.
 
 So a message cannot be sent in another participant's name, changed on its way (by the
-server that relays it too), or taken to another receiver or job; one that arrives again
-within its job is dropped by its sender's sequence number (:class:`~proxyfl.comm.inbox.Inbox`).
+server that relays it too), or taken to another receiver or job; its sequence number, signed
+too, lets the receiver drop one that arrives again and notice one that never arrived
+(:class:`~proxyfl.comm.inbox.Inbox`).
 Not checked: revocation. A site whose key was stolen is believed until the project is
 provisioned again with a new root.
 """
@@ -54,6 +55,8 @@ SENDER_HEADER = "proxyfl_sender"
 CERTIFICATE_HEADER = "proxyfl_certificate"
 SIGNATURE_HEADER = "proxyfl_signature"
 EVERY_SITE = "*"  # the receiver of the server's word to every site of the job
+MAX_CERTIFICATE_BYTES = 16_384  # a kit's certificate (PEM) is about 1.3 kB
+KEPT_CERTIFICATES = 1_024  # how many certificates a verifier remembers as the root's
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 
 
@@ -130,7 +133,9 @@ class Verifier:
 
     root_pem: bytes
     clock: Callable[[], datetime.datetime] = _utc_now
-    _issued: dict[bytes, x509.Certificate] = field(default_factory=dict, repr=False)
+    # the SHA-256 fingerprints of certificates whose issuance is checked (at most
+    # KEPT_CERTIFICATES: a sender cannot fill a receiver's memory with certificates)
+    _issued: set[bytes] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.root = x509.load_pem_x509_certificate(self.root_pem)
@@ -165,21 +170,26 @@ class Verifier:
             ) from None
 
     def _issued_certificate(self, certificate_pem: bytes) -> x509.Certificate:
-        """The certificate, once the root's signature over it is checked (kept: a sender
-        sends the same one with each message)."""
-        if certificate_pem not in self._issued:
-            try:
-                certificate = x509.load_pem_x509_certificate(certificate_pem)
-            except ValueError:
-                raise UnverifiedSender("its certificate is not a PEM certificate") from None
+        """The certificate, once the root's signature over it is checked (remembered by
+        its fingerprint: a sender sends the same one with each message)."""
+        if len(certificate_pem) > MAX_CERTIFICATE_BYTES:
+            raise UnverifiedSender(f"its certificate is over {MAX_CERTIFICATE_BYTES} bytes")
+        try:
+            certificate = x509.load_pem_x509_certificate(certificate_pem)
+        except ValueError:
+            raise UnverifiedSender("its certificate is not a PEM certificate") from None
+        fingerprint = certificate.fingerprint(hashes.SHA256())
+        if fingerprint not in self._issued:
             try:
                 certificate.verify_directly_issued_by(self.root)
             except (ValueError, TypeError, InvalidSignature):
                 raise UnverifiedSender(
                     "its certificate is not issued by this project's root certificate"
                 ) from None
-            self._issued[certificate_pem] = certificate
-        return self._issued[certificate_pem]
+            if len(self._issued) >= KEPT_CERTIFICATES:
+                self._issued.clear()
+            self._issued.add(fingerprint)
+        return certificate
 
 
 @dataclass(frozen=True)
