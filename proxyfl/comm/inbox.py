@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from typing import Any
 
 
@@ -64,6 +64,15 @@ class Inbox:
             self._messages[(sender, tag)].append(payload)
             self._arrived.notify_all()
             return True
+
+    def keep_from(self, senders: Collection[Hashable]) -> int:
+        """Drop what arrived from anyone not in ``senders``; how many messages that was."""
+        with self._arrived:
+            others = [key for key in self._messages if key[0] not in senders]
+            dropped = sum(len(self._messages.pop(key)) for key in others)
+            for sender in [s for s in self._last_sequence if s not in senders]:
+                del self._last_sequence[sender]
+            return dropped
 
     def stop(self, stopped: JobStopped) -> None:
         """Every wait, now and later, raises ``stopped``."""

@@ -91,6 +91,7 @@ class RankExecutor(Executor):
         self.site = self.job = ""
         self.refusals = Refusals("", logger)
         self.credentials: Credentials | CredentialsError = CredentialsError("no job yet")
+        self.members: frozenset[str] | None = None  # the job's sites, once its task names them
 
     def handle_event(self, event_type: str, fl_ctx: FLContext) -> None:
         if event_type == EventType.START_RUN:  # before any peer can send to this site
@@ -116,6 +117,15 @@ class RankExecutor(Executor):
         self.site, self.job, self.credentials = name, job, credentials
         self.refusals = Refusals(name, logger)
 
+    def join(self, sites: list[str]) -> None:
+        """The job's sites are ``sites`` (its task says so): what another participant of
+        the project sent before is dropped, and what it sends from now on refused."""
+        self.members = frozenset(sites)
+        dropped = self.inbox.keep_from(self.members)
+        if dropped:
+            logger.error("proxyfl.sites: %s dropped %d message(s) from participants that are "
+                         "not sites of this job", self.site, dropped)  # fmt: skip
+
     def _proven_sender(self, request: Shareable, topic: str, receiver: str,
                        fields: tuple[str | int, ...], payload: bytes = b"") -> str:  # fmt: skip
         """``request``'s sender, proven by its signature; else :class:`UnverifiedSender`."""
@@ -133,6 +143,9 @@ class RankExecutor(Executor):
         try:
             sender = self._proven_sender(request, MESSAGE_TOPIC, self.site, (tag, sequence),
                                          payload)  # fmt: skip
+            members = self.members
+            if members is not None and sender not in members:
+                raise UnverifiedSender(f"{sender!r} is not a site of this job")
         except UnverifiedSender as reason:
             return self.refusals.answer(request, MESSAGE_TOPIC, reason)
         try:
@@ -165,6 +178,7 @@ class RankExecutor(Executor):
         from proxyfl.comm.world import MessageWorld
 
         sites = list(shareable[SITES])
+        self.join(sites)
         rank = sites.index(fl_ctx.get_identity_name())
         local_rank, local_size = shareable[PLACEMENT][rank]
         reply = make_reply(ReturnCode.OK)

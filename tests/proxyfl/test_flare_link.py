@@ -405,3 +405,21 @@ def test_a_flood_of_forgeries_is_logged_in_few_lines(
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 11 and "(1000 refused so far)" in lines[-1]
     assert max(len(line) for line in lines) < 400
+
+
+def test_a_participant_outside_the_job_is_heard_no_more_once_the_task_names_its_sites(
+    two_projects: tuple[Kits, Kits],
+) -> None:
+    """centre-2 is of the project but not of a job of centre-0 and centre-1: what it sent
+    before the task arrived is dropped, and what it sends after is refused."""
+    ours, _ = two_projects
+    receiver = _site(ours, "centre-1")
+    relay = _Relay({"centre-1": _site_handlers(receiver)}, "centre-2")
+    _link(relay, ours, "centre-2", 2).send(1, "p1", b"early")
+    _link(relay, ours, "centre-0", 0).send(1, "p1", b"from a site of the job")
+    receiver.join(["centre-0", "centre-1"])
+    assert receiver.inbox._messages.get(("centre-2", "p1")) is None
+    assert receiver.inbox.take("centre-0", "p1", None) == b"from a site of the job"
+    with pytest.raises(JobStopped, match="'centre-2' is not a site of this job"):
+        _link(relay, ours, "centre-2", 2).send(1, "p2", b"late")
+    assert not any(receiver.inbox._messages.values())

@@ -27,6 +27,7 @@ raises :class:`JobStopped` instead of waiting for a peer that will never send.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -59,15 +60,18 @@ class Refusals:
         self.receiver, self.log = receiver, log
         self.in_full, self.every = in_full, every
         self.count = 0
+        self._lock = threading.Lock()  # FLARE may run handlers on several threads
 
     def answer(self, request: Any, topic: str, reason: UnverifiedSender) -> Any:
         from nvflare.apis.shareable import make_reply
 
-        self.count += 1
-        if self.count <= self.in_full or self.count % self.every == 0:
+        with self._lock:
+            self.count += 1
+            count = self.count
+        if count <= self.in_full or count % self.every == 0:
             claimed = repr(request.get_header(SENDER_HEADER))[:100]
             self.log.error("%s refused a %s request in the name of %s: %s (%d refused so far)",
-                           self.receiver, topic, claimed, reason, self.count)  # fmt: skip
+                           self.receiver, topic, claimed, reason, count)  # fmt: skip
         reply = make_reply(UNVERIFIED)
         reply[REASON] = f"{self.receiver}: {reason}"
         return reply
