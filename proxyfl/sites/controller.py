@@ -50,6 +50,8 @@ from proxyfl.comm.flare.signing import (
     Credentials,
     CredentialsError,
     UnverifiedSender,
+    kit_credentials,
+    proven_sender,
 )
 from proxyfl.engine.validation import EXIT_STOPPED
 from proxyfl.sites.executor import (
@@ -109,11 +111,9 @@ class RunController(Controller):
         # job's process ends at once
         exit_when_orphaned(EXIT_STOPPED, "proxyfl.sites: the server is gone; its job process ends")
         startup = Path(fl_ctx.get_workspace().get_startup_kit_dir())
-        try:
-            credentials: Credentials | CredentialsError = Credentials.of_kit(startup)
-        except CredentialsError as error:  # the sites' aborts cannot be checked, nor a stop
-            self.log_error(fl_ctx, f"the server cannot sign or check messages: {error}")
-            credentials = error
+        credentials = kit_credentials(startup)
+        if isinstance(credentials, CredentialsError):  # no abort checked, no stop signed
+            self.log_error(fl_ctx, f"the server cannot sign or check messages: {credentials}")
         self.begin(str(fl_ctx.get_job_id()), credentials)
         fl_ctx.get_engine().register_aux_message_handler(ABORT_TOPIC, self._on_abort)
 
@@ -127,9 +127,8 @@ class RunController(Controller):
         if not isinstance(status, int) or not isinstance(rank, int):
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
         try:
-            if isinstance(self.credentials, CredentialsError):  # why: in the server's log
-                raise UnverifiedSender("the server cannot check signatures (its kit)")
-            site = self.credentials.sender(request, self.job, ABORT_TOPIC, SERVER, (status, rank))
+            site = proven_sender(self.credentials, request, self.job, ABORT_TOPIC, SERVER,
+                                 (status, rank))  # fmt: skip
             if site not in self.sites or self.sites.index(site) != rank:
                 raise UnverifiedSender(f"{site!r} is not rank {rank} of this job")
         except UnverifiedSender as reason:

@@ -53,6 +53,8 @@ from proxyfl.comm.flare.signing import (
     Credentials,
     CredentialsError,
     UnverifiedSender,
+    kit_credentials,
+    proven_sender,
 )
 from proxyfl.comm.inbox import LostMessage
 from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failures
@@ -101,11 +103,9 @@ class RankExecutor(Executor):
             exit_when_orphaned(EXIT_STOPPED, f"proxyfl.sites: {fl_ctx.get_identity_name()}: "
                                "the site is gone; its job process ends")  # fmt: skip
             startup = Path(fl_ctx.get_workspace().get_startup_kit_dir())
-            try:
-                credentials: Credentials | CredentialsError = Credentials.of_kit(startup)
-            except CredentialsError as error:  # said again as the task's error
-                logger.error("proxyfl.sites: this site cannot sign its messages: %s", error)
-                credentials = error
+            credentials = kit_credentials(startup)
+            if isinstance(credentials, CredentialsError):  # said again as the task's error
+                logger.error("proxyfl.sites: this site cannot sign its messages: %s", credentials)
             self.begin(fl_ctx.get_identity_name(), str(fl_ctx.get_job_id()), credentials)
             engine = fl_ctx.get_engine()
             engine.register_aux_message_handler(MESSAGE_TOPIC, self._on_message)
@@ -126,13 +126,6 @@ class RankExecutor(Executor):
             logger.error("proxyfl.sites: %s dropped %d message(s) from participants that are "
                          "not sites of this job", self.site, dropped)  # fmt: skip
 
-    def _proven_sender(self, request: Shareable, topic: str, receiver: str,
-                       fields: tuple[str | int, ...], payload: bytes = b"") -> str:  # fmt: skip
-        """``request``'s sender, proven by its signature; else :class:`UnverifiedSender`."""
-        if isinstance(self.credentials, CredentialsError):  # why: in this site's log alone
-            raise UnverifiedSender("this site cannot check signatures (its kit)")
-        return self.credentials.sender(request, self.job, topic, receiver, fields, payload)
-
     def _on_message(self, topic: str, request: Shareable, fl_ctx: FLContext) -> Shareable:
         payload = request.get(PAYLOAD)
         if not isinstance(payload, bytes):  # only bytes are ever accepted
@@ -141,8 +134,8 @@ class RankExecutor(Executor):
         if not isinstance(sequence, int) or not isinstance(tag, str):
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
         try:
-            sender = self._proven_sender(request, MESSAGE_TOPIC, self.site, (tag, sequence),
-                                         payload)  # fmt: skip
+            sender = proven_sender(self.credentials, request, self.job, MESSAGE_TOPIC, self.site,
+                                   (tag, sequence), payload)  # fmt: skip
             members = self.members
             if members is not None and sender not in members:
                 raise UnverifiedSender(f"{sender!r} is not a site of this job")
@@ -161,8 +154,10 @@ class RankExecutor(Executor):
         if not isinstance(status, int):
             return make_reply(ReturnCode.BAD_REQUEST_DATA)
         try:
-            sender = self._proven_sender(request, STOP_TOPIC, EVERY_SITE, (status,))
-            server = self.credentials.server  # proven above: credentials were read
+            sender = proven_sender(self.credentials, request, self.job, STOP_TOPIC, EVERY_SITE,
+                                   (status,))  # fmt: skip
+            assert isinstance(self.credentials, Credentials)  # proven above: they were read
+            server = self.credentials.server
             if sender != server:
                 raise UnverifiedSender(f"only the server ({server!r}) ends a job")
         except UnverifiedSender as reason:

@@ -280,7 +280,7 @@ def test_a_site_that_cannot_sign_answers_its_task_with_an_error(
     assert "rank 1 (centre-1): this site cannot sign its messages" in answer[ERROR]
     assert "client.key: cannot be read" in answer[ERROR]
     relay = _Relay({"centre-1": _site_handlers(site)}, claimed="centre-0")
-    with pytest.raises(JobStopped, match="this site cannot check signatures"):
+    with pytest.raises(JobStopped, match="centre-1 cannot check signatures"):
         _link(relay, two_projects[0], "centre-0", 0).send(1, "p1", b"x")
 
 

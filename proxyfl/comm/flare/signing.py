@@ -252,3 +252,23 @@ class Credentials:
         self.verifier.check(statement, request.get_header(CERTIFICATE_HEADER),
                             request.get_header(SIGNATURE_HEADER))  # fmt: skip
         return sender
+
+
+def kit_credentials(startup: Path) -> Credentials | CredentialsError:
+    """:meth:`Credentials.of_kit`, or the error saying why a kit gives none, for a
+    participant that goes on without them: it refuses every message and signs none, and
+    says why where it would have signed."""
+    try:
+        return Credentials.of_kit(startup)
+    except CredentialsError as error:
+        return error
+
+
+def proven_sender(credentials: Credentials | CredentialsError, request: Any, job: str,
+                  topic: str, receiver: str, fields: Sequence[str | int] = (),
+                  payload: bytes = b"") -> str:  # fmt: skip
+    """:meth:`Credentials.sender`; a receiver without credentials proves no sender (why is
+    in its own log, from :func:`kit_credentials`'s caller, not told to the sender)."""
+    if isinstance(credentials, CredentialsError):
+        raise UnverifiedSender(f"{receiver} cannot check signatures (its kit)")
+    return credentials.sender(request, job, topic, receiver, fields, payload)
