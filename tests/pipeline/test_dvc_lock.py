@@ -98,24 +98,36 @@ def test_a_fresh_clone_builds_the_data_the_committed_lock_records(
     tmp_path: Path, tool_env: dict[str, str]
 ) -> None:
     """The outputs, not only the inputs: a fresh clone of this repository's commit writes
-    the demo's synthetic slides and a centre's store (`dvc repro preprocess@0`, as `make
-    demo` starts; the other centres' stores are the same code on other slides) with the
-    hashes, sizes and file counts its committed dvc.lock records, the directory hashes
-    included (which a freshness record holding clone-specific times once broke)."""
+    centre 0's synthetic slides and its store with the hashes, sizes and file counts its
+    committed dvc.lock records, the directory hashes included (which a freshness record
+    holding clone-specific times once broke).
+
+    Centre 0 stands for the five: each centre's slides are drawn from its own seed, so the
+    synth stage's command with ``--centers 0`` in place of ``--num-centers`` writes centre
+    0's 25 slides as the stage writes them among its 125 (a fifth of the stage's ~235 s of
+    CPU on the slower machine kind), and ``preprocess@0`` alone (``dvc repro
+    --single-item``, on them) records their directory's hash beside its store's. Its
+    annotations and stage labels are centre 0's alone, not the stage's whole files: what
+    they give the store (the patches' labels and places) is in the store's bytes."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
     committed = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+    synth, replaced = re.subn(r"--num-centers \d+", "--centers 0", committed["synth"]["cmd"])
+    assert replaced == 1, committed["synth"]["cmd"]
+    slides = subprocess.run(["bash", "-c", synth], cwd=clone, env=tool_env,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert slides.returncode == 0, slides.stdout[-4000:] + slides.stderr[-4000:]
     built = subprocess.run(
-        ["python", "-m", "flows.server", "--", "dvc", "repro", "preprocess@0"],
+        ["python", "-m", "flows.server", "--", "dvc", "repro", "--single-item", "preprocess@0"],
         cwd=clone, env=tool_env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
-    produced = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
     stages = sorted(set(re.findall(r"Running stage '([^']+)'", built.stdout)))
-    assert stages == ["preprocess@0", "synth"], built.stdout[-4000:]
-    differing = {
-        name: (committed[name]["outs"], produced[name]["outs"])
-        for name in stages
-        if produced[name]["outs"] != committed[name]["outs"]
-    }
-    assert not differing, differing
+    assert stages == ["preprocess@0"], built.stdout[-4000:]
+    produced = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]["preprocess@0"]
+
+    def slides_of_centre_0(stage: dict[str, Any]) -> list[dict[str, Any]]:
+        return [dep for dep in stage["deps"] if dep["path"] == "data/synthetic/center_0"]
+
+    assert slides_of_centre_0(produced) == slides_of_centre_0(committed["preprocess@0"]) != []
+    assert produced["outs"] == committed["preprocess@0"]["outs"]
