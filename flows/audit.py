@@ -28,8 +28,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from analysis.audit.population import AuditInputError
-from analysis.audit.references import ReferenceTrainingError
 from analysis.audit.runs import AuditViolation, summary_lines
+from analysis.audit.workers import ReferenceTrainingError
 from camelyon_proxyfl.params.audit import AuditParams, AuditSection
 from camelyon_proxyfl.params.base import ParamsCommand
 from camelyon_proxyfl.params.train import TrainSection

@@ -21,16 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from plumbing.errors import PipelineError, describe
+from analysis.audit.workers import ReferenceTrainingError
+from plumbing.errors import describe
 from proxyfl.engine.data import prepare_images
 from proxyfl.engine.models import build_model
 from proxyfl.engine.runtime import derived_seed
 
 logger = logging.getLogger(__name__)
-
-
-class ReferenceTrainingError(PipelineError):
-    """A reference model that could not be trained (its worker failed or died)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, MutableMapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,16 +35,21 @@ from analysis.audit.population import (
     member_mask,
     read_rows,
 )
-from analysis.audit.references import ReferenceRecipe, References, model_logits, train_references
 from analysis.audit.scores import lira_offline, log_likelihood, logit_confidence
 from plumbing.errors import PipelineError
 from proxyfl.canaries import CANARY_FILE, CANARY_RUN_DIR, CanaryPlan, CanaryPlanError
 from proxyfl.config import TrainConfig
-from proxyfl.engine.runtime import derived_seed
-from proxyfl.engine.trained import ModelCard, load_trained
 from proxyfl.kept import MODELS_DIR, verify_kept
 from proxyfl.results import RUN_FILE
 from wsi.store.schema import store_path
+
+if TYPE_CHECKING:
+    from analysis.audit.references import ReferenceRecipe, References
+    from proxyfl.engine.trained import ModelCard
+
+# torch's modules (the reference models, the kept models, the seeds' runtime) are imported
+# by the functions that audit, not with this module: an audit found up to date, its --help
+# and its refusals, and the pipeline's command, start in ~3 s, not ~7 (torch on 2 cores)
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +114,8 @@ def _privacy(run: dict[str, Any], client: int, card: ModelCard) -> tuple[str, fl
 
 
 def _recipe(config: TrainConfig, card: ModelCard) -> ReferenceRecipe:
+    from analysis.audit.references import ReferenceRecipe
+
     return ReferenceRecipe(
         architecture=card.architecture, n_classes=card.n_classes, input_size=card.input_size,
         epochs=config.rounds * config.local_epochs, batch_size=config.batch_size,
@@ -164,6 +171,8 @@ def _row(
 
 
 def _models(run_dir: Path, client: int) -> Iterator[tuple[Any, ModelCard]]:
+    from proxyfl.engine.trained import load_trained
+
     for path in kept_models(run_dir, client):
         try:  # a DamagedFileError (named, with its repair: exit 2) passes through
             yield load_trained(path)
@@ -175,6 +184,9 @@ def audit_training_run(
     run_dir: Path, data_dir: Path, options: AuditOptions, cache: AuditCache | None = None
 ) -> list[dict[str, Any]]:
     """Membership-inference rows of every client and kept model of the run at ``run_dir``."""
+    from analysis.audit.references import model_logits, train_references
+    from proxyfl.engine.runtime import derived_seed
+
     cache = cache if cache is not None else AuditCache()
     run = read_finished_run(run_dir)
     config = _config(run, data_dir, run_dir)
@@ -241,6 +253,9 @@ def audit_canary_run(
 ) -> list[dict[str, Any]]:
     """The ε lower bound of every client and kept model of the canary run in
     ``canary_dir``, beside that run's accounted ε."""
+    from analysis.audit.references import model_logits
+    from proxyfl.engine.runtime import derived_seed
+
     plan_path = canary_dir / CANARY_FILE
     if not plan_path.is_file():
         raise AuditInputError(plan_path, f"missing: {canary_dir} is not a canary run")

@@ -26,14 +26,19 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
-import torch
-
+from plumbing.errors import PipelineError
 from plumbing.processes import die_with_parent
 
 AUDIT_THREADS = 1
 
 
+class ReferenceTrainingError(PipelineError):
+    """A reference model that could not be trained (its worker failed or died)."""
+
+
 def _start_worker(parent_pid: int) -> None:
+    import torch
+
     die_with_parent(parent_pid)
     torch.set_num_threads(AUDIT_THREADS)
 
@@ -44,6 +49,10 @@ def audit_processes(workers: int) -> Iterator[Executor | None]:
     and a pool of ``workers`` processes at the same count for the reference models, shut
     down on exit (pending work cancelled when the block fails); ``None`` for one worker:
     the models then train in this process."""
+    # torch when the audit runs, not when its command starts: an audit found up to date,
+    # its --help and its refusals start in ~3 s, not ~7 (torch's import on 2 cores)
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(AUDIT_THREADS)
     try:
