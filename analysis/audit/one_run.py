@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import binom
 
 
 def p_value(m: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
     """The largest probability an (ε, δ)-DP training gives ``correct`` or more right of
     ``guesses`` guesses on ``m`` canaries."""
+    from scipy.stats import binom  # when bounded: scipy.stats is ~1 s of a command's start
+
     if correct <= 0:
         return 1.0
     q = 1.0 / (1.0 + np.exp(-epsilon))
@@ -51,6 +51,8 @@ def epsilon_lower_bound(
     ``m`` canaries (0 if ε = 0 is not rejected)."""
     if not 0 <= correct <= guesses <= m:
         raise ValueError(f"need 0 <= correct ({correct}) <= guesses ({guesses}) <= m ({m})")
+    from scipy.optimize import brentq
+
     if p_value(m, guesses, correct, 0.0, delta) >= beta:
         return 0.0
     high = 1.0
