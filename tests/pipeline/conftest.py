@@ -75,8 +75,10 @@ def dvc_project(root: Path, params: dict[str, Any], env: dict[str, str]) -> Path
     """A git + DVC project at ``root`` holding this repository's code, its dvc.yaml and
     ``params`` as params.yaml."""
     root.mkdir(parents=True)
-    for name in CODE:
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in CODE:  # with its bytecode (make's `bytecode`): copied with the sources'
+        # times, it stays valid, and the project's processes do not compile the code again;
+        # not the temporary file of a .pyc being written (renamed away while copied)
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("*.pyc.*"))
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, root / name)
     write_params(root / "params.yaml", params)
