@@ -20,13 +20,13 @@ failure), 2 on a bad parameter, a folder it writes that cannot be written, or a
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from prefect import flow
-from prefect.futures import as_completed
+from prefect.futures import PrefectFuture, as_completed
 from prefect.logging import get_run_logger
 from prefect.task_runners import TaskRunner
-from prefect.utilities.annotations import unmapped
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
@@ -38,6 +38,7 @@ from camelyon_proxyfl.params.preprocess import (
     PreprocessSection,
 )
 from flows.artifacts import publish_failures, publish_table_1
+from flows.inline import InlineTaskRunner
 from flows.processes import ParentBoundProcessPool
 from flows.server import address_towards, run_flow_command, shared_prefect_api
 from plumbing.atomic import remove_stale_temporaries
@@ -66,6 +67,9 @@ from wsi.summary import (
     SlideFailure,
     read_center_reports,
 )
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class PreprocessFailed(RuntimeError):
@@ -98,10 +102,13 @@ def check_slides_known(
         )
 
 
-def _with_progress(futures: list, description: str) -> list:
-    """Results of ``futures`` in submission order, with a progress bar while they finish."""
-    results: dict[int, object] = {}
-    index = {id(future): i for i, future in enumerate(futures)}
+def _submitted_with_progress(
+    submit: Callable[[T], PrefectFuture[R]], items: Sequence[T], description: str
+) -> list[PrefectFuture[R]]:
+    """``submit(item)`` for each of ``items``, with a progress bar that advances as each
+    task finishes; returns once all have, their futures in the items' order. The bar is
+    up before the first task starts: an inline runner (:mod:`flows.inline`) finishes each
+    task within its ``submit``."""
     columns = (
         *Progress.get_default_columns()[:1],
         BarColumn(),
@@ -109,11 +116,17 @@ def _with_progress(futures: list, description: str) -> list:
         TimeElapsedColumn(),
     )
     with Progress(*columns, transient=False) as progress:
-        bar = progress.add_task(description, total=len(futures))
-        for future in as_completed(futures):
-            results[index[id(future)]] = future
-            progress.advance(bar)
-    return [results[i] for i in range(len(futures))]
+        bar = progress.add_task(description, total=len(items))
+        futures = []
+        for item in items:
+            future = submit(item)
+            future.add_done_callback(lambda _: progress.advance(bar))
+            futures.append(future)
+        for _ in as_completed(futures):
+            pass
+        # a pool's future wakes its waiters before it runs its callbacks
+        progress.update(bar, completed=len(futures))
+    return futures
 
 
 @flow(name="preprocess", log_prints=True)
@@ -132,10 +145,14 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
     if redo_slides:
         check_slides_known(redo_slides, records, config.centers)
         dropped_candidates(redo_slides, config.cache_dir)
-    candidate_futures = slide_candidates.map(
-        records, unmapped(config.patch), unmapped(config.cache_dir), unmapped(config.backend)
+    candidate_futures = _submitted_with_progress(
+        lambda record: slide_candidates.submit(
+            record, config.patch, config.cache_dir, config.backend
+        ),
+        records,
+        "slides",
     )
-    outcomes = [f.result() for f in _with_progress(list(candidate_futures), "slides")]
+    outcomes = [future.result() for future in candidate_futures]
 
     grouped = group_outcomes(records, outcomes, catalogue_failures)
     short = shortfalls(config.centers, grouped.patches, config.sampling)
@@ -144,8 +161,8 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
         record_failed_center(center, reason, config.out, grouped.failures[center])
 
     to_build = [center for center in config.centers if center not in short]
-    store_futures = [
-        center_store.submit(
+    store_futures = _submitted_with_progress(
+        lambda center: center_store.submit(
             center,
             grouped.patches[center],
             config.patch,
@@ -155,13 +172,12 @@ def preprocess(config: PreprocessConfig, redo_slides: Sequence[str] = ()) -> lis
             grouped.failures[center],
             [record for record in records if record.center == center],
             inputs[center],
-        )
-        for center in to_build
-    ]
+        ),
+        to_build,
+        "centre stores",
+    )
     failed, refused = dict(short), set()
-    for center, future in zip(
-        to_build, _with_progress(store_futures, "centre stores"), strict=True
-    ):
+    for center, future in zip(to_build, store_futures, strict=True):
         outcome = future.result(raise_on_failure=False)
         if isinstance(outcome, BaseException):  # the task itself crashed (e.g. its worker)
             failed[center] = f"{type(outcome).__name__}: {outcome}"
@@ -220,13 +236,16 @@ def print_summary(rows: list[dict[str, object]], failures: list[SlideFailure]) -
 def task_runner(config: PreprocessConfig) -> TaskRunner:
     """Where the flow's tasks run, by ``config.runner``:
 
-    - ``process``: a pool of ``config.workers`` local processes;
+    - ``process``: a pool of ``config.workers`` local processes; with one worker, no pool:
+      the tasks run one after the other in this process (:mod:`flows.inline`);
     - ``dask``: the Dask cluster whose scheduler is ``config.scheduler_address``, else a
       local cluster of ``config.workers`` worker processes of one thread each.
 
     Local workers die with this process, even when it is killed (:mod:`flows.processes`).
     """
     if config.runner == "process":
+        if config.workers == 1:
+            return InlineTaskRunner()
         return ParentBoundProcessPool(max_workers=config.workers)
     from prefect_dask import DaskTaskRunner  # imports distributed: only when asked for
 

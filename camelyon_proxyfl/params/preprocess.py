@@ -41,7 +41,9 @@ class PreprocessSection(SamplingRules, PatchParams):
     )
     centers: list[int] = Field([0, 1, 2, 3], description="centres to build stores for")
     backend: Literal["auto", "openslide", "tiffslide"] = Field("auto", description="slide reader")
-    workers: int = Field(2, ge=1, description="parallel processes for per-slide work")
+    workers: int = Field(
+        2, ge=1, description="parallel processes for per-slide work (1: none, in this process)"
+    )
     patches_per_class: PatchesPerClass = Field(
         {0: 1517, 1: 1701, 2: 1834, 3: 1861},  # the paper's Table 1
         description="patches of each label per centre: one per centre (dvc.yaml's "

@@ -1,6 +1,7 @@
 """Where the preprocess flow's tasks run, and what a run leaves behind.
 
-A local Dask cluster builds the same stores as the process pool; a run reports to one
+A local Dask cluster builds the same stores as the process pool, and so does one worker,
+which is no pool (the command's own process); a run reports to one
 Prefect server, its workers included; a run killed with SIGKILL takes its workers and its
 server with it. Real processes throughout, watched with psutil.
 """
@@ -29,13 +30,14 @@ PATCH_SIZE = 128
 PER_CLASS = 6
 
 
-def _flags(root: Path, out: Path, runner: str) -> list[str]:
+def _flags(root: Path, out: Path, runner: str, workers: int = 2) -> list[str]:
     """Small patches of two centres at level 0, two workers."""
     return [
         *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
         *("--out", str(out), "--cache-dir", str(out.parent / f"{out.name}-cache")),
         *("--centers", "0", "1", "--patch-size", str(PATCH_SIZE), "--level", "0"),
-        *("--patches-per-class", str(PER_CLASS), "--workers", "2", "--runner", runner),
+        *("--patches-per-class", str(PER_CLASS), "--workers", str(workers)),
+        *("--runner", runner),
     ]
 
 
@@ -127,9 +129,11 @@ def flow_env(tmp_path_factory: pytest.TempPathFactory, prefect_home_template: Pa
     return env
 
 
-def _start(root: Path, out: Path, runner: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(
+    root: Path, out: Path, runner: str, env: dict[str, str], workers: int = 2
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.preprocess", *_flags(root, out, runner)],
+        [sys.executable, "-m", "flows.preprocess", *_flags(root, out, runner, workers)],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -183,6 +187,55 @@ def test_a_local_dask_cluster_builds_the_same_stores_as_the_process_pool(
     assert {"center_0.h5", "center_1.h5", "summary.json"} <= set(built)
     for name in built:
         assert (out / name).read_bytes() == (pool_run.out / name).read_bytes(), name
+
+
+def test_one_worker_builds_the_same_stores_in_the_commands_own_process(
+    pool_run: PoolRun, synthetic_dataset: SynthManifest, flow_env: dict[str, str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """``--workers 1``: no pool (flows.inline), the slides cut one after the other in the
+    command's own process, to the bytes two pool workers wrote."""
+    out = tmp_path / "patches"
+    process = _start(synthetic_dataset.root, out, "process", flow_env, workers=1)
+    with Descendants(process.pid) as descendants:
+        try:
+            assert process.wait(timeout=240) == 0
+        finally:
+            process.kill()
+            kill_all(descendants.seen)
+    assert descendants.workers_seen() == 0, descendants.seen
+    assert list(descendants.seen.values()) and all(map(is_prefect_server,
+                                                       descendants.seen.values()))  # fmt: skip
+    built = sorted(path.name for path in pool_run.out.iterdir())
+    assert built == sorted(path.name for path in out.iterdir())
+    for name in built:
+        assert (out / name).read_bytes() == (pool_run.out / name).read_bytes(), name
+
+
+def test_the_calling_thread_executor_keeps_errors_and_passes_interrupts_on() -> None:
+    """A task's exception is its future's, as in a pool; Ctrl-C's ``KeyboardInterrupt``
+    stops the caller where it is, and the tasks after it do not run."""
+    from flows.inline import CallingThreadExecutor
+
+    ran: list[str] = []
+
+    def task(name: str) -> str:
+        ran.append(name)
+        if name == "broken":
+            raise ValueError("a bad slide")
+        if name == "interrupted":
+            raise KeyboardInterrupt
+        return name.upper()
+
+    executor = CallingThreadExecutor()
+    done = executor.submit(task, "first")
+    assert done.done() and done.result() == "FIRST" and ran == ["first"]
+    failed = executor.submit(task, "broken")
+    assert isinstance(failed.exception(), ValueError)
+    with pytest.raises(KeyboardInterrupt):
+        for name in ("interrupted", "never"):
+            executor.submit(task, name)
+    assert ran == ["first", "broken", "interrupted"]
 
 
 def test_a_killed_run_leaves_no_process_behind(
