@@ -21,9 +21,10 @@ BIN = Path(sys.executable).parent
 
 def tiny_params(**paths: Any) -> dict[str, Any]:
     """params.yaml with two centres, small patches, two quick methods and one round; one
-    worker process for the slides, the stores and the reference models (the pools' own
-    tests run two: tests/flows/test_preprocess_runner.py, tests/wsi/test_synth.py,
-    tests/analysis/test_audit_workers.py). At this size a second worker costs more than
+    worker for the slides, the stores and the reference models, which is no pool: each
+    command does that work in its own process (the pools' own tests run two:
+    tests/flows/test_preprocess_runner.py, tests/wsi/test_synth.py,
+    tests/analysis/test_audit_workers.py). At this size a worker process costs more than
     it saves: each spawned one imports Prefect or torch again, 2-6 s of CPU under coverage."""
     params = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text()))
     params["data"]["synth"].update(
