@@ -204,8 +204,7 @@ def test_one_worker_builds_the_same_stores_in_the_commands_own_process(
             process.kill()
             kill_all(descendants.seen)
     assert descendants.workers_seen() == 0, descendants.seen
-    assert list(descendants.seen.values()) and all(map(is_prefect_server,
-                                                       descendants.seen.values()))  # fmt: skip
+    assert descendants.most_servers == 1, descendants.seen  # its own: so it was watched
     built = sorted(path.name for path in pool_run.out.iterdir())
     assert built == sorted(path.name for path in out.iterdir())
     for name in built:
