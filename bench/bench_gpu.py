@@ -97,7 +97,7 @@ class Sizes:
 
 FULL = Sizes()
 SMOKE = Sizes(
-    centers=2, patients=2, width=6144, height=4096, patch_size=32, level=2, per_class=60,
+    centers=2, patients=2, width=4096, height=3072, patch_size=32, level=2, per_class=60,
     private_model="cnn2", proxy_model="cnn1", rounds=2, step_repeats=3, device="cpu",
     oom_batch=32, oom_input=1_000_000,  # on a CPU: 12 TB for one 1,000,000² px image
     step_variants=("plain", "opacus fp32", "func fp32"), workers=2,
