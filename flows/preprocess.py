@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from prefect import flow
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture, wait
 from prefect.logging import get_run_logger
 from prefect.task_runners import TaskRunner
 from rich.console import Console
@@ -122,8 +122,7 @@ def _submitted_with_progress(
             future = submit(item)
             future.add_done_callback(lambda _: progress.advance(bar))
             futures.append(future)
-        for _ in as_completed(futures):
-            pass
+        wait(futures)
         # a pool's future wakes its waiters before it runs its callbacks
         progress.update(bar, completed=len(futures))
     return futures

@@ -31,7 +31,7 @@ PER_CLASS = 6
 
 
 def _flags(root: Path, out: Path, runner: str, workers: int = 2) -> list[str]:
-    """Small patches of two centres at level 0, two workers."""
+    """Small patches of two centres at level 0, ``workers`` workers."""
     return [
         *("--config", str(REPO / "params.yaml"), "--data-root", str(root)),
         *("--out", str(out), "--cache-dir", str(out.parent / f"{out.name}-cache")),
