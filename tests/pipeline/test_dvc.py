@@ -51,7 +51,7 @@ def _git(project: Path, env: dict[str, str], *args: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_dvc_repro_builds_everything_then_is_a_no_op(
-    project: Path, tool_env: dict[str, str]
+    project: Path, tool_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = subprocess.run(
         ["python", "-m", "flows.shared", "--", "dvc", "repro"],  # as make demo
@@ -135,6 +135,26 @@ def test_dvc_repro_builds_everything_then_is_a_no_op(
     params_file.write_text(demo_params)
     assert "up to date" in _dvc(project, tool_env, "status")
 
+    # the commands that follow, as a user runs them beside a server of their own (`make
+    # serve`): each flow reports to it, and none starts its own (5 servers, 3-4 s of CPU each)
+    from flows.server import prefect_server
+
+    monkeypatch.setenv("PREFECT_HOME", tool_env["PREFECT_HOME"])  # migrated: no 4 s again
+    with prefect_server() as api_url:
+        _after_dvc(project, {**tool_env, "PREFECT_API_URL": api_url}, outputs, before_switch,
+                   demo_params)  # fmt: skip
+
+
+def _after_dvc(
+    project: Path,
+    tool_env: dict[str, str],
+    outputs: list[Path],
+    before_switch: dict[str, str],
+    demo_params: str,
+) -> None:
+    """What follows a built project: the Prefect path, the report from a subfolder, one
+    centre and one slide again, a parameter's stale stages, an experiment."""
+    params_file = project / "params.yaml"
     # the Prefect path after DVC's: it keeps what DVC built (stores, runs, the canary run),
     # saying so, and writes the same bytes, so DVC finds nothing to do
     stores_before = {path: path.stat().st_mtime_ns for path in outputs}
