@@ -1,0 +1,89 @@
+"""``python -m tests.cpu_profile``: each program's CPU, real processes read from /proc."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cpu_profile import Seen, by_program, program
+
+REPO = Path(__file__).resolve().parents[1]
+
+# spins until this process has used SPIN_S of CPU, then sleeps (so that a read sees all of
+# it); "main" also starts itself as a command, forks a copy, and leaves an orphan (a
+# grandchild whose parent ends at once), waits for all three, and exits 3
+BUSY = """
+import os, subprocess, sys, time
+SPIN_S = 0.3
+
+def spin():
+    while time.process_time() < SPIN_S:
+        pass
+    time.sleep(0.4)
+
+if sys.argv[1] == "main":
+    spin()
+    command = subprocess.Popen([sys.executable, sys.argv[0], "command"])
+    if (forked := os.fork()) == 0:
+        spin()
+        os._exit(0)
+    read_end, write_end = os.pipe()
+    if (parent := os.fork()) == 0:
+        if os.fork() == 0:  # the orphan: holds the pipe's write end until it ends
+            os.close(read_end)
+            spin()
+            os._exit(0)
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(parent, 0)
+    os.read(read_end, 1)  # end of file: the orphan has ended
+    os.waitpid(forked, 0)
+    command.wait()
+    sys.exit(3)
+spin()
+"""
+
+
+def test_each_process_is_counted_under_its_program_orphans_and_forks_included(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    record = tmp_path / "cpu.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cpu_profile", "--interval", "0.05", "--json", str(record),
+         "--", sys.executable, str(script), "main"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr  # the command's own status
+    programs = json.loads(record.read_text())["programs"]
+    # the command, the command it started and the orphan (adopted: still under the
+    # profiler) each ran busy.py; the fork is counted as one
+    ran = [cpu for name, cpus in programs.items() if "busy.py" in name for cpu in cpus]
+    assert sum(cpu >= 0.25 for cpu in ran) == 4, programs
+    assert [cpu >= 0.25 for cpu in programs["forked from python busy.py"]].count(True) >= 1
+    assert "python busy.py" in done.stderr and "in all" in done.stderr
+
+
+def test_a_program_is_its_module_script_or_executable() -> None:
+    assert (
+        program(["/v/bin/python", "-m", "flows.train", "--seeds", "0"]) == "python -m flows.train"
+    )
+    assert program(["python3.12", "-X", "importtime", "-m", "dvc"]) == "python -m dvc"
+    assert program(["/v/bin/python", "/v/bin/prefect", "server", "start"]) == "python prefect"
+    assert program(["python", "-c", "pass"]) == "python -c"
+    assert program(["/usr/bin/mpiexec.hydra", "-n", "2"]) == "mpiexec.hydra"
+    assert program([]) == "?"
+
+
+def test_a_fork_is_counted_under_its_parents_program() -> None:
+    seen = {
+        (10, 1): Seen(1, ("python", "-m", "plumbing.warm"), 4.0),
+        (11, 2): Seen(10, ("python", "-m", "plumbing.warm"), 1.5),
+        (12, 3): Seen(10, ("mpiexec", "-n", "2"), 0.5),
+    }
+    assert by_program(seen) == {"python -m plumbing.warm": [4.0],
+                                "forked from python -m plumbing.warm": [1.5],
+                                "mpiexec": [0.5]}  # fmt: skip
