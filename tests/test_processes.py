@@ -292,3 +292,26 @@ def test_a_job_process_ends_at_once_when_its_participant_is_killed(tmp_path: Pat
     assert said["alive"] and said["status"] == 7 and said["took"] < 2.0, said
     (line,) = [line for line in log.read_text().splitlines() if line != "watching"]
     assert line.startswith("the site is gone (process ") and line.endswith(", is gone)")
+
+
+# a SIGINT whose handler runs inside a finaliser: Python prints its KeyboardInterrupt
+# ("Exception ignored in") and drops it, as it does in any callback it cannot raise from
+DROPPED_INTERRUPT = """
+import os, signal
+from plumbing.processes import interruptible, interrupted
+interruptible()
+class Finaliser:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(3))  # the handler runs between these bytecodes
+Finaliser()
+print("after the finaliser: interrupted", interrupted())
+"""
+
+
+def test_an_interrupt_whose_exception_python_dropped_is_still_recorded() -> None:
+    done = subprocess.run([sys.executable, "-c", DROPPED_INTERRUPT], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr  # the KeyboardInterrupt did not propagate ...
+    assert "Exception ignored" in done.stderr and "KeyboardInterrupt" in done.stderr
+    assert done.stdout.strip() == "after the finaliser: interrupted True"  # ... yet it is known

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.output import passing_output
-from plumbing.processes import tree_bound_command
+from plumbing.processes import interrupted, tree_bound_command
 from plumbing.refusals import EXIT_REFUSED, naming
 from plumbing.warm import WarmRanks, kept_warm_server, warm_server
 from proxyfl.config import TrainConfig
@@ -463,6 +463,8 @@ def _launch(
                     for progress in rounds.poll():
                         on_round(progress)
             exit_code = process.wait()
+            if interrupted():  # Ctrl-C reached this process: its ranks' exit is no failure,
+                raise KeyboardInterrupt  # even where the handler's exception was dropped
             record_launcher_wall(job.run_dir, time.perf_counter() - started,
                                  warm.origin if warm is not None else None)  # fmt: skip
         except BaseException:
