@@ -15,6 +15,11 @@ counted (at most ``--interval`` of CPU each), and a process that starts and ends
 two reads is not seen. The total is therefore a lower bound; ``time -v`` beside it gives
 the whole. Exit status: COMMAND's.
 
+``--by-test N``: also the N tests whose processes spent the most, each with its programs.
+A process belongs to the test named by ``PYTEST_CURRENT_TEST`` in the environment it
+started with (pytest sets it in each worker for the test it runs, and a test's commands
+inherit it), else to its parent's test.
+
 Figures of 2026-11-30 (4 workers, the faster kind): docs/getting-started.md, "The tests".
 """
 
@@ -66,6 +71,22 @@ class Seen:
     parent: int
     argv: tuple[str, ...]
     cpu_s: float
+    test: str | None = None  # PYTEST_CURRENT_TEST as it started, without its phase
+
+
+def started_for_test(pid: int) -> str | None:
+    """The test named by ``PYTEST_CURRENT_TEST`` in ``pid``'s initial environment, without
+    the phase pytest appends (``(setup)``, ``(call)``, ``(teardown)``); None without it."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            variables = environ.read().split(b"\0")
+    except OSError:
+        return None
+    for variable in variables:
+        if variable.startswith(b"PYTEST_CURRENT_TEST="):
+            value = variable.split(b"=", 1)[1].decode(errors="replace")
+            return value.rsplit(" (", 1)[0]
+    return None
 
 
 def read_process(pid: int) -> tuple[int, int, float, tuple[str, ...]] | None:
@@ -114,7 +135,7 @@ class Sampler:
                 self.seen[(pid, start)].argv = argv  # it, not the subreaper after it ended
                 self.seen[(pid, start)].cpu_s = cpu_s
             else:
-                self.seen[(pid, start)] = Seen(parent, argv, cpu_s)
+                self.seen[(pid, start)] = Seen(parent, argv, cpu_s, started_for_test(pid))
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -136,6 +157,49 @@ def by_program(seen: dict[tuple[int, int], Seen]) -> dict[str, list[float]]:
             name = f"forked from {name}"
         programs.setdefault(name, []).append(entry.cpu_s)
     return programs
+
+
+def by_test(seen: dict[tuple[int, int], Seen]) -> dict[str, dict[str, list[float]]]:
+    """Each test's processes by program (:func:`by_program`): a process without a test of
+    its own is its nearest ancestor's that has one; those of none under "(no test)"."""
+    latest_by_pid = {pid: entry for (pid, _), entry in seen.items()}
+
+    def test_of(entry: Seen) -> str:
+        visited = set()
+        while entry.test is None and entry.parent in latest_by_pid:
+            if entry.parent in visited:
+                break
+            visited.add(entry.parent)
+            entry = latest_by_pid[entry.parent]
+        return entry.test or "(no test)"
+
+    grouped: dict[str, dict[tuple[int, int], Seen]] = {}
+    for key, entry in seen.items():
+        grouped.setdefault(test_of(entry), {})[key] = entry
+    # a fork's parent may belong to another test's group: judge forks on all of them
+    forked = {key for key, entry in seen.items()
+              if (parent := latest_by_pid.get(entry.parent)) is not None
+              and parent.argv == entry.argv}  # fmt: skip
+    tests: dict[str, dict[str, list[float]]] = {}
+    for test, entries in grouped.items():
+        programs = tests.setdefault(test, {})
+        for key, entry in entries.items():
+            name = program(entry.argv)
+            programs.setdefault(f"forked from {name}" if key in forked else name,
+                                []).append(entry.cpu_s)  # fmt: skip
+    return tests
+
+
+def test_table(tests: dict[str, dict[str, list[float]]], top: int) -> list[str]:
+    """The ``top`` tests by their processes' CPU, each with its programs' CPU and count."""
+    ranked = sorted(tests.items(), key=lambda item: -sum(map(sum, item[1].values())))
+    lines = [f"{'CPU s':>9}  test: program CPU s (processes), ..."]
+    for test, programs in ranked[:top]:
+        parts = sorted(programs.items(), key=lambda item: -sum(item[1]))
+        lines.append(f"{sum(map(sum, programs.values())):9.1f}  {test}")
+        lines.append(" " * 11 + ", ".join(f"{name} {sum(cpu):.1f} ({len(cpu)})"
+                                          for name, cpu in parts))  # fmt: skip
+    return lines
 
 
 def table(programs: dict[str, list[float]], top: int) -> list[str]:
@@ -161,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds between reads (default 0.5; a read of 60 processes "
                         "took 2.3 ms of CPU)")  # fmt: skip
     parser.add_argument("--top", type=int, default=30, help="programs listed (default 30)")
+    parser.add_argument("--by-test", type=int, default=0, metavar="N",
+                        help="also the N tests whose processes spent most (pytest)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None,
                         help="write every program's processes' CPU seconds there")  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
@@ -186,10 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall_s = time.monotonic() - started
     print(f"{' '.join(command)}: exit {status}, {wall_s:.0f} s", file=sys.stderr)
     print("\n".join(table(programs, args.top)), file=sys.stderr)
+    tests = by_test(sampler.seen)
+    if args.by_test > 0:
+        print("\n".join(test_table(tests, args.by_test)), file=sys.stderr)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "exit": status, "wall_s": wall_s,
-                                         "programs": programs}, indent=1))  # fmt: skip
+        record = {"command": command, "exit": status, "wall_s": wall_s, "programs": programs,
+                  "tests": tests}  # fmt: skip
+        args.json.write_text(json.dumps(record, indent=1))
     return 128 - status if status < 0 else status
 
 

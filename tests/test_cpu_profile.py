@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.cpu_profile import Seen, by_program, program
+from tests.cpu_profile import Seen, by_program, by_test, program
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,8 +55,9 @@ def test_each_process_is_counted_under_its_program_orphans_and_forks_included(
     record = tmp_path / "cpu.json"
     done = subprocess.run(
         [sys.executable, "-m", "tests.cpu_profile", "--interval", "0.05", "--json", str(record),
-         "--", sys.executable, str(script), "main"],
+         "--by-test", "3", "--", sys.executable, str(script), "main"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTEST_CURRENT_TEST": "t.py::busy (call)"},
     )  # fmt: skip
     assert done.returncode == 3, done.stderr  # the command's own status
     programs = json.loads(record.read_text())["programs"]
@@ -65,6 +67,25 @@ def test_each_process_is_counted_under_its_program_orphans_and_forks_included(
     assert sum(cpu >= 0.25 for cpu in ran) == 4, programs
     assert [cpu >= 0.25 for cpu in programs["forked from python busy.py"]].count(True) >= 1
     assert "python busy.py" in done.stderr and "in all" in done.stderr
+    # each process by the test its environment named (PYTEST_CURRENT_TEST, set below)
+    tests = json.loads(record.read_text())["tests"]
+    assert sum(cpu >= 0.25 for cpus in tests["t.py::busy"].values() for cpu in cpus) == 4
+
+
+def test_the_processes_of_a_test_are_those_started_in_it_and_their_descendants() -> None:
+    seen = {
+        (1, 1): Seen(0, ("python", "-m", "pytest"), 9.0, None),
+        (10, 2): Seen(1, ("python", "-m", "flows.train"), 2.0, "t.py::a"),
+        (11, 3): Seen(10, ("python", "-m", "plumbing.warm"), 4.0, None),  # a cleared env
+        (12, 4): Seen(11, ("python", "-m", "plumbing.warm"), 1.0, "t.py::a"),  # the rank
+        (20, 5): Seen(1, ("prefect", "server"), 3.0, "t.py::b"),
+    }
+    assert by_test(seen) == {
+        "(no test)": {"python -m pytest": [9.0]},
+        "t.py::a": {"python -m flows.train": [2.0], "python -m plumbing.warm": [4.0],
+                    "forked from python -m plumbing.warm": [1.0]},
+        "t.py::b": {"prefect": [3.0]},
+    }  # fmt: skip
 
 
 def test_a_program_is_its_module_script_or_executable() -> None:
