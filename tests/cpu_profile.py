@@ -26,6 +26,7 @@ Figures of 2026-11-30 (4 workers, the faster kind): docs/getting-started.md, "Th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -91,7 +92,7 @@ def started_for_test(pid: int) -> str | None:
 
 def read_process(pid: int) -> tuple[int, int, float, tuple[str, ...]] | None:
     """``(parent, start time in ticks, CPU seconds, argv)`` of ``pid``, or ``None`` when it
-    is gone (or a zombie: it has no command line)."""
+    is gone; a zombie's argv is empty, its CPU seconds its last."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
@@ -99,8 +100,6 @@ def read_process(pid: int) -> tuple[int, int, float, tuple[str, ...]] | None:
             argv = tuple(part.decode(errors="replace") for part in cmdline.read().split(b"\0")
                          if part)  # fmt: skip
     except (OSError, IndexError):
-        return None
-    if not argv:
         return None
     parent, start = int(fields[1]), int(fields[19])
     cpu_s = (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND
@@ -113,12 +112,15 @@ class Sampler:
 
     root: int
     interval_s: float
+    command: int = 0  # the command's process: its status is subprocess's to collect
     seen: dict[tuple[int, int], Seen] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def read_once(self) -> None:
         """Read every process now under ``root``: a new one with its parent, a known one's
-        command line (an exec changes it) and CPU."""
+        command line (an exec changes it) and CPU; then reap the orphans it adopted that
+        have ended (zombies), their last CPU read first. Left unreaped, each would look
+        alive to a test waiting for it to end, as under init it would not."""
         processes = {}
         for name in os.listdir("/proc"):
             if name.isdigit() and (found := read_process(int(name))) is not None:
@@ -132,10 +134,14 @@ class Sampler:
             todo += children.get(pid, [])
             parent, start, cpu_s, argv = processes[pid]
             if (pid, start) in self.seen:  # its parent as first read: the one that forked
-                self.seen[(pid, start)].argv = argv  # it, not the subreaper after it ended
-                self.seen[(pid, start)].cpu_s = cpu_s
-            else:
+                entry = self.seen[(pid, start)]  # it, not the subreaper after it ended
+                entry.argv, entry.cpu_s = argv or entry.argv, cpu_s
+            elif argv:
                 self.seen[(pid, start)] = Seen(parent, argv, cpu_s, started_for_test(pid))
+        for pid in children.get(self.root, []):
+            if not processes[pid][3] and pid != self.command:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
 
     def run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -241,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader = threading.Thread(target=sampler.run, daemon=True)
     started = time.monotonic()
     process = subprocess.Popen(command)
+    sampler.command = process.pid
     reader.start()
     try:
         status = process.wait()

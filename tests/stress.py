@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plumbing.processes import parent_bound_command
+from plumbing.processes import parent_bound_command, stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,13 +212,27 @@ def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str],
     # this process runs no thread of its own, which makes preexec_fn safe here
     setup = as_background_job if background else None
     environment = coverage_environment(workdir) if coverage else None
-    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, preexec_fn=setup, env=environment)  # fmt: skip
-    outcome = RunOutcome(done.returncode, time.perf_counter() - started,
+    # bound to this process (SIGKILL when it dies), and stopped with every process under
+    # it when this one is stopped: a stress command ended mid-run otherwise left that run,
+    # its Prefect server and Slurm daemons running on, loading whatever ran next
+    process = subprocess.Popen(parent_bound_command(command), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=setup,
+                               env=environment)  # fmt: skip
+    try:
+        output, _ = process.communicate()
+    except BaseException:
+        stop_tree(process.pid)
+        raise
+    outcome = RunOutcome(process.returncode, time.perf_counter() - started,
                          failed_tests(report), skipped_tests(report))  # fmt: skip
     if not outcome.passed:
-        (workdir / "output.txt").write_text(done.stdout)
+        (workdir / "output.txt").write_text(output)
     return outcome
+
+
+def _stopped(number: int, frame: object) -> None:
+    """SIGTERM or SIGHUP: stop as Ctrl-C does, the current run's processes with this one."""
+    raise SystemExit(128 + number)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1 or not 0 <= args.hog <= 1:
         parser.error("--runs >= 1 and 0 <= --hog <= 1")
     records = {name: GroupRecord(name, GROUPS[name]) for name in args.groups}
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, _stopped)
     print(
         f"{len(records)} group(s) x {args.runs} run(s), a hog of {args.hog} core "
         f"({os.cpu_count()} cores), "

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # spins until this process has used SPIN_S of CPU, then sleeps (so that a read sees all of
 # it); "main" also starts itself as a command, forks a copy, and leaves an orphan (a
-# grandchild whose parent ends at once), waits for all three, and exits 3
+# grandchild whose parent ends at once), waits for all three (the orphan until it is
+# reaped: exit 4 if it is not within 10 s), and exits 3
 BUSY = """
 import os, subprocess, sys, time
 SPIN_S = 0.3
@@ -32,14 +33,25 @@ if sys.argv[1] == "main":
         os._exit(0)
     read_end, write_end = os.pipe()
     if (parent := os.fork()) == 0:
-        if os.fork() == 0:  # the orphan: holds the pipe's write end until it ends
+        if (orphan := os.fork()) == 0:  # holds the pipe's write end until it ends
             os.close(read_end)
             spin()
             os._exit(0)
+        os.write(write_end, b"%d " % orphan)
         os._exit(0)
     os.close(write_end)
     os.waitpid(parent, 0)
+    orphan = int(os.read(read_end, 32))
     os.read(read_end, 1)  # end of file: the orphan has ended
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # and is reaped by its subreaper, as init would
+        try:
+            os.kill(orphan, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        sys.exit(4)
     os.waitpid(forked, 0)
     command.wait()
     sys.exit(3)

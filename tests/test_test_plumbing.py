@@ -7,9 +7,11 @@ import contextlib
 import gc
 import importlib.util
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -165,3 +167,33 @@ def test_the_flake_hunts_hog_ends_with_the_command_however_that_ends() -> None:
     for process in alive:
         process.kill()
     assert not alive, "the hog outlived its stress command"
+
+
+def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes() -> None:
+    """SIGTERM to a stress command while a group's pytest runs (the launcher group: two
+    minutes of mpiexec jobs) ends that pytest and every process under it, not only the
+    command: a run left going would load whatever the machine ran next."""
+    command = subprocess.Popen(
+        [sys.executable, "-m", "tests.stress", "--groups", "launcher", "--runs", "1", "--hog",
+         "0", "--no-coverage"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        stress, deadline = psutil.Process(command.pid), time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the run has processes of its own
+            tree = stress.children(recursive=True)
+            if any(process.children() for process in stress.children()):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the stress command started no run")
+        command.terminate()
+        assert command.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    for process in alive:
+        process.kill()
+    assert not alive, [" ".join(process.cmdline()[:4]) for process in alive]
