@@ -267,20 +267,52 @@ def _interrupt(number: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+_INTERRUPT_AGAIN_AFTER_S = 0.01
+
+
+def _interrupt_main_thread_again() -> None:
+    time.sleep(_INTERRUPT_AGAIN_AFTER_S)  # the main thread is past the hook by then
+    with contextlib.suppress(OSError, ValueError):  # it has ended meanwhile
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+def _raise_dropped_interrupt_again(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while :func:`interruptible`: an interrupt whose
+    ``KeyboardInterrupt`` Python could not pass on comes again, a moment later, to the main
+    thread (sent from here, it would be raised in this hook, and dropped again); any other
+    exception goes to the hook there was before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupted.is_set():
+        threading.Thread(target=_interrupt_main_thread_again, daemon=True).start()
+        return
+    _hook_before(unraisable)
+
+
+_hook_before = sys.unraisablehook
+
+
 def interruptible() -> None:
     """Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` even where it was inherited ignored (a
     background job of a script), so that the command stops with everything it started.
-    The handler also records that it came (:func:`interrupted`): Python runs a signal's
-    handler between any two bytecodes, a finaliser's or a callback's too, and there the
-    ``KeyboardInterrupt`` is printed ("Exception ignored in") and dropped. A stress run
-    showed it: a training command took its job's exit 130 for a failure and retried it."""
+
+    Python runs a signal's handler between any two bytecodes of the main thread, a
+    finaliser's (``__del__``) or a callback's from C code among them, and there it cannot
+    pass the exception on: it hands it to ``sys.unraisablehook`` ("Exception ignored in")
+    and goes on. Such an interrupt comes again to the main thread, so that its
+    ``KeyboardInterrupt`` is raised where the program is next (a blocking call it waits in
+    interrupted), until one is raised where it propagates; and the handler records that it
+    came (:func:`interrupted`), for a command to check where a job ends (an exception that
+    a bare ``except:`` swallowed reaches no hook)."""
+    global _hook_before
+    if sys.unraisablehook is not _raise_dropped_interrupt_again:
+        _hook_before = sys.unraisablehook
+        sys.unraisablehook = _raise_dropped_interrupt_again
     signal.signal(signal.SIGINT, _interrupt)
 
 
 def interrupted() -> bool:
     """Whether this process took a SIGINT through :func:`interruptible`'s handler, its
-    ``KeyboardInterrupt`` raised or not: a command checks it where a job ends, so that an
-    interrupt dropped on the way still stops it."""
+    ``KeyboardInterrupt`` raised or not: a command checks it where a job ends (a job its
+    ranks, stopped by the same Ctrl-C, failed), so that an interrupt still stops it."""
     return _interrupted.is_set()
 
 

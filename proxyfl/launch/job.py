@@ -464,7 +464,7 @@ def _launch(
                         on_round(progress)
             exit_code = process.wait()
             if interrupted():  # Ctrl-C reached this process: its ranks' exit is no failure,
-                raise KeyboardInterrupt  # even where the handler's exception was dropped
+                raise KeyboardInterrupt  # even where its exception was swallowed
             record_launcher_wall(job.run_dir, time.perf_counter() - started,
                                  warm.origin if warm is not None else None)  # fmt: skip
         except BaseException:

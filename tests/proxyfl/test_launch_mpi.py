@@ -162,20 +162,21 @@ def test_the_jobs_of_a_block_fork_their_ranks_from_one_kept_server(
     assert not kept.is_running() or kept.status() == psutil.STATUS_ZOMBIE
 
 
-# a command that took a Ctrl-C whose KeyboardInterrupt Python dropped (raised in a
-# finaliser: tests/test_processes.py), then runs a job to its end
-AFTER_A_DROPPED_INTERRUPT = """
+# a command that took a Ctrl-C whose KeyboardInterrupt a bare `except:` swallowed (as a
+# library's may: no hook sees it, unlike one Python drops: tests/test_processes.py), then
+# runs a job to its end
+AFTER_A_SWALLOWED_INTERRUPT = """
 import os, signal, sys
 from pathlib import Path
 from plumbing.processes import interruptible
 from proxyfl.config import TrainConfig
 from proxyfl.launch.job import TrainingJob, run_job
 interruptible()
-class Finaliser:
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGINT)
-        sum(range(3))
-Finaliser()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(3))  # the handler runs between these bytecodes
+except BaseException:
+    print("swallowed")
 config = TrainConfig.model_validate_json(Path(sys.argv[1]).read_text())
 try:
     run_job(TrainingJob(config), on_line=lambda _: None)
@@ -185,17 +186,17 @@ print("went on")
 """
 
 
-def test_a_job_ended_after_a_dropped_interrupt_stops_the_command(
+def test_a_job_ended_after_a_swallowed_interrupt_stops_the_command(
     stores: Path, tmp_path: Path
 ) -> None:
-    """The interrupt is recorded where its exception was dropped, and the job's end raises
-    it: a stress run's training command otherwise took its ranks' exit 130 (they had the
-    Ctrl-C too) for a failure, retried the job and trained on for a minute."""
+    """The interrupt is recorded as it comes, and the job's end raises it: a training
+    command whose KeyboardInterrupt was lost on the way otherwise took its ranks' exit 130
+    (they had the Ctrl-C too) for a failure, retried the job and trained on."""
     config = tmp_path / "config.json"
     config.write_text(_job(stores, tmp_path / "run", algorithm="Joint").config.model_dump_json())
-    done = subprocess.run([sys.executable, "-c", AFTER_A_DROPPED_INTERRUPT, str(config)],
+    done = subprocess.run([sys.executable, "-c", AFTER_A_SWALLOWED_INTERRUPT, str(config)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert "Exception ignored" in done.stderr  # Python dropped the KeyboardInterrupt
+    assert done.stdout.startswith("swallowed"), done.stdout  # the KeyboardInterrupt was lost
     assert done.returncode == 1 and "stopped at the job's end" in done.stderr, done.stderr[-3000:]
     assert "went on" not in done.stdout
 
