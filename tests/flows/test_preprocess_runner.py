@@ -72,7 +72,9 @@ class Descendants:
         self._thread.join()
 
     def sample(self) -> dict[tuple[int, float], str]:
-        """The live descendants now, also added to ``seen``."""
+        """The live descendants now, also added to ``seen``. Each command line is read
+        afresh: one read between a child's fork and its exec is its parent's (a Prefect
+        server's first read so, under a hog, and kept, it was never counted as one)."""
         try:
             children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -83,7 +85,7 @@ class Descendants:
                 key = (child.pid, child.create_time())
             except psutil.NoSuchProcess:
                 continue
-            now[key] = self.seen.get(key) or " ".join(command_line(child))
+            now[key] = " ".join(command_line(child)) or self.seen.get(key, "")
         self.seen.update(now)
         self.most_servers = max(self.most_servers, sum(map(is_prefect_server, now.values())))
         return now
