@@ -151,10 +151,13 @@ class Sampler:
         self._stop.set()
 
 
-def by_program(seen: dict[tuple[int, int], Seen]) -> dict[str, list[float]]:
+def by_program(
+    seen: dict[tuple[int, int], Seen], parents: dict[tuple[int, int], Seen] | None = None
+) -> dict[str, list[float]]:
     """Each program's processes' CPU seconds; a process whose command line is its
-    parent's (forked, no exec) under "forked from" that program."""
-    latest_by_pid = {pid: entry for (pid, _), entry in seen.items()}
+    parent's (forked, no exec) under "forked from" that program. ``parents``: where the
+    parents are looked up (all that was seen, where ``seen`` is a part of it)."""
+    latest_by_pid = {pid: entry for (pid, _), entry in (parents or seen).items()}
     programs: dict[str, list[float]] = {}
     for entry in seen.values():
         name = program(entry.argv)
@@ -182,18 +185,8 @@ def by_test(seen: dict[tuple[int, int], Seen]) -> dict[str, dict[str, list[float
     grouped: dict[str, dict[tuple[int, int], Seen]] = {}
     for key, entry in seen.items():
         grouped.setdefault(test_of(entry), {})[key] = entry
-    # a fork's parent may belong to another test's group: judge forks on all of them
-    forked = {key for key, entry in seen.items()
-              if (parent := latest_by_pid.get(entry.parent)) is not None
-              and parent.argv == entry.argv}  # fmt: skip
-    tests: dict[str, dict[str, list[float]]] = {}
-    for test, entries in grouped.items():
-        programs = tests.setdefault(test, {})
-        for key, entry in entries.items():
-            name = program(entry.argv)
-            programs.setdefault(f"forked from {name}" if key in forked else name,
-                                []).append(entry.cpu_s)  # fmt: skip
-    return tests
+    # a fork's parent may belong to another test's group: judged against all that was seen
+    return {test: by_program(entries, parents=seen) for test, entries in grouped.items()}
 
 
 def test_table(tests: dict[str, dict[str, list[float]]], top: int) -> list[str]:

@@ -57,11 +57,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     # the warm server: forked ranks, their shims, signals passed on, queued requests
     "warm": ("tests/test_warm.py",),
-    # Ctrl-C and SIGTERM through flows, process trees bound to their parents, file locks
+    # Ctrl-C and SIGTERM through flows, process trees bound to their parents, file locks,
+    # a killed preprocessing run's pool and server (one failed under a hog, 2026-12-01)
     "signals": (
         "tests/pipeline/test_interrupt.py",
         "tests/test_processes.py",
         "tests/test_locks.py",
+        "tests/flows/test_preprocess_runner.py",
     ),
     # the Prefect deployment: a served flow run, its worker, cancelled and stopped
     "deployment": ("tests/pipeline/test_deployment.py",),

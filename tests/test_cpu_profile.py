@@ -91,12 +91,15 @@ def test_the_processes_of_a_test_are_those_started_in_it_and_their_descendants()
         (11, 3): Seen(10, ("python", "-m", "plumbing.warm"), 4.0, None),  # a cleared env
         (12, 4): Seen(11, ("python", "-m", "plumbing.warm"), 1.0, "t.py::a"),  # the rank
         (20, 5): Seen(1, ("prefect", "server"), 3.0, "t.py::b"),
+        # a rank of test c forked from the server test a started: a fork all the same
+        (30, 6): Seen(11, ("python", "-m", "plumbing.warm"), 0.5, "t.py::c"),
     }
     assert by_test(seen) == {
         "(no test)": {"python -m pytest": [9.0]},
         "t.py::a": {"python -m flows.train": [2.0], "python -m plumbing.warm": [4.0],
                     "forked from python -m plumbing.warm": [1.0]},
         "t.py::b": {"prefect": [3.0]},
+        "t.py::c": {"forked from python -m plumbing.warm": [0.5]},
     }  # fmt: skip
 
 
