@@ -36,7 +36,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +119,15 @@ class GroupRecord:
                 "failed_runs": self.failed_runs, "failures_per_100": self.failures_per_100,
                 "seconds": self.seconds, "failing_tests": dict(self.failing_tests),
                 "skipped_tests": dict(self.skipped_tests)}  # fmt: skip
+
+    def add(self, outcome: RunOutcome) -> None:
+        """One more finished run of the group."""
+        self.runs += 1
+        self.seconds.append(outcome.seconds)
+        self.skipped_tests.update(outcome.skipped)
+        if not outcome.passed:
+            self.failed_runs += 1
+            self.failing_tests.update(outcome.failed or [f"(exit {outcome.code})"])
 
     @property
     def failures_per_100(self) -> float:
@@ -280,43 +289,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (", without coverage" if args.no_coverage else ", under coverage, as make test"),
         flush=True,
     )
+    stopped_with: int | None = None
+    run = 0
     with hog(args.hog), tempfile.TemporaryDirectory(prefix="stress-") as scratch:
-        for run in range(1, args.runs + 1):
-            for record in records.values():
-                workdir = Path(scratch) / f"{record.group}-{run}"
-                workdir.mkdir()
-                outcome = run_group(record.files, workdir, args.pytest_args,
-                                    background=not args.foreground,
-                                    coverage=not args.no_coverage)  # fmt: skip
-                record.runs += 1
-                record.seconds.append(outcome.seconds)
-                record.skipped_tests.update(outcome.skipped)
-                if not outcome.passed:
-                    record.failed_runs += 1
-                    record.failing_tests.update(outcome.failed or [f"(exit {outcome.code})"])
-                    if args.keep is not None:
-                        args.keep.mkdir(parents=True, exist_ok=True)
-                        shutil.move(workdir, args.keep / workdir.name)
-                    print(f"run {run}: {record.group} FAILED {', '.join(outcome.failed)}",
-                          flush=True)  # fmt: skip
-            print(
-                f"run {run}/{args.runs}: "
-                + "  ".join(f"{r.group} {r.failed_runs}" for r in records.values()),
-                flush=True,
-            )
+        try:
+            for run in range(1, args.runs + 1):
+                for record in records.values():
+                    workdir = Path(scratch) / f"{record.group}-{run}"
+                    workdir.mkdir()
+                    outcome = run_group(record.files, workdir, args.pytest_args,
+                                        background=not args.foreground,
+                                        coverage=not args.no_coverage)  # fmt: skip
+                    record.add(outcome)
+                    if not outcome.passed:
+                        if args.keep is not None:
+                            args.keep.mkdir(parents=True, exist_ok=True)
+                            shutil.move(workdir, args.keep / workdir.name)
+                        print(f"run {run}: {record.group} FAILED {', '.join(outcome.failed)}",
+                              flush=True)  # fmt: skip
+                print(
+                    f"run {run}/{args.runs}: "
+                    + "  ".join(f"{r.group} {r.failed_runs}" for r in records.values()),
+                    flush=True,
+                )
+        except (KeyboardInterrupt, SystemExit) as stop:
+            # Ctrl-C, SIGTERM or SIGHUP (_stopped): the run under way was stopped with its
+            # processes (run_group); a hunt of hours is often ended so, and what its
+            # finished runs found is still said and kept
+            stopped_with = stop.code if isinstance(stop, SystemExit) else 128 + signal.SIGINT
+            print(f"\nstopped during run {run} of {args.runs}; the runs finished before it:",
+                  flush=True)  # fmt: skip
+    summarize(records.values(), args.json)
+    if stopped_with is not None:
+        return int(stopped_with)
+    return 1 if any(record.failed_runs for record in records.values()) else 0
+
+
+def summarize(records: Iterable[GroupRecord], json_path: Path | None) -> None:
+    """Each group's line (:meth:`GroupRecord.line`), its failing tests and how many tests
+    it skipped; the records also written to ``json_path``, where given."""
+    records = list(records)
     print()
-    for record in records.values():
+    for record in records:
         print(record.line())
         for test, count in record.failing_tests.most_common():
             print(f"    {count:>4} x {test}")
         if record.skipped_tests:
             print(f"    skipped: {len(record.skipped_tests)} test(s), e.g. "
                   f"{next(iter(record.skipped_tests))}")  # fmt: skip
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        records_json = {name: record.record() for name, record in records.items()}
-        args.json.write_text(json.dumps(records_json, indent=2))
-    return 1 if any(record.failed_runs for record in records.values()) else 0
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({r.group: r.record() for r in records}, indent=2))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -169,30 +170,44 @@ def test_the_flake_hunts_hog_ends_with_the_command_however_that_ends() -> None:
     assert not alive, "the hog outlived its stress command"
 
 
-def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes() -> None:
-    """SIGTERM to a stress command while a group's pytest runs (the launcher group: two
-    minutes of mpiexec jobs) ends that pytest and every process under it, not only the
-    command: a run left going would load whatever the machine ran next."""
-    command = subprocess.Popen(
-        [sys.executable, "-m", "tests.stress", "--groups", "launcher", "--runs", "1", "--hog",
-         "0", "--no-coverage"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a stress command while a group's pytest runs (the launcher group's second
+    run) ends that pytest and every process under it, not only the command: a run left
+    going would load whatever the machine ran next. What the finished run found is still
+    said and written (``--json``): a hunt of hours is often ended so."""
+    output, report = tmp_path / "output.txt", tmp_path / "stress.json"
+    with output.open("w") as sink:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "tests.stress", "--groups", "launcher", "--runs", "2",
+             "--hog", "0", "--no-coverage", "--json", str(report), "--",
+             "-k", "test_an_ssh_that_hangs_is_abandoned_and_leaves_no_process"],
+            cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
         stress, deadline = psutil.Process(command.pid), time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the run has processes of its own
+        while time.monotonic() < deadline:  # the first run over, the second's pytest started
             tree = stress.children(recursive=True)
-            if any(process.children() for process in stress.children()):
+            if "run 1/2" in output.read_text() and any(
+                process.children() for process in stress.children()
+            ):
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         else:
-            raise AssertionError("the stress command started no run")
+            raise AssertionError(f"the stress command started no second run: {output.read_text()}")
         command.terminate()
         assert command.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         if command.poll() is None:
             command.kill()
             command.wait()
+    said = output.read_text()
+    assert "stopped during run 2 of 2" in said, said
+    assert re.search(r"launcher +1 runs +0 failed", said), said
+    recorded = json.loads(report.read_text())["launcher"]
+    assert recorded["runs"] == 1 and recorded["failed_runs"] == 0
+    assert len(recorded["seconds"]) == 1
     _, alive = psutil.wait_procs(tree, timeout=15)
     for process in alive:
         process.kill()
