@@ -25,7 +25,6 @@ else in the test's own timing), never by a retry, a looser assertion or a skip.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plumbing.atomic import write_json
 from plumbing.processes import parent_bound_command, stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -328,18 +328,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def summarize(records: Iterable[GroupRecord], json_path: Path | None) -> None:
     """Each group's line (:meth:`GroupRecord.line`), its failing tests and how many tests
     it skipped; the records also written to ``json_path``, where given."""
-    records = list(records)
+    groups = list(records)
     print()
-    for record in records:
+    for record in groups:
         print(record.line())
         for test, count in record.failing_tests.most_common():
             print(f"    {count:>4} x {test}")
         if record.skipped_tests:
             print(f"    skipped: {len(record.skipped_tests)} test(s), e.g. "
                   f"{next(iter(record.skipped_tests))}")  # fmt: skip
-    if json_path is not None:
+    if json_path is not None:  # whole or not at all: the stop may come again meanwhile
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({r.group: r.record() for r in records}, indent=2))
+        write_json(json_path, {record.group: record.record() for record in groups})
 
 
 if __name__ == "__main__":
