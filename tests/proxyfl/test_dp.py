@@ -134,6 +134,9 @@ def test_epsilon_function_is_the_accountants() -> None:
     assert math.isinf(epsilon_from_history([(0.0, q, 3)], 1e-5))
 
 
+# some drawn histories (σ down to 0.5, q up to 1/2) have their best order at the end of
+# Opacus' grid, and the accountant warns so; the test compares the two results bit for bit
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
 def test_epsilon_is_the_accountants_to_the_last_bit_for_any_history() -> None:
     """One step's RDP computed once and scaled by T (the accountant recomputes it for every
     question): the same floating-point result for histories of several segments, any δ."""
