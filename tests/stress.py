@@ -316,12 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Ctrl-C, SIGTERM or SIGHUP (_stopped): the run under way was stopped with its
             # processes (run_group); a hunt of hours is often ended so, and what its
             # finished runs found is still said and kept
-            stopped_with = stop.code if isinstance(stop, SystemExit) else 128 + signal.SIGINT
+            if isinstance(stop, KeyboardInterrupt):
+                stopped_with = 128 + signal.SIGINT
+            else:  # _stopped's status; a SystemExit of anyone else's may carry None or text
+                stopped_with = stop.code if isinstance(stop.code, int) else 1
             print(f"\nstopped during run {run} of {args.runs}; the runs finished before it:",
                   flush=True)  # fmt: skip
     summarize(records.values(), args.json)
     if stopped_with is not None:
-        return int(stopped_with)
+        return stopped_with
     return 1 if any(record.failed_runs for record in records.values()) else 0
 
 

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -170,32 +171,59 @@ def test_the_flake_hunts_hog_ends_with_the_command_however_that_ends() -> None:
     assert not alive, "the hog outlived its stress command"
 
 
+# a pytest plugin that holds one stress run still: the run's pytest starts a child and
+# then waits, with the marker file naming both, until it is stopped
+_HELD_RUN_PLUGIN = """
+import os, subprocess, sys, time
+from pathlib import Path
+
+def pytest_sessionstart(session):
+    workdir = Path(session.config.option.basetemp).parent  # stress's <group>-<run>
+    if workdir.name != os.environ["STRESS_HELD_RUN"]:
+        return
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    marker = Path(os.environ["STRESS_HELD_MARKER"])
+    marker.with_suffix(".part").write_text(f"{os.getpid()} {child.pid}")
+    marker.with_suffix(".part").rename(marker)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("held_run", [1, 2])
 def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes(
-    tmp_path: Path,
+    tmp_path: Path, held_run: int
 ) -> None:
-    """SIGTERM to a stress command while a group's pytest runs (the launcher group's second
-    run) ends that pytest and every process under it, not only the command: a run left
-    going would load whatever the machine ran next. What the finished run found is still
-    said and written (``--json``): a hunt of hours is often ended so."""
+    """SIGTERM to a stress command while a group's pytest runs (held there by a plugin,
+    with a child of its own) ends that pytest and every process under it, not only the
+    command: a run left going would load whatever the machine ran next. What the runs
+    finished before it found is still said and written (``--json``), none at all when the
+    first is stopped: a hunt of hours is often ended so."""
     output, report = tmp_path / "output.txt", tmp_path / "stress.json"
+    plugin_folder, marker = tmp_path / "plugin", tmp_path / "held"
+    plugin_folder.mkdir()
+    (plugin_folder / "held_run.py").write_text(_HELD_RUN_PLUGIN)
+    path = os.environ.get("PYTHONPATH")
+    environment = {
+        **os.environ,
+        "STRESS_HELD_RUN": f"launcher-{held_run}",
+        "STRESS_HELD_MARKER": str(marker),
+        "PYTEST_ADDOPTS": "-p held_run",
+        "PYTHONPATH": f"{plugin_folder}:{path}" if path else str(plugin_folder),
+    }
     with output.open("w") as sink:
         command = subprocess.Popen(
             [sys.executable, "-m", "tests.stress", "--groups", "launcher", "--runs", "2",
              "--hog", "0", "--no-coverage", "--json", str(report), "--",
-             "-k", "test_an_ssh_that_hangs_is_abandoned_and_leaves_no_process"],
-            cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+             "-k", "no_test_is_named_so"],
+            cwd=REPO, env=environment, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        stress, deadline = psutil.Process(command.pid), time.monotonic() + 120
-        while time.monotonic() < deadline:  # the first run over, the second's pytest started
-            tree = stress.children(recursive=True)
-            if "run 1/2" in output.read_text() and any(
-                process.children() for process in stress.children()
-            ):
-                break
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert command.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, f"run {held_run} never held: {output.read_text()}"
             time.sleep(0.1)
-        else:
-            raise AssertionError(f"the stress command started no second run: {output.read_text()}")
+        held = [psutil.Process(int(pid)) for pid in marker.read_text().split()]
         command.terminate()
         assert command.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
@@ -203,12 +231,13 @@ def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes(
             command.kill()
             command.wait()
     said = output.read_text()
-    assert "stopped during run 2 of 2" in said, said
-    assert re.search(r"launcher +1 runs +0 failed", said), said
+    finished = held_run - 1
+    assert f"stopped during run {held_run} of 2" in said, said
+    assert re.search(rf"launcher +{finished} runs +0 failed", said), said
     recorded = json.loads(report.read_text())["launcher"]
-    assert recorded["runs"] == 1 and recorded["failed_runs"] == 0
-    assert len(recorded["seconds"]) == 1
-    _, alive = psutil.wait_procs(tree, timeout=15)
+    assert recorded["runs"] == finished and recorded["failed_runs"] == 0
+    assert len(recorded["seconds"]) == finished
+    _, alive = psutil.wait_procs(held, timeout=15)
     for process in alive:
         process.kill()
     assert not alive, [" ".join(process.cmdline()[:4]) for process in alive]
