@@ -76,3 +76,20 @@ def test_the_wheelhouse_asks_for_every_wheel_an_older_glibc_built() -> None:
     names = " ".join(runtime_requirements())
     assert "opacus" in names and "mpich" in names and "prefect" not in names and "dvc" not in names
     assert "nvflare" not in names
+
+
+def test_a_wheelhouse_for_a_server_with_packages_downloads_only_what_it_lacks() -> None:
+    """``--present``: a listing in pip freeze's, pip list's or bare names' form leaves out
+    what the server has, whatever its version, except MPI and its binding, carried as a
+    pair; the device list committed for the lent GPU machines is read so."""
+    from bench.wheelhouse import REPO, lacking, present_packages
+
+    listing = ("Package    Version\n---------- -------\nNumPy 2.5.2\n"
+               "scikit_image==0.26.0\n# a comment\ntyping-extensions\nmpi4py==4.0.0\n")  # fmt: skip
+    present = present_packages(listing)
+    assert present == {"numpy", "scikit-image", "typing-extensions", "mpi4py"}
+    pins = ["numpy==2.5.5", "scikit-image==0.26.0", "typing_extensions==4.16.0",
+            "opacus==1.6.0", "mpi4py==4.1.2", "mpich==5.0.2"]  # fmt: skip
+    assert lacking(pins, present) == ["opacus==1.6.0", "mpi4py==4.1.2", "mpich==5.0.2"]
+    device = present_packages((REPO / "bench" / "device" / "nvidia-h200.txt").read_text())
+    assert {"torch", "numpy", "scipy", "h5py"} <= device and "opacus" not in device
