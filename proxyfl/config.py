@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plumbing.cli import ConfigError
-from proxyfl.comm.graphs import parse_schedule_spec
+from proxyfl.comm.graphs import matrices_digest, parse_schedule_spec
 from proxyfl.names import ALGORITHMS, MODEL_NAMES, Algorithm
 
 logger = logging.getLogger(__name__)
@@ -429,7 +429,10 @@ class TrainConfig(TrainOptions):
         when it is resumed, and that a finished run is compared by. Where the run and its
         stores are (``run_dir``, ``data``: the stores are identified by their content, see
         :func:`proxyfl.launch.rundir.run_inputs`) and how it runs (device, loader_workers,
-        checkpoints kept) are not part of it."""
+        checkpoints kept) are not part of it; nor where a ``file:`` graph lies: it is
+        identified by its matrices (:func:`~proxyfl.comm.graphs.matrices_digest`), so that a
+        file edited between two attempts is a change and a copy elsewhere (a federation's
+        site's) is not."""
         ignored = set(WHERE_AND_HOW_FIELDS)
         if self.algorithm != "PrivateKT":  # other methods' runs do not depend on them
             ignored |= set(PRIVATEKT_FIELDS)
@@ -444,6 +447,10 @@ class TrainConfig(TrainOptions):
         if self.dp_engine == "opacus":  # likewise: the one engine there was
             ignored |= {"dp_engine", "precision"}
         data = self.model_dump(mode="json")
+        if self.graph.startswith("file:"):
+            data["graph"] = (
+                f"file sha256:{matrices_digest(parse_schedule_spec(self.graph).matrices)}"
+            )
         return {key: value for key, value in data.items() if key not in ignored}
 
     def digest(self) -> str:

@@ -22,7 +22,9 @@ Schedules, by the name given to ``--graph``:
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +103,39 @@ class Schedule:
         return self.name == "exponential"
 
 
+def graph_matrices(raw: object, where: str) -> tuple[np.ndarray, ...]:
+    """The mixing matrices of a graph file's JSON ``raw``: a non-empty list of n x n
+    column-stochastic matrices of one size, or an object whose ``matrices`` is one;
+    ``ValueError`` naming ``where`` and what is wrong."""
+    if isinstance(raw, dict):
+        raw = raw.get("matrices")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{where} must hold a non-empty list of matrices")
+    matrices = []
+    for index, item in enumerate(raw):
+        try:
+            matrix = np.asarray(item, dtype=np.float64)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"matrix {index} of {where} is not a matrix of numbers") from error
+        check_column_stochastic(matrix, f"matrix {index} of {where}")
+        matrices.append(matrix)
+    if len({m.shape for m in matrices}) != 1:
+        raise ValueError(f"{where}: matrices differ in size")
+    return tuple(matrices)
+
+
+def matrices_json(matrices: Sequence[np.ndarray]) -> str:
+    """A graph file's matrices as canonical JSON: every float64 to the bit (``repr``), no
+    spaces; what a federation's job carries of them and what a run is identified by."""
+    return json.dumps([matrix.tolist() for matrix in matrices], separators=(",", ":"))
+
+
+def matrices_digest(matrices: Sequence[np.ndarray]) -> str:
+    """SHA-256 of :func:`matrices_json`: equal digests, equal graphs, wherever the file
+    that held them lies."""
+    return hashlib.sha256(matrices_json(matrices).encode()).hexdigest()
+
+
 def parse_schedule_spec(spec: str) -> Schedule:
     """A :class:`Schedule` from a ``--graph`` value; ``ValueError`` naming what is wrong."""
     if spec in BUILTIN_SCHEDULES:
@@ -111,18 +146,7 @@ def parse_schedule_spec(spec: str) -> Schedule:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise ValueError(f"cannot read graph file {path}: {error}") from error
-        if isinstance(raw, dict):
-            raw = raw.get("matrices")
-        if not isinstance(raw, list) or not raw:
-            raise ValueError(f"graph file {path} must hold a non-empty list of matrices")
-        matrices = []
-        for index, item in enumerate(raw):
-            matrix = np.asarray(item, dtype=np.float64)
-            check_column_stochastic(matrix, f"matrix {index} of {path}")
-            matrices.append(matrix)
-        if len({m.shape for m in matrices}) != 1:
-            raise ValueError(f"graph file {path}: matrices differ in size")
-        return Schedule(spec, tuple(matrices))
+        return Schedule(spec, graph_matrices(raw, f"graph file {path}"))
     raise ValueError(
         f"unknown graph {spec!r}; choose one of {', '.join(BUILTIN_SCHEDULES)} or file:PATH.json"
     )

@@ -64,6 +64,7 @@ from proxyfl.sites.executor import (
 )
 from proxyfl.sites.federation import (
     CONFIG,
+    GRAPH,
     REPLACE,
     RESULTS,
     RUN_NAME,
@@ -90,6 +91,7 @@ class RunController(Controller):
         working_directory: str | None = None, outcome_file: str | None = None,
         config: dict[str, Any] | None = None, run_name: str | None = None,
         replace: bool = False, task_timeout_s: float = 7 * 24 * 3600.0,
+        graph: list[Any] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         if (config is None) == (arguments is None):
@@ -97,6 +99,7 @@ class RunController(Controller):
         self.sites, self.placement = list(sites), placement
         self.arguments, self.working_directory = arguments, working_directory
         self.config, self.run_name, self.replace = config, run_name, replace
+        self.graph = graph  # a file: graph's matrices (proxyfl.sites.federation.GRAPH)
         self.outcome_file = Path(outcome_file) if outcome_file is not None else None
         self.task_timeout_s = task_timeout_s
         self.aborted_by: tuple[int, int] | None = None  # (rank, status) of the first abort
@@ -191,6 +194,8 @@ class RunController(Controller):
         if self.config is not None:
             data[CONFIG], data[RUN_NAME] = json.dumps(self.config), self.run_name
             data[REPLACE] = self.replace
+            if self.graph is not None:
+                data[GRAPH] = self.graph
         else:
             data[ARGUMENTS], data[WORKING_DIRECTORY] = self.arguments, self.working_directory
         task = Task(name=RANK_TASK, data=data, timeout=int(self.task_timeout_s),

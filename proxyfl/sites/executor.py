@@ -61,6 +61,7 @@ from proxyfl.engine.validation import EXIT_BAD_INPUT, EXIT_STOPPED, clear_failur
 from proxyfl.launch.progress import rank_line_format
 from proxyfl.sites.federation import (
     CONFIG,
+    GRAPH,
     REPLACE,
     RESULTS,
     RUN_NAME,
@@ -224,7 +225,8 @@ def _job_at_this_site(task: Shareable) -> tuple[list[str], Path, Path | None]:
     folders = SiteFolders.from_environment()
     try:
         config_file = folders.write_run_config(str(task[CONFIG]), str(task[RUN_NAME]),
-                                               replace=bool(task.get(REPLACE)))  # fmt: skip
+                                               replace=bool(task.get(REPLACE)),
+                                               graph=task.get(GRAPH))  # fmt: skip
     except ValidationError as error:
         raise FederationError(f"the job's configuration is not valid here: {error}") from error
     except OSError as error:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.atomic import write_bytes
+from proxyfl.comm.graphs import graph_matrices, matrices_digest, matrices_json, parse_schedule_spec
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import FAILURES_DIR
-from proxyfl.launch.rundir import write_config
+from proxyfl.launch.rundir import CONFIG_FILE, write_config
 from proxyfl.results import MACHINE_FILE, METRICS_FILE, RUN_FILE
 
 # the task's keys of a federation job (in place of the local launcher's arguments)
@@ -35,6 +36,10 @@ CONFIG = "config"  # the run's TrainConfig as JSON; its data and run_dir are the
 RUN_NAME = "run_name"  # the run directory under each site's runs folder
 RESULTS = "results"  # a site's answer: {relative path: bytes} of results_that_leave
 REPLACE = "replace"  # the site's run of that name, of another configuration, trained anew
+# a `file:` graph's matrices, read where the job was submitted: a site reads no file a job
+# names (its path is the administrator's), but writes them into its own runs folder
+GRAPH = "graph"
+GRAPHS_FOLDER = ".graphs"  # RUNS/.graphs/SHA256.json: the graphs of the jobs a site ran
 # how `sites start` tells a site's FLARE processes (and so their job processes) its folders
 DATA_ENV = "PROXYFL_SITE_DATA"
 RUNS_ENV = "PROXYFL_SITE_RUNS"
@@ -57,6 +62,14 @@ def checked_run_name(name: str) -> str:
     return name
 
 
+def carried_graph(config: TrainConfig) -> list[list[list[float]]] | None:
+    """What a federation's job carries of ``config``'s graph (:data:`GRAPH`): a ``file:``
+    graph's matrices, read on the submitting machine; ``None`` for a built-in graph."""
+    if not config.graph.startswith("file:"):
+        return None
+    return [matrix.tolist() for matrix in parse_schedule_spec(config.graph).matrices]
+
+
 @dataclass(frozen=True)
 class SiteFolders:
     """A site's own folders, absolute: ``data`` holds its centre's store, ``runs`` the
@@ -77,11 +90,14 @@ class SiteFolders:
             )  # fmt: skip
         return cls(Path(env[DATA_ENV]), Path(env[RUNS_ENV]))
 
-    def run_config(self, config_json: str, run_name: str) -> TrainConfig:
+    def run_config(self, config_json: str, run_name: str, graph: object = None) -> TrainConfig:
         """The job's configuration at this site: ``config_json`` validated, every path in
-        it this site's: its stores, its run directory and torch.compile's cache (the
-        default, in the site's project) whatever the job said; a canary plan, a file of
-        the administrator's, is refused (a canary run has no federated form)."""
+        it this site's: its stores, its run directory (one run's, neither inside another
+        run nor holding one) and torch.compile's cache (the default, in the site's
+        project) whatever the job said. A ``file:`` graph is the matrices the job carries
+        (``graph``, :func:`carried_graph`), written into this site's runs folder: the
+        path the job names is never read here. A canary plan, a file of the
+        administrator's, is refused (a canary run has no federated form)."""
         values = json.loads(config_json)
         if not isinstance(values, dict):
             raise FederationError("the job's configuration is not a JSON object")
@@ -89,19 +105,65 @@ class SiteFolders:
             raise FederationError("the job names a canary plan (a file of the administrator's):"
                                   " a canary run has no federated form")  # fmt: skip
         values.pop("compile_cache", None)
-        values.update(data=str(self.data), run_dir=str(self.runs / checked_run_name(run_name)))
+        run_dir = self._one_runs_folder(checked_run_name(run_name))
+        spec = values.get("graph")
+        if isinstance(spec, str) and spec.startswith("file:"):
+            if graph is None:
+                raise FederationError(
+                    f"the job's graph is a file of the administrator's ({spec}) and the job "
+                    "carries no matrices: a site reads no file a job names (`sites submit` "
+                    "carries them)"
+                )  # fmt: skip
+            values["graph"] = f"file:{self._graph_file(graph)}"
+        elif graph is not None:
+            raise FederationError(f"the job carries a graph's matrices for the graph {spec!r}")
+        values.update(data=str(self.data), run_dir=str(run_dir))
         return TrainConfig.model_validate(values)
+
+    def _one_runs_folder(self, run_name: str) -> Path:
+        """``RUNS/RUN_NAME``, unless it lies in another run's folder or holds other runs
+        (a run name of one part, ``ProxyFL``, would mix its rank's files with every seed's,
+        and ``replace`` would delete them all)."""
+        run_dir = self.runs / run_name
+        for folder in Path(run_name).parents:
+            if folder != Path(".") and (self.runs / folder / CONFIG_FILE).is_file():
+                raise FederationError(f"{run_name!r} lies in this site's run {folder}: a run "
+                                      "name names a run folder of its own")  # fmt: skip
+        if run_dir.is_dir():
+            inner = next((found.parent for found in run_dir.rglob(CONFIG_FILE)
+                          if found.parent != run_dir), None)  # fmt: skip
+            if inner is not None:
+                raise FederationError(
+                    f"{run_name!r} holds this site's run {inner.relative_to(self.runs)}: a run "
+                    "name names one run (ALGORITHM/seed_S)"
+                )  # fmt: skip
+        return run_dir
+
+    def _graph_file(self, graph: object) -> Path:
+        """The job's carried graph matrices, checked as a graph file's are, in
+        ``RUNS/.graphs/SHA256.json`` (:func:`~proxyfl.comm.graphs.matrices_digest`: a
+        resumed job's is the same file)."""
+        try:
+            matrices = graph_matrices(graph, "the job's graph")
+        except ValueError as error:
+            raise FederationError(str(error)) from error
+        path = self.runs / GRAPHS_FOLDER / f"{matrices_digest(matrices)}.json"
+        if not path.is_file():
+            write_bytes(path, matrices_json(matrices).encode())
+        return path
 
     @staticmethod
     def configured(env: Mapping[str, str] = os.environ) -> bool:
         """Whether this process is a federation's site (``sites start`` gave it folders)."""
         return bool(env.get(DATA_ENV) and env.get(RUNS_ENV))
 
-    def write_run_config(self, config_json: str, run_name: str, replace: bool = False) -> Path:
+    def write_run_config(
+        self, config_json: str, run_name: str, replace: bool = False, graph: object = None
+    ) -> Path:
         """``RUNS/RUN_NAME/config.json`` of :meth:`run_config`, for the rank program;
         ``replace``: whatever the site's run of that name held is deleted first (else a run
         of another configuration is refused by the rank, and an unfinished one resumes)."""
-        config = self.run_config(config_json, run_name)
+        config = self.run_config(config_json, run_name, graph)
         if replace and config.run_dir is not None:
             shutil.rmtree(config.run_dir, ignore_errors=True)
         return write_config(config)

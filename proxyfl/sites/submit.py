@@ -42,7 +42,7 @@ from proxyfl.launch.flare import (
     write_job,
 )
 from proxyfl.sites.controller import OUTCOME_FILE, RESULTS_FOLDER
-from proxyfl.sites.federation import checked_run_name, write_results
+from proxyfl.sites.federation import carried_graph, checked_run_name, write_results
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,9 @@ def submit_run(
     values = config.model_dump(mode="json", exclude={"data", "run_dir"})  # the sites' own
     run = {"sites": sites, "placement": [[0, 1]] * len(sites), "config": values,
            "run_name": checked_run_name(run_name), "replace": replace}  # fmt: skip
+    graph = carried_graph(config)  # a file: graph's matrices: no site reads a path of ours
+    if graph is not None:
+        run["graph"] = graph
     workspace = run_dir / FLARE_FOLDER
     _wait_for_sites(session, sites, connect_timeout_s)
     job = write_job(workspace / "job", f"proxyfl-{run_name.replace('/', '-')}", run)

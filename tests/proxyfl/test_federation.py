@@ -74,8 +74,11 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
 ) -> None:
     coordinator = tmp_path / "coordinator"
     coordinator.mkdir()
-    params = {"train": {"algorithms": METHODS, "seeds": [0], "centers": CENTERS,
-                        "runs": "runs", "options": OPTIONS}}  # fmt: skip
+    # a graph of the coordinator's own: the jobs carry its matrices, no site reads its path
+    graph = coordinator / "graph.json"
+    graph.write_text(json.dumps([[[0.0, 1.0], [1.0, 0.0]], [[0.25, 0.5], [0.75, 0.5]]]))
+    params = {"train": {"algorithms": METHODS, "seeds": [0], "centers": CENTERS, "runs": "runs",
+                        "options": {**OPTIONS, "graph": f"file:{graph}"}}}  # fmt: skip
     (coordinator / "params.yaml").write_text(yaml.safe_dump(params))
     provisioned = subprocess.run([*SITES, "provision", "--out", "kits", "--server-host",
                                   "localhost", "--port", str(free_port())], cwd=coordinator,
@@ -128,6 +131,9 @@ def test_jobs_submitted_to_a_running_federation_bring_back_the_bytes_of_mpiexec(
             assert ours["config"].pop("run_dir") == str(hospitals[0] / "kept" / method /
                                                         "seed_0")  # fmt: skip
             assert ours["config"].pop("data") == str(hospitals[0] / "patches")
+            site_graph = Path(ours["config"].pop("graph").removeprefix("file:"))
+            assert site_graph.parent == hospitals[0] / "kept" / ".graphs", site_graph
+            assert theirs["config"].pop("graph") == f"file:{graph}"
             for key in ("run_dir", "data"):
                 theirs["config"].pop(key)
             assert ours == theirs and ours["status"] == "finished", method

@@ -358,6 +358,26 @@ def test_fingerprints_ignore_where_and_how_even_when_an_old_record_holds_them() 
     assert config.digest() != TrainConfig(rounds=4).digest()
 
 
+def test_a_file_graph_is_fingerprinted_by_its_matrices_not_where_its_file_lies(
+    tmp_path: Path,
+) -> None:
+    """A ``file:`` graph's copy elsewhere (a federation's site writes the job's matrices
+    into its own runs folder) is the same configuration; the file edited between two
+    attempts is not, and a resume is refused naming it."""
+    matrices = [[[0.0, 1.0], [1.0, 0.0]], [[0.25, 0.5], [0.75, 0.5]]]
+    here, there = tmp_path / "graph.json", tmp_path / "site" / "copy.json"
+    there.parent.mkdir()
+    here.write_text(json.dumps({"matrices": matrices}))
+    there.write_text(json.dumps(matrices))
+    first = TrainConfig(rounds=3, centers=[0, 1], graph=f"file:{here}")
+    copy = TrainConfig(rounds=3, centers=[0, 1], graph=f"file:{there}")
+    assert first.digest() == copy.digest() and str(tmp_path) not in json.dumps(first.fingerprint())
+    recorded = first.fingerprint()
+    here.write_text(json.dumps([matrices[1], matrices[0]]))
+    edited = TrainConfig(rounds=3, centers=[0, 1], graph=f"file:{here}")
+    assert set(fingerprint_changes(recorded, edited.fingerprint())) == {"graph"}
+
+
 def test_runs_that_evaluated_every_model_each_round_keep_their_fingerprint() -> None:
     """Runs recorded before round_evaluation existed evaluated every model after every
     round: round_evaluation "all" fingerprints as they do, "primary" (the default, other

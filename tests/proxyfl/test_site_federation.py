@@ -4,14 +4,17 @@ without FLARE: the run's name, the site's own folders, the files sent back and c
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from proxyfl.comm.graphs import parse_schedule_spec
 from proxyfl.config import TrainConfig
 from proxyfl.sites.federation import (
     FederationError,
     SiteFolders,
+    carried_graph,
     checked_results,
     checked_run_name,
     names_that_leave,
@@ -95,6 +98,60 @@ def test_a_configuration_the_site_cannot_validate_is_refused(tmp_path: Path) -> 
         folders.run_config(_config_json(rounds=0), "FedAvg/seed_3")
     with pytest.raises(FederationError, match="JSON object"):
         folders.run_config("[1, 2]", "FedAvg/seed_3")
+
+
+def test_a_file_graph_travels_as_its_matrices_and_no_site_reads_a_path_of_the_job(
+    tmp_path: Path,
+) -> None:
+    """A ``file:`` graph names a file of the submitting machine: the job carries its
+    matrices (:func:`carried_graph`), and the site writes them into its own runs folder,
+    the same numbers to the bit. A job that names a path and carries nothing is refused
+    without the path being opened: a FIFO there would block a reader, and a site's
+    secret would come back in the parse error."""
+    matrices = [[[0.5, 0.5], [0.5, 0.5]], [[0.0, 1.0], [1.0, 0.0]], [[0.1, 0.3], [0.9, 0.7]]]
+    graph_file = tmp_path / "admin" / "graph.json"
+    graph_file.parent.mkdir()
+    graph_file.write_text(json.dumps({"matrices": matrices}))
+    admin = TrainConfig(algorithm="ProxyFL", centers=[0, 1], graph=f"file:{graph_file}")
+    carried = carried_graph(admin)
+    assert carried == matrices and carried_graph(TrainConfig(centers=[0, 1])) is None
+
+    folders = SiteFolders(tmp_path / "stores", tmp_path / "runs")
+    job = _config_json(graph=f"file:{graph_file}")
+    config = folders.run_config(job, "FedAvg/seed_3", graph=carried)
+    site_file = Path(config.graph.removeprefix("file:"))
+    assert site_file.parent == tmp_path / "runs" / ".graphs"
+    ours, theirs = parse_schedule_spec(admin.graph), parse_schedule_spec(config.graph)
+    assert [m.tobytes() for m in ours.matrices] == [m.tobytes() for m in theirs.matrices]
+    again = folders.run_config(job, "FedAvg/seed_3", graph=carried)  # a resumed job's
+    assert again.graph == config.graph
+
+    fifo = tmp_path / "site-fifo"
+    os.mkfifo(fifo)  # opened for reading, it would block until a writer came
+    for named in (fifo, Path("/etc/passwd"), tmp_path / "nothing-there"):
+        with pytest.raises(FederationError, match="reads no file a job names"):
+            folders.run_config(_config_json(graph=f"file:{named}"), "FedAvg/seed_3")
+    with pytest.raises(FederationError, match="matrix 0 of the job's graph is not column"):
+        folders.run_config(job, "FedAvg/seed_3", graph=[[[1.0, 1.0], [1.0, 0.0]]])
+    with pytest.raises(FederationError, match="is not a matrix of numbers"):
+        folders.run_config(job, "FedAvg/seed_3", graph=[[["root:x:0:0", 1.0], [0.0, 0.0]]])
+    with pytest.raises(FederationError, match="carries a graph's matrices"):
+        folders.run_config(_config_json(), "FedAvg/seed_3", graph=carried)
+
+
+def test_a_run_name_names_one_run_never_one_holding_or_inside_another(tmp_path: Path) -> None:
+    """``ProxyFL`` where the site keeps ``ProxyFL/seed_0`` would mix the rank's files with
+    every seed's (and ``replace`` would delete them all); ``ProxyFL/seed_0/ranks`` would
+    write inside a run."""
+    folders = SiteFolders(tmp_path / "stores", tmp_path / "runs")
+    kept = folders.write_run_config(_config_json(), "ProxyFL/seed_0")
+    with pytest.raises(FederationError, match="holds this site's run ProxyFL/seed_0"):
+        folders.write_run_config(_config_json(), "ProxyFL", replace=True)
+    with pytest.raises(FederationError, match="lies in this site's run ProxyFL/seed_0"):
+        folders.write_run_config(_config_json(), "ProxyFL/seed_0/ranks", replace=True)
+    assert kept.is_file()
+    assert folders.write_run_config(_config_json(), "ProxyFL/seed_1").is_file()
+    assert folders.write_run_config(_config_json(), "ProxyFL/seed_0", replace=True) == kept
 
 
 def test_a_site_started_without_its_folders_says_how_to_start_it() -> None:
