@@ -32,8 +32,9 @@ import numpy as np
 from plumbing.atomic import write_bytes
 from plumbing.errors import PipelineError
 
-TUMOR_GROUPS: frozenset[str] = frozenset({"metastases", "Tumor", "_0", "_1"})
-CARVE_OUT_GROUPS: frozenset[str] = frozenset({"normal", "_2", "Exclusion"})
+# group names as Camelyon-16's and Camelyon-17's files write them, matched in any case
+TUMOR_GROUPS: frozenset[str] = frozenset({"metastases", "tumor", "tumour", "_0", "_1"})
+CARVE_OUT_GROUPS: frozenset[str] = frozenset({"normal", "_2", "exclusion"})
 AREA_TYPES: frozenset[str] = frozenset({"Polygon", "Rectangle", "Spline"})
 POINT_TYPES: frozenset[str] = frozenset({"Dot", "PointSet"})
 
@@ -68,6 +69,16 @@ class Region:
         return f"{where}{self.name!r} ({self.kind}, group {self.group!r})"
 
     @property
+    def is_tumor(self) -> bool:
+        """In a tumour group (:data:`TUMOR_GROUPS`, any case)."""
+        return self.group.casefold() in TUMOR_GROUPS
+
+    @property
+    def is_carve_out(self) -> bool:
+        """In a carve-out group (:data:`CARVE_OUT_GROUPS`, any case)."""
+        return self.group.casefold() in CARVE_OUT_GROUPS
+
+    @property
     def area(self) -> float:
         return polygon_area(self.vertices)
 
@@ -88,11 +99,16 @@ class SlideAnnotations:
 
     @property
     def tumor(self) -> tuple[Region, ...]:
-        return tuple(r for r in self.regions if r.group in TUMOR_GROUPS)
+        return tuple(r for r in self.regions if r.is_tumor)
 
     @property
     def carve_outs(self) -> tuple[Region, ...]:
-        return tuple(r for r in self.regions if r.group in CARVE_OUT_GROUPS)
+        return tuple(r for r in self.regions if r.is_carve_out)
+
+    @property
+    def ignored_groups(self) -> list[str]:
+        """The groups that are neither tumour nor carve-out: they play no part."""
+        return sorted({r.group for r in self.regions if not (r.is_tumor or r.is_carve_out)})
 
     @property
     def groups(self) -> dict[str, tuple[Region, ...]]:
@@ -153,8 +169,10 @@ def read_asap(path: str | os.PathLike[str]) -> SlideAnnotations:
 
     Raises :class:`AnnotationError` naming the file for a missing file, broken XML, a
     missing ``Annotations`` element, an unknown annotation type or a bad coordinate.
-    Regions of groups that are neither tumour nor carve-out are kept (see
-    :attr:`SlideAnnotations.groups`) and logged, but play no part in the tumour mask.
+    Group names are matched in any case (``Tumor``, ``tumor``). Regions of groups that
+    are neither tumour nor carve-out are kept (see :attr:`SlideAnnotations.groups`) and
+    logged, but play no part in the tumour mask; one of them that is malformed (a
+    two-point ruler, an unknown type) is skipped with a warning, not an error.
     """
     path = Path(path)
     try:
@@ -172,13 +190,23 @@ def read_asap(path: str | os.PathLike[str]) -> SlideAnnotations:
         raise AnnotationError(path, "no <Annotations> element")
     regions = []
     for index, element in enumerate(annotations.iterfind("Annotation")):
-        region = _region(element, index, path)
+        try:
+            region = _region(element, index, path)
+        except AnnotationError as error:
+            group = element.get("PartOfGroup")
+            if group is None or group.casefold() in TUMOR_GROUPS | CARVE_OUT_GROUPS:
+                raise
+            # a ruler or a note in a group that plays no part: it labels nothing
+            log.warning("%s: annotation %d of group %r skipped: %s", path, index, group,
+                        error.reason)  # fmt: skip
+            continue
         if region is not None:
             regions.append(region)
-    unknown = {r.group for r in regions} - TUMOR_GROUPS - CARVE_OUT_GROUPS
-    if unknown:
-        log.warning("%s: groups %s are neither tumour nor carve-out; ignored", path, unknown)
-    return SlideAnnotations(path=path, regions=tuple(regions))
+    read = SlideAnnotations(path=path, regions=tuple(regions))
+    if read.ignored_groups:
+        log.warning("%s: groups %s are neither tumour nor carve-out; ignored", path,
+                    read.ignored_groups)  # fmt: skip
+    return read
 
 
 # --------------------------------------------------------------------------------------

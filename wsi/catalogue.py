@@ -17,9 +17,10 @@ with the file and line it concerns; none stops the scan of the rest.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,15 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
     if not path.is_file():
         problems.append(CatalogueProblem(path, None, "labels file not found; slides unlabelled"))
         return labels
-    with path.open(newline="", encoding="utf-8-sig") as handle:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:  # a spreadsheet's "Unicode text" is UTF-16
+        problems.append(CatalogueProblem(
+            path, None, f"not UTF-8 text (byte {error.start}): save it as CSV UTF-8; slides "
+            "unlabelled"))  # fmt: skip
+        return labels
+    stage_lines: dict[int, int] = {}
+    with io.StringIO(text, newline="") as handle:
         reader = csv.reader(handle)
         header = [cell.strip().lower() for cell in next(reader, [])]
         if header[:2] != ["patient", "stage"]:
@@ -154,34 +163,81 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
                 labels.nodes[stem] = value
                 labels.node_lines[stem] = line
             elif patient_match and value in PATIENT_STAGES:
-                labels.patients[int(patient_match.group(1))] = value
+                patient = int(patient_match.group(1))
+                if patient in labels.patients:
+                    problems.append(CatalogueProblem(
+                        path, line, f"{stem} staged twice (line {stage_lines[patient]}: "
+                        f"{labels.patients[patient]}); this row ignored"))  # fmt: skip
+                    continue
+                labels.patients[patient] = value
+                stage_lines[patient] = line
             else:
                 problems.append(CatalogueProblem(path, line, f"unparseable row {','.join(row)!r}"))
                 continue
             if center_column is not None:
                 patient = int((slide_match or patient_match).group(1))  # type: ignore[union-attr]
                 try:
-                    labels.center_of_patient[patient] = int(row[center_column])
+                    center = int(row[center_column])
                 except (IndexError, ValueError):
                     problems.append(CatalogueProblem(path, line, "missing or bad center value"))
+                    continue
+                known = labels.center_of_patient.setdefault(patient, center)
+                if known != center:
+                    problems.append(CatalogueProblem(
+                        path, line, f"center {center} for patient_{patient:03d}, whose earlier "
+                        f"rows say {known}; {known} kept"))  # fmt: skip
     return labels
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
+    """(folder, its file names) for ``root`` and every folder below it, in name order,
+    following links to folders (real slides often lie on another disk, ``center_0`` a
+    link to it), each real folder once (a link back up is no loop)."""
+    visited: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:
+            dirnames.clear()
+            continue
+        visited.add(real)
+        dirnames.sort()
+        yield Path(dirpath), sorted(filenames)
 
 
 def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
     """(slide path, centre folder number or None) for every slide file below ``root``."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        here = Path(dirpath)
+    for here, filenames in _walk(root):
         center = None
         for part in (here.name, here.parent.name):
             match = _CENTER_DIR.match(part)
             if match:
                 center = int(match.group(1))
                 break
-        for filename in sorted(filenames):
+        for filename in filenames:
             if filename.lower().endswith(_SLIDE_SUFFIXES):
                 found.append((here / filename, center))
+    return found
+
+
+def _find_annotations(folder: Path, problems: list[CatalogueProblem]) -> dict[str, Path]:
+    """Every ASAP file below ``folder`` by its stem (``.xml`` in any case; an archive
+    unzipped into a folder of its own name lies a level down); one stem twice is a
+    problem, the first kept."""
+    found: dict[str, Path] = {}
+    if not folder.is_dir():
+        return found
+    for here, filenames in _walk(folder):
+        for filename in filenames:
+            path = here / filename
+            if path.suffix.lower() != ".xml":
+                continue
+            if path.stem in found:
+                problems.append(
+                    CatalogueProblem(path, None, f"duplicate of {found[path.stem]}; skipped")
+                )
+                continue
+            found[path.stem] = path
     return found
 
 
@@ -223,12 +279,7 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
     labels_path = root / LABELS_FILE
     labels = _read_labels(labels_path, problems)
 
-    annotation_dir = root / ANNOTATIONS_DIR
-    annotations = (
-        {path.stem: path for path in sorted(annotation_dir.glob("*.xml"))}
-        if annotation_dir.is_dir()
-        else {}
-    )
+    annotations = _find_annotations(root / ANNOTATIONS_DIR, problems)
 
     seen: dict[str, Path] = {}
     for path, folder_center in _find_slides(root):

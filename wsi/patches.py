@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plumbing.errors import PipelineError
-from wsi.annotations import AnnotationError, SlideAnnotations
+from wsi.annotations import TUMOR_GROUPS, AnnotationError, SlideAnnotations
 from wsi.masks import box_fractions, tissue_mask_from_blocks, tumor_mask
 from wsi.params import HealthySource, PatchParams
 from wsi.slide import REGION_PIXELS, Slide, SlideReadError
@@ -156,9 +156,10 @@ def compute_candidates(
     slide's width exactly; the slide is read ``region_pixels`` pixels at a time. The time
     it took is logged (INFO).
 
-    Raises :class:`NoTissueError` when the slide shows no tissue, and
-    :class:`NoLesionPatchError` when an annotated slide whose tumour patches are wanted
-    (any but ``itc``) yields none.
+    Raises :class:`NoTissueError` when the slide shows no tissue,
+    :class:`~wsi.annotations.AnnotationError` when the annotation of a slide not labelled
+    negative has no area in a tumour group, and :class:`NoLesionPatchError` when an
+    annotated slide whose tumour patches are wanted (any but ``itc``) yields none.
     """
     name = slide_id or slide.path.stem
     if slide.mpp is None:
@@ -184,6 +185,14 @@ def compute_candidates(
     tissue_fraction = box_fractions(tissue, coords, extent, downsample)
 
     tumor_regions = annotations.tumor if annotations is not None else ()
+    if annotations is not None and not tumor_regions and node_label != "negative":
+        # the catalogue planned it as a source of tumour patches: none, silently, otherwise
+        raise AnnotationError(
+            annotations.path,
+            f"no area in a tumour group ({', '.join(sorted(TUMOR_GROUPS))}, in any case) for "
+            f"a slide labelled {node_label or 'nothing'}; its groups: "
+            f"{', '.join(repr(group) for group in annotations.groups) or 'none'}",
+        )
     annotated = bool(tumor_regions)
     if annotated:
         assert annotations is not None

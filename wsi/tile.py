@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from plumbing.cli import Flag, add_model_flags, exit_on_bad_parameters, given, validate
-from wsi.annotations import TUMOR_GROUPS, AnnotationError, SlideAnnotations, read_asap
+from wsi.annotations import AnnotationError, SlideAnnotations, read_asap
 from wsi.catalogue import scan_camelyon
 from wsi.patches import HEALTHY, TUMOR, PatchError, PatchParams, SlideCandidates, compute_candidates
 from wsi.slide import SlideReadError, open_slide
@@ -46,7 +46,7 @@ def render_preview(
             rr, cc = polygon_perimeter(
                 region.vertices[:, 1] / scale, region.vertices[:, 0] / scale, shape=preview.shape
             )
-            preview[rr, cc] = (0, 0, 0) if region.group in TUMOR_GROUPS else (0, 0, 255)
+            preview[rr, cc] = (0, 0, 0) if region.is_tumor else (0, 0, 255)
     zoom = max(1, 768 // preview.shape[1])
     return np.repeat(np.repeat(preview, zoom, axis=0), zoom, axis=1)
 

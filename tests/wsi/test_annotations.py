@@ -279,3 +279,27 @@ def test_clip_and_contains() -> None:
     assert clip_to_rectangle(u_shape + 500, 100, 100).shape == (0, 2)
     inside = contains_points(u_shape, np.array([[50.0, 50.0], [50.0, 90.0], [10.0, 10.0]]))
     assert inside.tolist() == [False, True, True]
+
+
+def test_group_names_in_any_case_and_malformed_regions_of_other_groups(tmp_path: Path) -> None:
+    """``tumor`` is ``Tumor``; a two-point ruler or an unknown type in a group that plays no
+    part labels nothing and is skipped, where in a tumour or carve-out group it is an
+    error naming the file."""
+    path = tmp_path / "a.xml"
+    path.write_text(
+        _asap(
+            _annotation("t", "Polygon", "tumor", SQUARE),
+            _annotation("x", "Polygon", "EXCLUSION", SQUARE),
+            _annotation("ruler", "Polygon", "None", [("1", "1"), ("50", "50")]),
+            _annotation("m", "Measurement", "None", SQUARE),
+        )
+    )
+    annotations = read_asap(path)
+    assert [r.name for r in annotations.tumor] == ["t"]
+    assert [r.name for r in annotations.carve_outs] == ["x"]
+    assert annotations.ignored_groups == []
+    for group in ("Tumor", "_2"):
+        path.write_text(_asap(_annotation("ruler", "Polygon", group, [("1", "1"), ("5", "5")])))
+        with pytest.raises(AnnotationError, match="needs 3") as caught:
+            read_asap(path)
+        assert str(path) in str(caught.value)

@@ -155,3 +155,66 @@ def test_bad_header(tmp_path: Path) -> None:
 def test_get_unknown_slide(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="patient_000_node_0"):
         scan_camelyon(tmp_path).get("patient_000_node_0")
+
+
+def test_a_labels_file_not_in_utf8_is_one_problem_naming_it(tmp_path: Path) -> None:
+    """A spreadsheet's "Unicode text" export is UTF-16: the scan says so of the file and
+    goes on, the slides unlabelled, as its docstring promises (no traceback)."""
+    _touch(tmp_path / "center_0" / "patient_000_node_0.tif")
+    (tmp_path / "stage_labels.csv").write_text(
+        "patient,stage\npatient_000.zip,pN0\npatient_000_node_0.tif,negative\n", encoding="utf-16"
+    )
+    catalogue = scan_camelyon(tmp_path)
+    assert catalogue.slides[0].node_label is None
+    problem = next(p for p in catalogue.problems if p.path.name == "stage_labels.csv")
+    assert "not UTF-8" in problem.message and "CSV UTF-8" in problem.message
+
+
+def test_slides_and_annotations_behind_links_or_a_folder_down_are_found(tmp_path: Path) -> None:
+    """Real slides often lie on another disk (``center_0`` a link to it); the annotations'
+    archive unzips into a folder of its own name, and some files end in ``.XML``. A link
+    back up is no loop."""
+    elsewhere = tmp_path / "bigdisk" / "c0"
+    _touch(elsewhere / "patient_000" / "patient_000_node_0.tif")
+    _touch(elsewhere / "patient_000" / "patient_000_node_1.tif")
+    (elsewhere / "patient_000" / "up").symlink_to(elsewhere)  # a loop
+    root = tmp_path / "camelyon17"
+    root.mkdir()
+    (root / "center_0").symlink_to(elsewhere)
+    _touch(elsewhere / "patient_000" / "patient_000_node_2.tif")
+    unzipped = root / "lesion_annotations" / "lesion_annotations"
+    _touch(unzipped / "patient_000_node_1.XML")
+    _touch(root / "lesion_annotations" / "patient_000_node_2.xml")
+    _touch(unzipped / "patient_000_node_2.xml")  # the same stem again: the first kept
+    _labels(root, _patient_rows(0, "pN1", ["negative", "macro", "micro"]))
+    check_dataset_root(root)
+    catalogue = scan_camelyon(root)
+    assert [s.slide_id for s in catalogue.slides] == [f"patient_000_node_{n}" for n in range(3)]
+    assert {s.center for s in catalogue.slides} == {0}
+    assert catalogue.get("patient_000_node_1").annotation == unzipped / "patient_000_node_1.XML"
+    assert catalogue.get("patient_000_node_2").annotation == (
+        root / "lesion_annotations" / "patient_000_node_2.xml"
+    )
+    (duplicate,) = catalogue.problems
+    assert duplicate.path == unzipped / "patient_000_node_2.xml"
+    assert "duplicate of" in duplicate.message
+
+
+def test_rows_that_contradict_earlier_ones_are_problems_not_silently_the_last_word(
+    tmp_path: Path,
+) -> None:
+    _touch(tmp_path / "center_0" / "patient_000_node_0.tif")
+    labels = _labels(
+        tmp_path,
+        ["patient_000.zip,pN1,0",
+         "patient_000_node_0.tif,macro,3",  # line 3: another centre
+         "patient_000.zip,pN0,0"],  # line 4: a second stage
+        header="patient,stage,center",
+    )  # fmt: skip
+    catalogue = scan_camelyon(tmp_path)
+    slide = catalogue.get("patient_000_node_0")
+    assert (slide.patient_stage, slide.center) == ("pN1", 0)  # the first rows'
+    found = {(p.path.name, p.line): p.message for p in catalogue.problems}
+    assert "center 3 for patient_000, whose earlier rows say 0" in found[(labels.name, 3)]
+    assert "staged twice (line 2: pN1)" in found[(labels.name, 4)]
+    assert len(found) == 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib.path import Path as PolygonPath
 
-from wsi.annotations import read_asap
+from wsi.annotations import AnnotationError, read_asap
 from wsi.masks import box_fractions, rasterize_polygons, tissue_mask, tumor_mask
 from wsi.patches import (
     HEALTHY,
@@ -186,6 +186,28 @@ def test_lesion_too_small_for_a_patch(tmp_path: Path) -> None:
         assert not (candidates.labels == TUMOR).any()
         with pytest.raises(PatchError, match="level 9 requested"):
             compute_candidates(slide, None, "negative", PatchParams(level=9))
+
+
+def test_an_annotation_without_a_tumour_group_fails_the_slide_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """A macro slide whose file's areas are all in groups that play no part would give no
+    tumour patch, silently, though the catalogue planned it as their source."""
+    image = np.full((1024, 1536, 3), 240, np.uint8)
+    image[100:900, 100:1400] = (190, 110, 170)
+    path = tmp_path / "patient_000_node_1.tif"
+    write_pyramidal_tiff(path, image, mpp=0.25, tile_size=256)
+    xml = tmp_path / "patient_000_node_1.xml"
+    write_asap_xml(xml, {"Lesion": [np.array([[200, 200], [900, 200], [900, 800.0]])]})
+    with open_slide(path) as slide:
+        for label in ("macro", "itc", None):
+            with pytest.raises(AnnotationError, match="no area in a tumour group") as caught:
+                compute_candidates(slide, read_asap(xml), label, PatchParams(patch_size=256))
+            assert str(xml) in str(caught.value) and "'Lesion'" in str(caught.value)
+        negative = compute_candidates(
+            slide, read_asap(xml), "negative", PatchParams(patch_size=256)
+        )
+        assert (negative.labels == HEALTHY).any() and not (negative.labels == TUMOR).any()
 
 
 def test_streamed_mask_equals_the_mask_of_the_thumbnail(synthetic_dataset) -> None:  # type: ignore[no-untyped-def]
