@@ -26,7 +26,7 @@ from pathlib import Path
 
 from plumbing.errors import PipelineError
 from plumbing.fingerprints import file_identities
-from wsi.nodes import NODE_LABELS, PATIENT_STAGES
+from wsi.nodes import NODE_LABELS, PATIENT_STAGES, patient_stage
 
 PATIENTS_PER_CENTER = 20
 LABELS_FILE = "stage_labels.csv"
@@ -121,6 +121,7 @@ class _Labels:
     patients: dict[int, str] = field(default_factory=dict)
     center_of_patient: dict[int, int] = field(default_factory=dict)
     node_lines: dict[str, int] = field(default_factory=dict)
+    stage_lines: dict[int, int] = field(default_factory=dict)
 
 
 def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
@@ -135,7 +136,6 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
             path, None, f"not UTF-8 text (byte {error.start}): save it as CSV UTF-8; slides "
             "unlabelled"))  # fmt: skip
         return labels
-    stage_lines: dict[int, int] = {}
     with io.StringIO(text, newline="") as handle:
         reader = csv.reader(handle)
         header = [cell.strip().lower() for cell in next(reader, [])]
@@ -166,11 +166,11 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
                 patient = int(patient_match.group(1))
                 if patient in labels.patients:
                     problems.append(CatalogueProblem(
-                        path, line, f"{stem} staged twice (line {stage_lines[patient]}: "
+                        path, line, f"{stem} staged twice (line {labels.stage_lines[patient]}: "
                         f"{labels.patients[patient]}); this row ignored"))  # fmt: skip
                     continue
                 labels.patients[patient] = value
-                stage_lines[patient] = line
+                labels.stage_lines[patient] = line
             else:
                 problems.append(CatalogueProblem(path, line, f"unparseable row {','.join(row)!r}"))
                 continue
@@ -202,6 +202,20 @@ def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
         visited.add(real)
         dirnames.sort()
         yield Path(dirpath), sorted(filenames)
+
+
+def _stages_unlike_their_nodes(labels: _Labels) -> list[tuple[int, str, int, str]]:
+    """(patient, its stage, the stage's line, the stage its node rows give) for every
+    staged patient with node rows whose stage is not theirs by the challenge's rule."""
+    nodes_of: dict[int, list[str]] = {}
+    for stem, node_label in labels.nodes.items():
+        nodes_of.setdefault(int(stem[len("patient_") : len("patient_000")]), []).append(node_label)
+    unlike = []
+    for patient, stage in sorted(labels.patients.items()):
+        if patient in nodes_of and patient_stage(nodes_of[patient]) != stage:
+            unlike.append((patient, stage, labels.stage_lines[patient],
+                           patient_stage(nodes_of[patient])))  # fmt: skip
+    return unlike
 
 
 def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
@@ -323,6 +337,11 @@ def scan_camelyon(root: str | os.PathLike[str]) -> Catalogue:
             )
         )
 
+    for patient, stage, line, derived in _stages_unlike_their_nodes(labels):
+        problems.append(CatalogueProblem(
+            labels_path, line, f"patient_{patient:03d} is staged {stage}, but its node rows "
+            f"give {derived} (the challenge's rule: wsi.nodes.patient_stage)",
+            labels.center_of_patient.get(patient, patient // PATIENTS_PER_CENTER)))  # fmt: skip
     for stem, line in sorted(labels.node_lines.items(), key=lambda item: item[1]):
         if stem not in seen:
             problems.append(

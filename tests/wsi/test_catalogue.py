@@ -208,13 +208,17 @@ def test_rows_that_contradict_earlier_ones_are_problems_not_silently_the_last_wo
         tmp_path,
         ["patient_000.zip,pN1,0",
          "patient_000_node_0.tif,macro,3",  # line 3: another centre
-         "patient_000.zip,pN0,0"],  # line 4: a second stage
+         "patient_000.zip,pN0,0",  # line 4: a second stage
+         "patient_002.zip,pN2,0",  # line 5: a stage its nodes do not give
+         "patient_002_node_0.tif,micro,0"],
         header="patient,stage,center",
     )  # fmt: skip
+    _touch(tmp_path / "center_0" / "patient_002_node_0.tif")
     catalogue = scan_camelyon(tmp_path)
     slide = catalogue.get("patient_000_node_0")
     assert (slide.patient_stage, slide.center) == ("pN1", 0)  # the first rows'
     found = {(p.path.name, p.line): p.message for p in catalogue.problems}
     assert "center 3 for patient_000, whose earlier rows say 0" in found[(labels.name, 3)]
     assert "staged twice (line 2: pN1)" in found[(labels.name, 4)]
-    assert len(found) == 2
+    assert "patient_002 is staged pN2, but its node rows give pN1mi" in found[(labels.name, 5)]
+    assert len(found) == 3
