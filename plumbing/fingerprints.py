@@ -38,12 +38,29 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def walk_folders(root: Path) -> Iterator[tuple[Path, list[str]]]:
+    """(folder, the names of its files, sorted) for ``root`` and every folder below it, in
+    name order, following links to folders (real slides often lie on another disk, a
+    centre's folder a link to it), each real folder once: a link back up is no loop."""
+    visited: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in visited:
+            dirnames.clear()
+            continue
+        visited.add(real)
+        dirnames.sort()
+        yield Path(dirpath), sorted(filenames)
+
+
 def files_under(path: Path) -> Iterator[Path]:
-    """``path`` if it is a file, every file below it (sorted) if a directory, else none."""
+    """``path`` if it is a file, every file below it (sorted, through links to folders:
+    :func:`walk_folders`) if a directory, else none."""
     if path.is_file():
         yield path
     elif path.is_dir():
-        yield from (p for p in sorted(path.rglob("*")) if p.is_file())
+        found = (folder / name for folder, names in walk_folders(path) for name in names)
+        yield from sorted(file for file in found if file.is_file())
 
 
 def file_identities(root: Path, sources: Iterable[Path]) -> dict[str, list[int]]:

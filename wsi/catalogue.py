@@ -20,12 +20,12 @@ import csv
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from plumbing.errors import PipelineError
-from plumbing.fingerprints import file_identities
+from plumbing.fingerprints import file_identities, walk_folders
 from wsi.nodes import NODE_LABELS, PATIENT_STAGES, patient_stage
 
 PATIENTS_PER_CENTER = 20
@@ -189,21 +189,6 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
     return labels
 
 
-def _walk(root: Path) -> Iterator[tuple[Path, list[str]]]:
-    """(folder, its file names) for ``root`` and every folder below it, in name order,
-    following links to folders (real slides often lie on another disk, ``center_0`` a
-    link to it), each real folder once (a link back up is no loop)."""
-    visited: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in visited:
-            dirnames.clear()
-            continue
-        visited.add(real)
-        dirnames.sort()
-        yield Path(dirpath), sorted(filenames)
-
-
 def _stages_unlike_their_nodes(labels: _Labels) -> list[tuple[int, str, int, str]]:
     """(patient, its stage, the stage's line, the stage its node rows give) for every
     staged patient with node rows whose stage is not theirs by the challenge's rule."""
@@ -221,7 +206,7 @@ def _stages_unlike_their_nodes(labels: _Labels) -> list[tuple[int, str, int, str
 def _find_slides(root: Path) -> list[tuple[Path, int | None]]:
     """(slide path, centre folder number or None) for every slide file below ``root``."""
     found = []
-    for here, filenames in _walk(root):
+    for here, filenames in walk_folders(root):
         center = None
         for part in (here.name, here.parent.name):
             match = _CENTER_DIR.match(part)
@@ -241,7 +226,7 @@ def _find_annotations(folder: Path, problems: list[CatalogueProblem]) -> dict[st
     found: dict[str, Path] = {}
     if not folder.is_dir():
         return found
-    for here, filenames in _walk(folder):
+    for here, filenames in walk_folders(folder):
         for filename in filenames:
             path = here / filename
             if path.suffix.lower() != ".xml":

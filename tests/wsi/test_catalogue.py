@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wsi.catalogue import DatasetRootError, check_dataset_root, scan_camelyon
+from wsi.catalogue import DatasetRootError, check_dataset_root, scan_camelyon, source_identities
 
 
 def _touch(path: Path) -> Path:
@@ -178,6 +178,8 @@ def test_slides_and_annotations_behind_links_or_a_folder_down_are_found(tmp_path
     _touch(elsewhere / "patient_000" / "patient_000_node_0.tif")
     _touch(elsewhere / "patient_000" / "patient_000_node_1.tif")
     (elsewhere / "patient_000" / "up").symlink_to(elsewhere)  # a loop
+    _touch(tmp_path / "bigdisk2" / "p1" / "patient_001_node_0.tif")
+    (elsewhere / "patient_001").symlink_to(tmp_path / "bigdisk2" / "p1")  # a patient's too
     root = tmp_path / "camelyon17"
     root.mkdir()
     (root / "center_0").symlink_to(elsewhere)
@@ -186,10 +188,14 @@ def test_slides_and_annotations_behind_links_or_a_folder_down_are_found(tmp_path
     _touch(unzipped / "patient_000_node_1.XML")
     _touch(root / "lesion_annotations" / "patient_000_node_2.xml")
     _touch(unzipped / "patient_000_node_2.xml")  # the same stem again: the first kept
-    _labels(root, _patient_rows(0, "pN1", ["negative", "macro", "micro"]))
+    _labels(root, _patient_rows(0, "pN1", ["negative", "macro", "micro"])
+            + _patient_rows(1, "pN0", ["negative"]))  # fmt: skip
     check_dataset_root(root)
     catalogue = scan_camelyon(root)
-    assert [s.slide_id for s in catalogue.slides] == [f"patient_000_node_{n}" for n in range(3)]
+    assert [s.slide_id for s in catalogue.slides] == [
+        *(f"patient_000_node_{n}" for n in range(3)), "patient_001_node_0"]  # fmt: skip
+    # and a store made of them is stale once any of them changes
+    assert "center_0/patient_001/patient_001_node_0.tif" in source_identities(root, 0)
     assert {s.center for s in catalogue.slides} == {0}
     assert catalogue.get("patient_000_node_1").annotation == unzipped / "patient_000_node_1.XML"
     assert catalogue.get("patient_000_node_2").annotation == (
