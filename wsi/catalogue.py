@@ -36,6 +36,7 @@ _SLIDE_NAME = re.compile(r"^patient_(\d{3})_node_(\d+)$")
 _PATIENT_NAME = re.compile(r"^patient_(\d{3})$")
 _CENTER_DIR = re.compile(r"^center_(\d+)$")
 _SLIDE_SUFFIXES = (".tif", ".tiff")
+_ROW_SUFFIX = re.compile(r"\.(zip|tiff?)$", re.IGNORECASE)  # a row's patient or slide name
 
 
 def source_identities(data_root: str | os.PathLike[str], center: int) -> dict[str, list[int]]:
@@ -153,7 +154,7 @@ def _read_labels(path: Path, problems: list[CatalogueProblem]) -> _Labels:
                 problems.append(CatalogueProblem(path, line, f"unparseable row {row}"))
                 continue
             name, value = row[0].strip(), row[1].strip()
-            stem = name.removesuffix(".zip").removesuffix(".tif").removesuffix(".tiff")
+            stem = _ROW_SUFFIX.sub("", name)
             slide_match = _SLIDE_NAME.match(stem)
             patient_match = _PATIENT_NAME.match(stem)
             if slide_match and value in NODE_LABELS:

@@ -65,7 +65,7 @@ def test_nested_layout(tmp_path: Path) -> None:
 def test_flat_layout_and_centre_rule(tmp_path: Path) -> None:
     _touch(tmp_path / "center_2" / "patient_045_node_3.tif")
     _touch(tmp_path / "loose" / "patient_061_node_0.tif")  # no centre folder: patient // 20
-    _labels(tmp_path, ["patient_045_node_3.tif,itc", "patient_061_node_0.tif,negative"])
+    _labels(tmp_path, ["patient_045_node_3.TIF,itc", "patient_061_node_0.tif,negative"])
     catalogue = scan_camelyon(tmp_path)
     assert catalogue.problems == []
     assert catalogue.get("patient_045_node_3").center == 2
