@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -251,11 +252,32 @@ def test_a_failed_rank_is_named_with_its_last_lines(helpers: Any, tmp_path: Path
 class _JobSockets:
     """The listening sockets of the job's processes (the launcher, its helpers and the
     ranks: what ``ss -ltnp`` shows of the job), sampled each time a rank speaks (a rank
-    logs only after ``MPI_Init``, which opens its listeners)."""
+    logs only after ``MPI_Init``, which opens its listeners) and, within :meth:`sampling`,
+    all along: a rank of a one-round job speaks once, as it ends, and under load its line
+    was read once the rank had gone (the stress's launcher group, 1 run in 11)."""
 
     def __init__(self) -> None:
         self.rank_pids: set[int] = set()
         self.listening: set[tuple[str, str, int]] = set()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def sampling(self, every_s: float = 0.02) -> Iterator[None]:
+        """:meth:`sample_now` every ``every_s`` from a thread while the block runs."""
+        stop = threading.Event()
+
+        def sample_until_stopped() -> None:
+            while not stop.is_set():
+                self.sample_now()
+                stop.wait(every_s)
+
+        thread = threading.Thread(target=sample_until_stopped, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     @staticmethod
     def _job_processes() -> list[psutil.Process]:
@@ -272,19 +294,24 @@ class _JobSockets:
         return found
 
     def sample(self, line: str) -> None:
-        if "[rank " not in line:
-            return
+        if "[rank " in line:
+            self.sample_now()
+
+    def sample_now(self) -> None:
         for process in self._job_processes():
             try:
-                if "PMI_RANK" in process.environ():  # a rank, not the launcher
-                    self.rank_pids.add(process.pid)
-                self.listening |= {
+                rank = "PMI_RANK" in process.environ()  # a rank (or its shim), not mpiexec
+                listening = {
                     (process.name(), connection.laddr.ip, connection.laddr.port)
                     for connection in process.net_connections(kind="inet")
                     if connection.status in (psutil.CONN_LISTEN, psutil.CONN_NONE)
                 }
             except psutil.NoSuchProcess:
                 continue
+            with self._lock:
+                if rank:
+                    self.rank_pids.add(process.pid)
+                self.listening |= listening
 
 
 def test_a_job_on_this_machine_listens_on_no_network(helpers: Any, tmp_path: Path) -> None:
@@ -294,7 +321,8 @@ def test_a_job_on_this_machine_listens_on_no_network(helpers: Any, tmp_path: Pat
     data = helpers.write_stores(tmp_path / "stores", centers=(0, 1, 2, 3))
     job = _job(data, tmp_path / "run", centers=(0, 1, 2, 3))
     sockets = _JobSockets()
-    _run_job(job, on_line=sockets.sample)
+    with sockets.sampling():
+        _run_job(job, on_line=sockets.sample)
     assert len(sockets.rank_pids) == 4, "sampled while every rank was running"
     assert sockets.listening == set()
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
@@ -307,7 +335,8 @@ def test_a_job_across_named_hosts_is_launched_by_hydra(helpers: Any, tmp_path: P
     job = _job(data, tmp_path / "run", placement=Placement(hosts=("localhost",)))
     assert job.command()[1:3] == ["-hosts", "localhost"]
     sockets = _JobSockets()
-    run_job(job, on_line=sockets.sample)
+    with sockets.sampling():
+        run_job(job, on_line=sockets.sample)
     assert json.loads((job.run_dir / "run.json").read_text())["status"] == "finished"
     beyond_loopback = {ip for _, ip, _ in sockets.listening} - {"127.0.0.1", "::1"}
     assert beyond_loopback, sockets.listening
