@@ -19,9 +19,10 @@ SHUFFLED_BATCHES = ("PrivateKT",)
 def batch_size_problem(
     batch_size: int, n_train: int, clients: str, *, exact: bool = True
 ) -> str | None:
-    """Poisson batches of expected size B from N training patches need B ≤ N (the sample
-    rate q = 1/⌈N/B⌉ would exceed 1). ``exact``: N is the stores' count, not an upper
-    bound from preprocessing's plan (2 × patches_per_class)."""
+    """Poisson batches of expected size B from N training patches need B ≤ N (beyond it
+    the sample rate q = 1/⌈N/B⌉ is 1: every batch the whole set, of N, not the B asked
+    for). ``exact``: N is the stores' count, not an upper bound from preprocessing's plan
+    (2 × patches_per_class)."""
     if batch_size <= n_train:
         return None
     what = "training patches" if exact else "patches at most (2 × patches_per_class)"

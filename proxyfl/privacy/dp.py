@@ -122,6 +122,20 @@ def check_dp_compatible(model: nn.Module, name: str) -> None:
         raise DPIncompatibleModelError(f"model {name} cannot be trained with DP-SGD: {details}")
 
 
+def _schedule_of(dp_loader: DataLoader, n: int, batch_size: int) -> tuple[float, int]:
+    """:func:`~proxyfl.privacy.accounting.poisson_schedule` of ``n`` and ``batch_size``,
+    checked against the rate and the batches an epoch of Opacus' loader: its accountant
+    counts the loader's steps, the ledger, the records and the planned tables these."""
+    sample_rate, steps = poisson_schedule(n, batch_size)
+    sampled = getattr(dp_loader, "sample_rate", None)
+    if sampled is None or abs(sampled - sample_rate) > 1e-12 or len(dp_loader) != steps:
+        raise RuntimeError(
+            f"Opacus sampled q={sampled} x {len(dp_loader)} steps, "
+            f"accounting assumes q={sample_rate} x {steps}"
+        )
+    return sample_rate, steps
+
+
 def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -162,12 +176,7 @@ def make_private(
             poisson_sampling=True,
             noise_generator=noise_generator,
         )
-    sample_rate, steps = poisson_schedule(len(dataset), batch_size)  # type: ignore[arg-type]
-    if abs(dp_loader.sample_rate - sample_rate) > 1e-12 or len(dp_loader) != steps:
-        raise RuntimeError(
-            f"Opacus sampled q={dp_loader.sample_rate} x {len(dp_loader)} steps, "
-            f"accounting assumes q={sample_rate} x {steps}"
-        )
+    sample_rate, steps = _schedule_of(dp_loader, len(dataset), batch_size)  # type: ignore[arg-type]
     assert isinstance(engine.accountant, RDPAccountant)
     return PrivateTraining(
         module=module,
@@ -195,7 +204,7 @@ def _func_private(
     ``DPDataLoader`` drawing from the loader's own generator, E|B| = int(N q)."""
     n = len(loader.dataset)  # type: ignore[arg-type]
     dp_loader = DPDataLoader.from_data_loader(loader)
-    sample_rate, steps = poisson_schedule(n, loader.batch_size or 1)
+    sample_rate, steps = _schedule_of(dp_loader, n, loader.batch_size or 1)
     expected_batch_size = int(n * sample_rate)
     return FuncPrivateTraining(
         model=model, optimizer=optimizer, loader=dp_loader, accountant=RDPAccountant(),

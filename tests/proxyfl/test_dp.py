@@ -472,3 +472,16 @@ def test_a_compiled_chunk_is_the_expected_batch_rounded_within_the_budget() -> N
     assert compiled_chunk_size(30, 49) == 32
     assert compiled_chunk_size(32, 20) == 16  # the budget's, rounded down to 8
     assert compiled_chunk_size(3, 3) == 8  # never below the small chunk
+
+
+@pytest.mark.parametrize("engine", ["opacus", "func"])
+def test_the_schedule_is_the_batches_opacus_draws_where_one_over_q_rounds_down(engine: str) -> None:
+    """Opacus' sampler draws ``int(1/q)`` batches an epoch: for ⌈N/B⌉ = 93 (N = 2950,
+    B = 32) ``1/(1/93)`` is 92.99... and it draws 92. The schedule the ledger and the tables
+    plan with is the loader's, and the opacus engine starts (it refused such sizes)."""
+    n, batch = 2950, 32
+    assert poisson_schedule(n, batch) == (1 / 93, 92)
+    assert poisson_schedule(2338, batch) == (1 / 74, 74)  # Table 2's sizes are as before
+    dataset = TensorDataset(torch.zeros(n, 3), torch.zeros(n, dtype=torch.long))
+    training = _private(torch.nn.Linear(3, 2), dataset, batch_size=batch, engine=engine)
+    assert len(training.loader) == training.steps_per_epoch == 92
