@@ -206,8 +206,8 @@ class Slide:
         props = self._handle.properties
         width = props.get(f"{self.backend}.level[{level}].tile-width")
         height = props.get(f"{self.backend}.level[{level}].tile-height")
-        if width is None or height is None:
-            return None
+        if width is None or height is None or int(width) <= 0 or int(height) <= 0:
+            return None  # tiffslide says 0 of a stripped level
         return int(width), int(height)
 
     def read_level(self, level: int, *, max_pixels: int = READ_LEVEL_MAX_PIXELS) -> np.ndarray:
@@ -459,9 +459,15 @@ def _mpp_of(handle: Any, backend: str) -> float | None:
 
 
 def _probe(handle: Any) -> None:
-    """Decode one pixel of the coarsest level, so a file whose pixels cannot be read fails now."""
+    """Decode one pixel of the coarsest level, so a file whose pixels cannot be read fails
+    now, as must one whose pixels are not 8-bit RGB(A) (a greyscale or 16-bit image, which
+    tiffslide hands over as it is and openslide converts)."""
     level = handle.level_count - 1
-    handle.read_region((0, 0), level, (1, 1))
+    pixel = np.asarray(handle.read_region((0, 0), level, (1, 1)))
+    channels = pixel.shape[2] if pixel.ndim == 3 else 1
+    if pixel.dtype != np.uint8 or channels not in (3, 4):
+        raise ValueError(f"its pixels are {channels} channel(s) of {pixel.dtype}, "
+                         "not 8-bit RGB")  # fmt: skip
 
 
 def open_slide(

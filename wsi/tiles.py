@@ -28,6 +28,7 @@ compressions, non-RGB or non-8-bit samples, non-TIFF formats) raise
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -130,12 +131,18 @@ class TileReader:
     open one per process or thread.
 
     Raises :class:`TileReaderUnsupported` when the file is not a tiled TIFF with 8-bit
-    RGB JPEG (or losslessly compressed) tiles, and ``ValueError`` for a level that the
-    file does not have.
+    RGB JPEG (or losslessly compressed) tiles, or when its tiled pages are not
+    ``expected_levels`` (the level dimensions of the slide backends, where given), and
+    ``ValueError`` for a level that the file does not have.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], level: int = 0, *, cache_tiles: int = 16
+        self,
+        path: str | os.PathLike[str],
+        level: int = 0,
+        *,
+        cache_tiles: int = 16,
+        expected_levels: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
@@ -146,25 +153,33 @@ class TileReader:
             raise TileReaderUnsupported(self.path, f"not a TIFF: {describe(error)}") from error
         self._fd = -1
         try:
-            self._setup(level, cache_tiles)
+            self._setup(level, cache_tiles, expected_levels)
             self._fd = os.open(self.path, os.O_RDONLY)
         except BaseException:
             self._tif.close()
             raise
 
-    def _setup(self, level: int, cache_tiles: int) -> None:
+    def _setup(
+        self, level: int, cache_tiles: int, expected_levels: Sequence[tuple[int, int]] | None
+    ) -> None:
         try:
             pages = _pyramid_pages(self._tif)
         except Exception as error:
             raise TileReaderUnsupported(self.path, describe(error)) from error
         if not pages:
             raise TileReaderUnsupported(self.path, "no tiled images")
-        if not 0 <= level < len(pages):
-            raise ValueError(f"{self.path}: level {level} outside 0..{len(pages) - 1}")
-        width0, height0 = int(pages[0][1].imagewidth), int(pages[0][1].imagelength)
         self.level_dimensions: tuple[tuple[int, int], ...] = tuple(
             (int(page.imagewidth), int(page.imagelength)) for _, page in pages
         )
+        # an overview page not flagged as reduced, or a stripped level 0 beside tiled
+        # ones, made level N here another image than the backends' level N
+        if expected_levels is not None and self.level_dimensions != tuple(expected_levels):
+            raise TileReaderUnsupported(
+                self.path, f"its tiled pages {self.level_dimensions} are not the slide's "
+                f"levels {tuple(expected_levels)}")  # fmt: skip
+        if not 0 <= level < len(pages):
+            raise ValueError(f"{self.path}: level {level} outside 0..{len(pages) - 1}")
+        width0, height0 = self.level_dimensions[0]
         self.level_downsamples: tuple[float, ...] = tuple(
             (width0 / w + height0 / h) / 2 for w, h in self.level_dimensions
         )
@@ -454,6 +469,26 @@ def _as_coords(coords: Sequence[Sequence[float]] | np.ndarray) -> list[tuple[int
     return [(int(x), int(y)) for x, y in points]
 
 
+def _slide_levels(path: Path) -> tuple[tuple[int, int], ...] | None:
+    """The level dimensions :func:`open_slide` gives the file, which the candidates were
+    computed from (``None``: it opens it not)."""
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _backend_levels(str(path), (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _backend_levels(path: str, identity: tuple[int, int]) -> tuple[tuple[int, int], ...] | None:
+    """:func:`_slide_levels`, once per file and identity (size, mtime): a store reads a
+    slide's patches by chunks."""
+    try:
+        with open_slide(path) as slide:
+            return slide.level_dimensions
+    except SlideReadError:
+        return None
+
+
 def read_patches(
     slide_path: str | os.PathLike[str],
     level: int,
@@ -481,7 +516,8 @@ def read_patches(
     points = _as_coords(coords)
     if backend in ("auto", "tiles"):
         try:
-            with TileReader(slide_path, level) as reader:
+            levels = _slide_levels(Path(slide_path))
+            with TileReader(slide_path, level, expected_levels=levels) as reader:
                 return reader.read_patches(points, size)
         except TileReaderUnsupported as error:
             if backend == "tiles":

@@ -235,3 +235,31 @@ def test_a_truncated_slide_says_truncated_not_fewer_levels(
         assert "truncated or corrupt TIFF" in caught.value.reasons["tiffslide"]
     with open_slide(source, "tiffslide") as whole:  # the intact file is not suspected
         assert whole.level_count > 1
+
+
+def test_a_stripped_slide_reads_by_regions_and_a_greyscale_one_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    """tiffslide gives a stripped level a tile size of 0 (a ZeroDivisionError in the mask's
+    read before), and hands a greyscale image over unconverted (a bare ValueError at the
+    first read): the one is read as untiled, the other refused when opened."""
+    import tifffile
+
+    from wsi.params import PatchParams
+    from wsi.patches import compute_candidates
+
+    image = np.full((1024, 1536, 3), 245, np.uint8)
+    image[200:800, 300:1200] = (200, 110, 170)
+    stripped = tmp_path / "stripped.tif"
+    resolution = {"resolution": (40000, 40000), "resolutionunit": "CENTIMETER", "metadata": None}
+    tifffile.imwrite(stripped, image, photometric="rgb", compression="jpeg", rowsperstrip=16,
+                     **resolution)  # fmt: skip
+    with open_slide(stripped, "tiffslide") as slide:
+        assert slide.level_tile_size(0) is None
+        candidates = compute_candidates(slide, None, "negative", PatchParams(patch_size=128))
+        assert (candidates.tissue_fraction > 0.9).any()
+    grey = tmp_path / "grey.tif"
+    tifffile.imwrite(grey, image[..., 0], photometric="minisblack", tile=(256, 256), **resolution)
+    with pytest.raises(SlideReadError, match="1 channel") as caught:
+        open_slide(grey, "tiffslide")
+    assert str(grey) in str(caught.value)

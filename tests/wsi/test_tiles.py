@@ -210,3 +210,41 @@ def test_raw_tiles_decode_to_the_patch(synthetic_slide: Path) -> None:
         assert np.array_equal(tile, reader.read_patch(512, 256, 256))
         with pytest.raises(IndexError):
             reader.raw_tile(6, 0)
+
+
+_PAGE = {"photometric": "rgb", "compression": "jpeg", "resolution": (40000, 40000),
+         "resolutionunit": "CENTIMETER", "metadata": None}  # fmt: skip
+
+
+def test_pages_the_slide_backends_do_not_count_as_levels_never_shift_the_tiles_levels(
+    tmp_path: Path,
+) -> None:
+    """The tile reader reads the levels the candidates were computed on, or none: a tiled
+    overview page not flagged as reduced (openslide skips it) and a stripped level 0 beside
+    tiled reduced ones (the tile reader skips it) made its level N another image, its
+    patches wrong (white glass, another picture) without an error. It now leaves such
+    files to the backends' ``read_region``."""
+    tissue = np.zeros((1024, 1536, 3), np.uint8)
+    tissue[...] = (230, 150, 200)
+    tissue[:, :768] = (245, 245, 245)  # the left half glass
+    overview = tmp_path / "overview.tif"
+    with tifffile.TiffWriter(overview) as tiff:
+        for step, kind in ((1, 0), (2, 1), (4, 1)):
+            tiff.write(tissue[::step, ::step], subfiletype=kind, tile=(256, 256), **_PAGE)
+        tiff.write(np.full((400, 600, 3), (20, 20, 200), np.uint8), subfiletype=0,
+                   tile=(256, 256), **_PAGE)  # fmt: skip
+    stripped = tmp_path / "stripped_level0.tif"
+    with tifffile.TiffWriter(stripped) as tiff:
+        tiff.write(tissue, subfiletype=0, rowsperstrip=64, **_PAGE)
+        for step in (2, 4):
+            tiff.write(tissue[::step, ::step], subfiletype=1, tile=(256, 256), **_PAGE)
+    for path in (overview, stripped):
+        with open_slide(path) as slide:
+            levels = slide.level_dimensions
+            expected = [slide.read_region(1024, 512, level, (64, 64)) for level in range(3)]
+        with pytest.raises(TileReaderUnsupported, match="not the slide's levels"):
+            TileReader(path, 0, expected_levels=levels)
+        for level in range(3):
+            patch = read_patches(path, level, [[1024, 512]], 64)[0]
+            assert np.abs(patch.astype(int) - expected[level]).mean() < 3, (path.name, level)
+            assert patch[..., 2].mean() > 150, "the tissue's pink, not the overview's blue"
