@@ -12,8 +12,9 @@ between two of its points (its maximum Feret diameter), and two thresholds ``T_i
 class         rule                            Camelyon-17's words
 ============  ==============================  ==========================================
 negative      no lesion
-itc           ``e < T_itc``                   isolated tumour cells, smaller than 0.2 mm
-micro         ``T_itc <= e <= T_macro``       micro-metastasis, larger than 0.2 mm, not
+itc           ``e <= T_itc``                  isolated tumour cells, not larger than
+                                              0.2 mm (AJCC; the challenge: "smaller")
+micro         ``T_itc < e <= T_macro``        micro-metastasis, larger than 0.2 mm, not
                                               larger than 2.0 mm
 macro         ``e > T_macro``                 macro-metastasis, larger than 2.0 mm
 ============  ==============================  ==========================================
@@ -99,7 +100,7 @@ def node_label(extent_um: float | None, thresholds: NodeThresholds) -> str:
     """The class of a node whose largest lesion spans ``extent_um`` (``None``: no lesion)."""
     if extent_um is None:
         return "negative"
-    if extent_um < thresholds.itc_max_um:
+    if extent_um <= thresholds.itc_max_um:  # micro is "larger than 0.2 mm"
         return "itc"
     if extent_um <= thresholds.macro_min_um:
         return "micro"

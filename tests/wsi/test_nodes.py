@@ -24,7 +24,8 @@ REAL = NodeThresholds()
         (None, "negative"),
         (0.0, "itc"),  # a lesion of one point is still a lesion
         (199.99, "itc"),  # "smaller than 0.2 mm"
-        (200.0, "micro"),  # "larger than 0.2 mm" starts at the boundary
+        (200.0, "itc"),  # AJCC's "no larger than 0.2 mm": micro is "larger than 0.2 mm"
+        (200.01, "micro"),
         (1999.0, "micro"),
         (2000.0, "micro"),  # "not larger than 2.0 mm"
         (2000.01, "macro"),  # "larger than 2.0 mm"
@@ -42,7 +43,7 @@ def test_thresholds_scale_with_a_small_section_and_never_grow() -> None:
     assert label_scale(1024.0) == pytest.approx(0.128)
     small = NodeThresholds.for_section(1024.0)  # the synthetic defaults: 4096 px x 0.25 µm
     assert (small.itc_max_um, small.macro_min_um) == pytest.approx((25.6, 256.0))
-    assert node_label(25.5, small) == "itc" and node_label(25.6, small) == "micro"
+    assert node_label(25.6, small) == "itc" and node_label(25.61, small) == "micro"
     assert node_label(256.0, small) == "micro" and node_label(256.1, small) == "macro"
     assert NodeThresholds.for_section(20_000.0) == REAL  # a larger section: the real ones
     with pytest.raises(ValueError):
