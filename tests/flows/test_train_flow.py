@@ -39,7 +39,7 @@ def _store(directory: Path, center: int, n: int = 12) -> None:
         labels = np.arange(n) % 2
         return PatchBatch(
             images=rng.integers(0, 255, (n, 8, 8, 3)), labels=labels,
-            patients=[f"patient_{center}{name[0]}{i % 2}" for i in range(n)],
+            patients=[f"patient_{center}{name[:2]}{i % 2}" for i in range(n)],
             slides=[f"slide_{i}" for i in range(n)], coords=np.zeros((n, 2)),
         )  # fmt: skip
 

@@ -45,7 +45,7 @@ def make_split(
     images = rng.integers(0, 120, size=(n, size, size, 3)).astype(np.int64)
     images[..., 0] += (labels * 110 // max(n_classes - 1, 1))[:, None, None]
     images[..., 2] += 20 * center
-    patients = [f"patient_{center:02d}{split[0]}{i % 3}" for i in range(n)]
+    patients = [f"patient_{center:02d}{split[:2]}{i % 3}" for i in range(n)]
     slides = [f"{p}_node_{i % 2}" for i, p in enumerate(patients)]
     coords = np.stack([np.arange(n) * size, np.zeros(n, dtype=np.int64)], axis=1)
     return PatchBatch(

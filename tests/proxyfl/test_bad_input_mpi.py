@@ -18,7 +18,11 @@ def broken_dirs(helpers: Any, stores: Path, tmp_path_factory: pytest.TempPathFac
     malformed.mkdir()
     (malformed / "center_0.h5").symlink_to(stores / "center_0.h5")
     (malformed / "center_1.h5").write_bytes(b"this is not an HDF5 file\n" * 10)
-    return {"missing": missing, "malformed": malformed}
+    renamed = root / "renamed"  # centre 2's store copied under centre 1's name
+    renamed.mkdir()
+    (renamed / "center_0.h5").symlink_to(stores / "center_0.h5")
+    (renamed / "center_1.h5").symlink_to(stores / "center_2.h5")
+    return {"missing": missing, "malformed": malformed, "renamed": renamed}
 
 
 CASES = {
@@ -32,6 +36,13 @@ CASES = {
         "preprocess@1`, where 1 is one of preprocess.centers) rebuilds it",
     ),
     "malformed store": (2, "malformed", {}, "centre 1: ", "not a readable HDF5 patch store"),
+    "another centre's store": (
+        2,
+        "renamed",
+        {},
+        "centre 1: ",
+        "its attribute center is 2: it holds centre 2's patches, not centre 1's",
+    ),
     "centre listed twice": (2, None, {"centers": [0, 0]}, "", "listed more than once"),
     "more ranks than centres": (3, None, {"centers": [0, 1]}, "", "3 ranks but only 2 centre"),
     "unknown model": (2, None, {"proxy_model": "resnet50"}, "", "unknown model 'resnet50'"),

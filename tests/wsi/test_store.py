@@ -43,7 +43,10 @@ from wsi.store.writer import PatchStoreWriter, write_patch_store
 ATTRS = StoreAttrs(center=2, patch_size=8, level=0, mpp=0.25, n_classes=2, params_hash="abc")
 
 
-def _batch(n: int, seed: int, prefix: str = "p") -> PatchBatch:
+def _batch(n: int, seed: int, prefix: str | None = None) -> PatchBatch:
+    """``n`` random patches of 3 patients, named after ``prefix`` (by default after
+    ``seed``: batches of different seeds are of different patients)."""
+    prefix = f"p{seed}" if prefix is None else prefix
     rng = np.random.default_rng(seed)
     return PatchBatch(
         images=rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8),
@@ -90,7 +93,7 @@ def test_schema_on_disk(tmp_path: Path) -> None:
         assert images.dtype == np.uint8 and images.chunks == (1, 8, 8, 3)
         assert images.compression is None
         assert h5["train/coords"].dtype == np.int64 and h5["train/coords"].shape == (3, 2)
-        assert h5["test/patients"].asstr()[0] == "p_0"
+        assert h5["test/patients"].asstr()[0] == "p1_0"
 
 
 def test_streaming_writer_and_atomic_publication(tmp_path: Path) -> None:
@@ -142,7 +145,7 @@ def test_writer_rejects_bad_batches(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="store wants 8x8"):
             writer.write("test", 0, wrong_size)
         writer.write("train", 0, _batch(2, 0))
-        writer.write("test", 0, _batch(1, 0))
+        writer.write("test", 0, _batch(1, 1))
     with pytest.raises(ValueError, match="different lengths"):
         PatchBatch(np.zeros((2, 8, 8, 3), np.uint8), [0], ["p"], ["s"], np.zeros((2, 2)))
     with pytest.raises(ValueError, match="unknown split"):
@@ -151,10 +154,12 @@ def test_writer_rejects_bad_batches(tmp_path: Path) -> None:
 
 def test_other_sizes_and_classes(tmp_path: Path) -> None:
     attrs = StoreAttrs(center=0, patch_size=5, level=1, mpp=1.0, n_classes=4, params_hash="x")
-    batch = PatchBatch(
-        np.ones((4, 5, 5, 3), np.uint8), [0, 1, 2, 3], list("abcd"), list("abcd"), np.zeros((4, 2))
-    )
-    write_patch_store(tmp_path / "c.h5", attrs, {"train": batch, "test": batch})
+    train, test = (
+        PatchBatch(np.ones((4, 5, 5, 3), np.uint8), [0, 1, 2, 3], list(names), list(names),
+                   np.zeros((4, 2)))
+        for names in ("abcd", "efgh")
+    )  # fmt: skip
+    write_patch_store(tmp_path / "c.h5", attrs, {"train": train, "test": test})
     info = read_store_info(tmp_path / "c.h5")
     assert info.attrs.n_classes == 4 and info.image_shape == (5, 5, 3)
 
@@ -162,7 +167,7 @@ def test_other_sizes_and_classes(tmp_path: Path) -> None:
 def test_reader_survives_pickling(tmp_path: Path) -> None:
     path = tmp_path / "c.h5"
     batch = _batch(3, 0)
-    write_patch_store(path, ATTRS, {"train": batch, "test": batch})
+    write_patch_store(path, ATTRS, {"train": _batch(2, 1), "test": batch})
     reader = PatchSplitReader(path, "test")
     reader.image(0)  # open the handle, then make sure it does not travel
     clone = pickle.loads(pickle.dumps(reader))
@@ -185,6 +190,17 @@ def _corrupt(path: Path, how: str) -> None:
             h5["train/slides"] = np.array([b"a"])
         elif how == "label":
             h5["train/labels"][0] = 9
+        elif how in ("images", "labels", "coords", "patients"):
+            retyped = {  # each a value the old reader cast without a word
+                "images": h5["test/images"][()].astype(np.float64) / 255,
+                "labels": h5["test/labels"][()].astype(np.float32) + 0.5,
+                "coords": h5["test/coords"][:, :1],
+                "patients": np.arange(2),
+            }[how]
+            del h5[f"test/{how}"]
+            h5[f"test/{how}"] = retyped
+        elif how == "overlap":  # a test patient of the training split
+            h5["test/patients"][1] = h5["train/patients"][2]
 
 
 @pytest.mark.parametrize(
@@ -196,6 +212,11 @@ def _corrupt(path: Path, how: str) -> None:
         ("dataset", "lacks dataset"),
         ("length", "differ in length"),
         ("label", "labels outside"),
+        ("images", "/test/images are float64, the schema's are uint8"),
+        ("labels", "/test/labels are float32, the schema's are integers"),
+        ("coords", r"/test/coords are int64 of shape \(2, 1\), the schema's are \(N, 2\)"),
+        ("patients", "/test/patients are int64, the schema's are strings"),
+        ("overlap", r"patient\(s\) \['p0_2'\] in both the train and the test split"),
     ],
 )
 def test_malformed_stores_are_named(tmp_path: Path, how: str, message: str) -> None:
@@ -204,6 +225,35 @@ def test_malformed_stores_are_named(tmp_path: Path, how: str, message: str) -> N
     with pytest.raises(StoreError, match=message) as caught:
         read_store_info(path)
     assert caught.value.path == path
+
+
+def test_a_store_is_read_whole_split_by_split(tmp_path: Path) -> None:
+    """A patient in both splits is found only when both are read: a client reads another
+    centre's test split alone (test_metadata_of_chosen_splits_only); the types are checked
+    whichever split is read."""
+    path = tmp_path / "center_2.h5"
+    _corrupt(path, "overlap")
+    assert len(read_store_info(path, splits=("test",)).splits["test"]) == 2
+    _corrupt(path, "images")
+    with pytest.raises(StoreError, match="/test/images are float64"):
+        read_store_info(path, splits=("train",))
+
+
+def test_the_writer_refuses_a_patient_in_both_splits(tmp_path: Path) -> None:
+    path = tmp_path / "center_2.h5"
+    write_patch_store(path, ATTRS, {"train": _batch(3, 0), "test": _batch(2, 1)})
+    before = path.read_bytes()
+    many = _batch(9, 3, prefix="q")
+    many.patients = [f"q_{i}" for i in range(9)]
+    with (
+        pytest.raises(StoreError, match=r"\['q_0', 'q_1', 'q_2', 'q_3', 'q_4'\] and 4 more in "
+                                        "both the train and the test split") as caught,
+        PatchStoreWriter(path, ATTRS, {"train": 9, "test": 9}) as writer,
+    ):  # fmt: skip
+        writer.write("train", 0, many)
+        writer.write("test", 0, many)
+    assert caught.value.path == path
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_missing_and_non_hdf5_stores(tmp_path: Path) -> None:
@@ -352,18 +402,18 @@ BIG = StoreAttrs(center=2, patch_size=32, level=0, mpp=0.25, n_classes=2, params
 BIG_SIZES = {"train": 300, "test": 20}  # 1.4 MB by store_bytes_needed: fits an empty disk
 
 
-def _patches(n: int, size: int = 32) -> PatchBatch:
+def _patches(n: int, size: int = 32, patient: str = "patient_004") -> PatchBatch:
     return PatchBatch(
         np.full((n, size, size, 3), 200, np.uint8),
         np.zeros(n),
-        ["patient_004"] * n,
-        ["patient_004_node_4"] * n,
+        [patient] * n,
+        [f"{patient}_node_4"] * n,
         np.zeros((n, 2)),
     )
 
 
 def _write_big(writer: PatchStoreWriter) -> None:
-    writer.write("test", 0, _patches(20))
+    writer.write("test", 0, _patches(20, patient="patient_003"))
     for start in range(0, 300, 64):
         writer.write("train", start, _patches(min(64, 300 - start)))
 
@@ -552,7 +602,9 @@ def test_needed_bytes_bound_real_stores(tmp_path: Path) -> None:
     for size, n in ((8, 1), (8, 2000), (32, 500)):
         path = tmp_path / f"c{size}_{n}.h5"
         attrs = StoreAttrs(0, size, 0, 0.25, 2, "x")
-        write_patch_store(path, attrs, {"train": _patches(n, size), "test": _patches(1, size)})
+        write_patch_store(
+            path, attrs, {"train": _patches(n, size), "test": _patches(1, size, "patient_003")}
+        )
         pixels = (n + 1) * size * size * 3
         needed = store_bytes_needed({"train": n, "test": 1}, size)
         assert pixels < path.stat().st_size <= needed

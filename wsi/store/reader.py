@@ -20,6 +20,7 @@ from wsi.store.schema import (
     SPLITS,
     StoreAttrs,
     StoreError,
+    shared_patients,
 )
 
 
@@ -61,9 +62,10 @@ def _decode(values: np.ndarray) -> tuple[str, ...]:
 def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS) -> StoreInfo:
     """Open ``path``, check it against the schema and return the metadata of ``splits``.
 
-    Every split's structure is checked (shapes only); labels, patients, slides and
-    coordinates are read for ``splits`` alone, so a client can check another centre's
-    store without reading anything of its training split.
+    Every split's structure is checked (shapes and types, from the datasets' headers);
+    labels, patients, slides and coordinates are read for ``splits`` alone, so a client
+    can check another centre's store without reading anything of its training split.
+    When both splits are read, they must be patient-disjoint.
     Raises :class:`StoreError` naming the file and the first thing wrong with it.
     """
     unknown = set(splits) - set(SPLITS)
@@ -107,6 +109,9 @@ def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS
                     raise StoreError(path, f"/{split}/images has shape {shape} for {n} labels")
                 if any(group[name].shape[0] != n for name in FIELDS):
                     raise StoreError(path, f"/{split} datasets differ in length")
+                problem = _type_problem(group)
+                if problem is not None:
+                    raise StoreError(path, f"/{split}/{problem}")
                 if split not in splits:
                     continue
                 labels = group["labels"][()].astype(np.int64)
@@ -118,11 +123,33 @@ def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS
                     slides=_decode(group["slides"][()]),
                     coords=group["coords"][()].astype(np.int64),
                 )
+        if set(SPLITS) <= set(loaded):
+            problem = shared_patients(loaded["train"].patients, loaded["test"].patients)
+            if problem is not None:
+                raise StoreError(path, problem)
     except StoreError:
         raise
     except (OSError, KeyError, ValueError) as error:
         raise StoreError(path, f"not a readable HDF5 patch store ({error})") from error
     return StoreInfo(path=path, attrs=attrs, splits=loaded, provenance=provenance)
+
+
+def _type_problem(group: h5py.Group) -> str | None:
+    """What in a split's datasets is not of the schema's type (read from their headers), or
+    ``None``: a float or 16-bit image would be cast to uint8 into noise or black, a float
+    label truncated, without a word."""
+    images, labels, coords = group["images"].dtype, group["labels"].dtype, group["coords"]
+    if images != np.uint8:
+        return f"images are {images}, the schema's are uint8"
+    if labels.kind not in "iu":
+        return f"labels are {labels}, the schema's are integers"
+    if coords.ndim != 2 or coords.shape[1] != 2 or coords.dtype.kind not in "iu":
+        shape = f"{coords.dtype} of shape {coords.shape}"
+        return f"coords are {shape}, the schema's are (N, 2) integers"
+    for name in ("patients", "slides"):
+        if h5py.check_string_dtype(group[name].dtype) is None:
+            return f"{name} are {group[name].dtype}, the schema's are strings"
+    return None
 
 
 def _read_provenance(path: Path, h5: h5py.File, version: int) -> Provenance | None:

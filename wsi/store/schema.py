@@ -4,7 +4,7 @@ store lives, what a batch of patches is, and the one error a store raises."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +107,17 @@ class PatchBatch:
 
     def __len__(self) -> int:
         return len(self.images)
+
+
+def shared_patients(train: Iterable[str], test: Iterable[str], shown: int = 5) -> str | None:
+    """What is wrong when patients are in both splits (the first ``shown`` of them, sorted),
+    or ``None`` when the splits are patient-disjoint."""
+    both = sorted(set(train) & set(test))
+    if not both:
+        return None
+    more = f" and {len(both) - shown} more" if len(both) > shown else ""
+    return (f"patient(s) {both[:shown]}{more} in both the train and the test split: the "
+            "splits must be patient-disjoint")  # fmt: skip
 
 
 def rebuild_hint(center: int) -> str:

@@ -20,7 +20,9 @@ from wsi.store.schema import (
     UTF8_STRING,
     PatchBatch,
     StoreAttrs,
+    StoreError,
     StoreSpaceError,
+    shared_patients,
 )
 from wsi.store.space import check_free_space, disk_full_errno, free_bytes, store_bytes_needed
 
@@ -39,9 +41,11 @@ class PatchStoreWriter:
     >>> with PatchStoreWriter(path, attrs, {"train": 100, "test": 20}) as writer:
     ...     writer.write("train", 0, batch)
 
-    Every declared slot of every split must be written before the context exits; the
-    file appears at ``path`` only then. On an exception the temporary file is removed
-    and whatever store was at ``path`` before is left untouched.
+    Every declared slot of every split must be written before the context exits, and no
+    patient may be in both splits (:class:`StoreError` otherwise: a patient's patches on
+    both sides would test the model on what it trained on); the file appears at ``path``
+    only then. On an exception the temporary file is removed and whatever store was at
+    ``path`` before is left untouched.
 
     Entering removes the temporaries of ``path`` left by killed runs
     (:func:`plumbing.atomic.remove_stale_temporaries`), then raises :class:`StoreSpaceError`
@@ -68,6 +72,7 @@ class PatchStoreWriter:
         self._tmp = temporary_path(self.path)
         self._file: h5py.File | None = None
         self._written = {split: np.zeros(n, dtype=bool) for split, n in self.split_sizes.items()}
+        self._patients: dict[str, set[str]] = {split: set() for split in SPLITS}
 
     def __enter__(self) -> PatchStoreWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +130,7 @@ class PatchStoreWriter:
         group["slides"][start:stop] = list(batch.slides)
         group["coords"][start:stop] = batch.coords
         self._written[split][start:stop] = True
+        self._patients[split].update(batch.patients)
 
     def __exit__(
         self,
@@ -140,6 +146,10 @@ class PatchStoreWriter:
         if any(missing.values()):
             self._discard(None)
             raise RuntimeError(f"{self.path}: store closed with unwritten slots {missing}")
+        shared = shared_patients(self._patients["train"], self._patients["test"])
+        if shared:
+            self._discard(None)
+            raise StoreError(self.path, shared)
         assert self._file is not None
         try:
             # Flush before closing: a flush that fails leaves the file open, so that it can
