@@ -167,15 +167,37 @@ def given(args: argparse.Namespace, flags: Sequence[Flag]) -> dict[Flag, Any]:
 # --------------------------------------------------------------------------------------
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML would keep the
+    last silently, and DVC (ruamel) refuses the file, so a parameters file read here and by
+    ``dvc repro`` could otherwise mean two things."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (first on line "
+                    f"{first[key] + 1}); keep one", key_node.start_mark,
+                )  # fmt: skip
+            if isinstance(key, typing.Hashable):
+                first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path, *, required: bool = True) -> dict[str, Any]:
-    """The mapping ``path`` holds; ``{}`` for a missing file that is not ``required``."""
+    """The mapping ``path`` holds; ``{}`` for a missing file that is not ``required``. A
+    key given twice in one mapping is an error (:class:`_UniqueKeyLoader`)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(path, "is a folder, not a parameters file")
     if not path.is_file():
         if required:
             raise ConfigError(path, "no such parameters file")
         return {}
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from plumbing.cli import ConfigError
+from plumbing.parameters import Parameters, distinct
 from proxyfl.comm.graphs import matrices_digest, parse_schedule_spec
 from proxyfl.names import ALGORITHMS, MODEL_NAMES, Algorithm
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
-class TrainOptions(BaseModel):
+class TrainOptions(Parameters):
     """How every client trains: ``params.yaml``'s ``train.options``, the same for every job.
 
     The defaults are the paper's histopathology configuration.
@@ -246,10 +247,7 @@ def _distinct_centre_ids(value: list[int], flag: str) -> list[int]:
     negative = [c for c in value if c < 0]
     if negative:
         raise ValueError(f"centre ids must be non-negative, got {negative}")
-    repeated = sorted({c for c in value if value.count(c) > 1})
-    if repeated:
-        raise ValueError(f"centre(s) {repeated} listed more than once in {flag} {value}")
-    return value
+    return list(distinct(value, f"{flag} {value}: centre(s)"))
 
 
 class TrainConfig(TrainOptions):

@@ -53,6 +53,27 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
      "stage", ("stage", "itc_max_um < macro_min_um")),
     ("renamed key", lambda t: t.replace("    loader_workers: 0 ", "    workers: 0 "), "train",
      ("train.options.workers: renamed train.options.loader_workers", "rename the key")),
+    # YAML keeps the last of two keys, DVC refuses the file: either way not what was meant
+    ("key given twice", lambda t: t.replace("    rounds: 10", "    rounds: 10\n    rounds: 2"),
+     None, ("not valid YAML (line ", "key 'rounds' is given twice in one mapping (first on "
+            "line ")),
+    ("a boolean for a number", lambda t: t.replace("rounds: 10", "rounds: yes"), "train",
+     ("train.options.rounds: a YAML boolean", "quote the word")),
+    ("a boolean in a list of numbers", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds:\n"
+     "  - on\n"), "train", ("train.seeds: item 0 is a YAML boolean",)),
+    ("a seed twice", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds:\n  - 0\n  - 0\n"),
+     "train", ("train.seeds: seed(s) 0 listed more than once",)),
+    ("no seed", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds: []\n"), "train",
+     ("train.seeds: no seeds: list at least one",)),
+    ("a method twice", lambda t: t.replace("  - Joint\n", "  - Joint\n  - Joint\n", 1), "train",
+     ("train.algorithms: algorithm(s) Joint listed more than once",)),
+    ("a centre built twice", lambda t: t.replace("  - 4\n", "  - 4\n  - 4\n", 1),
+     "preprocess", ("preprocess.centers: centre(s) 4 listed more than once",)),
+    # a job's own checks (proxyfl.config.TrainConfig) name the file's keys, not its fields
+    ("a job's option", lambda t: t.replace("graph: exponential", "graph: ring"), "train",
+     ("train.options.graph: unknown graph 'ring'",)),
+    ("a job's flag", lambda t: t.replace("    - cnn2\n", "    - cnn2\n    - cnn1\n"), "train",
+     ("train: train.options.private_model (--private-model) lists 2 models for 4 centres",)),
 ]  # fmt: skip
 COMMANDS = {
     "preprocess": preprocess_main,
@@ -353,6 +374,44 @@ def test_a_path_typed_below_the_project_is_of_the_folder_it_was_typed_in(
     config = report_parse(["--out", "elsewhere", "--runs", str(tmp_path / "runs")])
     assert config.out == project / "results" / "elsewhere"
     assert config.runs == tmp_path / "runs"  # absolute: as typed
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_folder_named_params_yaml_is_said_to_be_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:  # fmt: skip
+    (tmp_path / "params.yaml").mkdir()
+    (tmp_path / "results").mkdir()
+    monkeypatch.chdir(tmp_path / "results")
+    assert COMMANDS[command]([]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["error: invalid parameters: params.yaml: is a folder, not a parameters file"]
+
+
+def test_the_synthetic_dataset_must_hold_the_centres_preprocessing_builds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = tmp_path / "params.yaml"
+    params.write_text(DEMO.replace("    num_centers: 5 ", "    num_centers: 3 ", 1))
+    assert pipeline_main(["--config", str(params), "--check"]) == 2
+    error = capsys.readouterr().err
+    assert ("preprocess.centers: [3, 4] are not centres of the synthetic dataset, which "
+            "data.synth.num_centers (3) makes centres 0 to 2") in error  # fmt: skip
+    assert not (tmp_path / "data").exists()
+
+
+def test_on_and_off_are_words_where_the_words_are_on_and_off() -> None:
+    """YAML 1.1 reads ``compile: off`` as false: where on and off are the field's words,
+    that is the word written; where a boolean is no value, it is refused."""
+    from proxyfl.config import TrainOptions
+
+    assert TrainOptions.model_validate({"compile": False}).compile == "off"
+    assert TrainOptions.model_validate({"compile": True}).compile == "on"
+    assert TrainOptions.model_validate({"deterministic": False}).deterministic is False
+    for key in ("dp_engine", "sigma", "input_size", "private_model"):
+        with pytest.raises(ValueError, match="a YAML boolean"):
+            TrainOptions.model_validate({key: True})
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

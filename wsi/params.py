@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from plumbing.parameters import Parameters
 
 HealthySource = Literal["negative_slides", "outside_annotations"]
 Shortfall = Literal["fail", "take_available"]
 
 
-class PatchParams(BaseModel):
+class PatchParams(Parameters):
     """Everything that decides which patches a slide offers and how they are labelled.
 
     The defaults are the paper's protocol (512 px patches at level 0, 0.25 µm/px); these
@@ -43,7 +45,7 @@ class PatchParams(BaseModel):
     )
 
 
-class SamplingRules(BaseModel):
+class SamplingRules(Parameters):
     """How a centre's patches are drawn and split, whatever their number.
 
     ``shortfall`` says what a centre that cannot supply ``patches_per_class`` of every

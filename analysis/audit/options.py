@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from plumbing.parameters import Parameters, distinct
 from proxyfl.names import Algorithm
 
 
-class CanaryOptions(BaseModel):
+class CanaryOptions(Parameters):
     """The one-run audit: which methods get a canary run, and its canaries and guesses."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,9 +41,7 @@ class CanaryOptions(BaseModel):
         if "PrivateKT" in value:
             raise ValueError("PrivateKT's guarantee is label-level LDP, which a sample-level "
                              "canary audit does not test; list DP-SGD methods")  # fmt: skip
-        if len(set(value)) != len(value):
-            raise ValueError(f"a method is listed twice: {value}")
-        return value
+        return list(distinct(value, "method(s)"))
 
     @field_validator("guesses")
     @classmethod
@@ -52,7 +51,7 @@ class CanaryOptions(BaseModel):
         return value
 
 
-class AuditOptions(BaseModel):
+class AuditOptions(Parameters):
     """Membership inference on every run's kept models, and the canary runs' ε bounds."""
 
     model_config = ConfigDict(extra="forbid")

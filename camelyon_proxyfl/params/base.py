@@ -24,6 +24,7 @@ from plumbing.cli import (
     read_yaml,
     validate,
 )
+from plumbing.parameters import Parameters
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def refuse_renamed_keys(
             )
 
 
-class Section(BaseModel):
+class Section(Parameters):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -87,7 +88,7 @@ def project_root(start: Path) -> Path | None:
     holds ``params.yaml`` (as git looks for ``.git`` and DVC for ``.dvc``); ``None`` in
     none. Every relative path of the file is relative to that folder."""
     for folder in (start, *start.parents):
-        if (folder / DEFAULT_PARAMS).is_file():
+        if (folder / DEFAULT_PARAMS).exists():  # a folder so named is then said to be one
             return folder
     return None
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from camelyon_proxyfl.params.base import StageParams
 from camelyon_proxyfl.params.data import DataSection
 from plumbing.atomic import unwritable_reason
+from plumbing.parameters import distinct
 from wsi.params import PatchParams, SamplingParams, SamplingRules
 
 
@@ -59,6 +60,11 @@ class PreprocessSection(SamplingRules, PatchParams):
         description="runner dask: the scheduler (tcp://host:8786); null starts a local "
         "cluster of `workers` processes",
     )
+
+    @field_validator("centers")
+    @classmethod
+    def _each_centre_once(cls, value: list[int]) -> list[int]:
+        return list(distinct(value, "centre(s)"))
 
     def unwritable_folders(self) -> dict[str, str]:
         """Key -> why, for each folder preprocessing writes (``out``, ``cache_dir``) that

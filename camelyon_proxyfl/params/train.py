@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from camelyon_proxyfl.params.base import Section, StageParams
+from plumbing.parameters import distinct
 from proxyfl.config import TrainConfig, TrainOptions
 from proxyfl.names import PAPER_ALGORITHMS, Algorithm, Launcher
 
@@ -67,6 +70,14 @@ class TrainSection(Section):
         "that every rank completed (bad input, exit 2, is not retried)",
     )  # fmt: skip
 
+    @field_validator("algorithms", "seeds")
+    @classmethod
+    def _each_once_and_some(cls, value: list, info: ValidationInfo) -> list:
+        if not value:
+            raise ValueError(f"no {info.field_name}: list at least one (a job runs per "
+                             "method and seed)")  # fmt: skip
+        return list(distinct(value, info.field_name.removesuffix("s") + "(s)"))
+
     @field_validator("hosts")
     @classmethod
     def _host_names(cls, hosts: list[str]) -> list[str]:
@@ -94,7 +105,12 @@ class TrainSection(Section):
     @model_validator(mode="after")
     def _every_job_is_valid(self) -> TrainSection:
         for algorithm in self.algorithms:  # fail at the edge, before any job starts
-            self.job_config(algorithm, self.seeds[0] if self.seeds else 0)
+            try:
+                self.job_config(algorithm, self.seeds[0])
+            except ValidationError as error:
+                raise ValidationError.from_exception_data(
+                    error.title, [_as_train_keys(item) for item in error.errors()]
+                ) from None
         return self
 
     def run_dir(self, algorithm: str, seed: int) -> Path:
@@ -116,6 +132,35 @@ class TrainSection(Section):
         """One job per (algorithm, seed), in the paper's order of methods."""
         return [self.job_config(algorithm, seed)
                 for algorithm in self.algorithms for seed in self.seeds]  # fmt: skip
+
+
+def _as_train_keys(error: Any) -> InitErrorDetails:
+    """A job's configuration error (:class:`~proxyfl.config.TrainConfig`, whose fields
+    and flags are ``proxyfl.run``'s) at the key of this section that sets it: ``graph`` is
+    ``options.graph``, and a message's ``--private-model`` is
+    ``train.options.private_model (--private-model)``."""
+    loc = tuple(error["loc"])
+    if loc and loc[0] in TrainOptions.model_fields:
+        loc = ("options", *loc)
+    context = dict(error.get("ctx") or {})
+    if isinstance(context.get("error"), Exception):
+        context["error"] = ValueError(_FLAG.sub(_key_of_flag, str(context["error"])))
+    details: InitErrorDetails = {"type": error["type"], "loc": loc, "input": error["input"]}
+    if context:
+        details["ctx"] = context
+    return details
+
+
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+
+
+def _key_of_flag(match: re.Match[str]) -> str:
+    name = match.group(1).replace("-", "_")
+    if name in TrainOptions.model_fields:
+        return f"train.options.{name} ({match.group(0)})"
+    if name in TrainSection.model_fields:
+        return f"train.{name} ({match.group(0)})"
+    return match.group(0)
 
 
 class TrainParams(StageParams):

@@ -52,6 +52,15 @@ class Params(StageParams):
                 f"train.data: {self.train.data} must be preprocess.out ({self.preprocess.out}): "
                 f"training reads the stores preprocessing writes"
             )
+        if self.data.is_synthetic:
+            written = range(self.data.synth.num_centers)
+            absent = [c for c in self.preprocess.centers if c not in written]
+            if absent:
+                problems.append(
+                    f"preprocess.centers: {absent} are not centres of the synthetic dataset, "
+                    f"which data.synth.num_centers ({len(written)}) makes centres 0 to "
+                    f"{len(written) - 1}"
+                )
         missing = sorted(set(self.train.centers) - set(self.preprocess.centers))
         if missing:
             problems.append(f"train.centers: {missing} are not in preprocess.centers")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from plumbing.parameters import Parameters
 from wsi.catalogue import PATIENTS_PER_CENTER
 from wsi.nodes import METASTASIS_LABELS, PATIENT_STAGES, NodeThresholds, label_scale
 
@@ -65,7 +66,7 @@ def level_dimensions(width: int, height: int, levels: int) -> list[tuple[int, in
 # --------------------------------------------------------------------------------------
 
 
-class SynthConfig(BaseModel):
+class SynthConfig(Parameters):
     """Every size and count of a synthetic dataset. Output depends on nothing else."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -168,7 +169,7 @@ class SynthConfig(BaseModel):
         ]
 
 
-class SynthSettings(BaseModel):
+class SynthSettings(Parameters):
     """``params.yaml``'s ``data.synth``: the embedded dataset's sizes, and how it is written.
 
     Centres are ``0 .. num_centers - 1``; the other :class:`SynthConfig` fields keep their
