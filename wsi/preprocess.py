@@ -201,12 +201,38 @@ def record_failed_center(
     return report
 
 
-def _level_mpp(slides: Sequence[SlidePatches], level: int, backend: Backend) -> float:
-    with open_slide(slides[0].path, backend) as slide:
-        mpp = slide.level_mpp(level)
-    if mpp is None:
-        raise SlideReadError(slides[0].path, {backend: "no resolution (mpp) in the file"})
-    return mpp
+RESOLUTION_TOLERANCE = 0.1
+"""How far, as a fraction, a slide's µm/px at the patch level may lie from its centre's
+and still give patches of the centre's scale. One scanner model's slides differ by a few
+percent; a slide scanned at another magnification (0.5 µm/px among 0.25) is off by 100 %
+and would put patches of twice the tissue in a store that says one scale."""
+
+
+def centre_resolution(
+    slides: Sequence[SlidePatches], level: int, backend: Backend = "auto"
+) -> tuple[float, dict[str, str]]:
+    """A centre's µm/px at ``level`` and its slides off that scale, slide id -> why.
+
+    The centre's is the lower median of its slides' (a value one of them has, and the
+    same whatever their order); a slide further than :data:`RESOLUTION_TOLERANCE` from it
+    is off. Raises :class:`SlideReadError` for a slide that says no resolution, or that
+    no longer opens."""
+    of_slide: dict[str, float] = {}
+    for record in slides:
+        with open_slide(record.path, backend) as slide:
+            mpp = slide.level_mpp(level)
+        if mpp is None:
+            raise SlideReadError(record.path, {backend: "no resolution (mpp) in the file"})
+        of_slide[record.slide_id] = mpp
+    values = sorted(of_slide.values())
+    centre = values[(len(values) - 1) // 2]
+    off = {
+        slide_id: (f"{mpp:.4g} µm/px at level {level}, the centre's other slides "
+                   f"{centre:.4g}: its patches would be of another scale")
+        for slide_id, mpp in of_slide.items()
+        if abs(mpp - centre) > RESOLUTION_TOLERANCE * centre
+    }  # fmt: skip
+    return centre, off
 
 
 def center_store(
@@ -247,7 +273,11 @@ def center_store(
     test_patients = (
         catalogue_test_patients(records, patch, sampling) if records is not None else None
     )
-    mpp = _level_mpp(slides, patch.level, backend)
+    mpp, off_scale = centre_resolution(slides, patch.level, backend)
+    if off_scale:
+        for slide_id, why in off_scale.items():
+            log.warning("centre %d: dropping %s: %s", center, slide_id, why)
+        slides = [slide for slide in slides if slide.slide_id not in off_scale]
     result: CenterResult = write_center_store(
         center, slides, patch, sampling, path, reader, mpp=mpp, test_patients=test_patients,
     )  # fmt: skip
@@ -266,6 +296,7 @@ def center_store(
         store=path.name,
         failures=[
             *slide_failures,
+            *(SlideFailure(s, "resolution", e, center) for s, e in off_scale.items()),
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],
         data_root=data_root_of(slides[0].path, center),

@@ -449,13 +449,25 @@ def area_sums(pixels: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray) 
     return _integrate(cols, np.asarray(row_edges, dtype=np.float64), axis=0)
 
 
-def _mpp_of(handle: Any, backend: str) -> float | None:
-    value = handle.properties.get(f"{backend}.mpp-x")
+SQUARE_TOLERANCE = 0.01
+"""How far, as a fraction, a file's µm/px across (mpp-x) and down (mpp-y) may differ for
+its pixels to count as square: a patch of non-square pixels is tissue stretched."""
+
+
+def _mpp_of(handle: Any, backend: str, axis: str = "x") -> float | None:
+    value = handle.properties.get(f"{backend}.mpp-{axis}")
     try:
         mpp = float(value) if value not in (None, "") else None
     except ValueError:
         return None
     return mpp if mpp and mpp > 0 else None
+
+
+def _check_square_pixels(handle: Any, backend: str) -> None:
+    across, down = _mpp_of(handle, backend, "x"), _mpp_of(handle, backend, "y")
+    if across is not None and down is not None and abs(across - down) > SQUARE_TOLERANCE * across:
+        raise ValueError(f"its pixels are not square ({across:.4g} µm across, {down:.4g} µm "
+                         "down): its patches would be stretched tissue")  # fmt: skip
 
 
 def _probe(handle: Any) -> None:
@@ -480,7 +492,8 @@ def open_slide(
 
     ``backend="auto"`` tries openslide, then tiffslide. ``mpp`` overrides the file's
     resolution (for files that lack one). The file is probed by decoding one pixel, so a
-    slide that opens but cannot be decoded fails here rather than mid-pipeline.
+    slide that opens but cannot be decoded fails here rather than mid-pipeline, as does
+    one whose pixels are not square (:data:`SQUARE_TOLERANCE`).
     """
     path = Path(path)
     if backend not in (*BACKENDS, "auto"):
@@ -494,6 +507,8 @@ def open_slide(
         try:
             handle = _OPENERS[name](path)
             _probe(handle)
+            if mpp is None:  # a resolution given overrides the file's
+                _check_square_pixels(handle, name)
         except Exception as error:
             reasons[name] = describe(error)
             if handle is not None:

@@ -33,8 +33,8 @@ TABLE_1_HEADER = ("centre", "split", "healthy", "tumour", "total", "patients")
 @dataclass(frozen=True)
 class SlideFailure:
     """Something left out, at which step and why: a slide (steps open, annotation,
-    tissue, lesions, candidates, pixels), a catalogue entry (step catalogue; ``slide``
-    is then the file concerned) or a whole centre (step centre)."""
+    tissue, lesions, candidates, resolution, pixels), a catalogue entry (step catalogue;
+    ``slide`` is then the file concerned) or a whole centre (step centre)."""
 
     slide: str
     stage: str

@@ -185,3 +185,42 @@ def test_the_centre_report_says_where_the_slides_are_and_that_they_are_synthetic
     assert not is_synthetic_slide(openslide_fixtures / "boxes.png")  # not a TIFF
     assert data_root_of("data/camelyon17/center_3/patient_060/p.tif", 3) == "data/camelyon17"
     assert data_root_of("elsewhere/p.tif", 3) is None
+
+
+def _rescan(path: Path, factor: int) -> None:
+    """Make ``path`` say it was scanned at ``factor`` times the µm/px it was (every page's
+    resolution tags, in place)."""
+    with tifffile.TiffFile(path, mode="r+b") as tif:
+        for page in tif.pages:
+            for name in ("XResolution", "YResolution"):
+                numerator, denominator = page.tags[name].value
+                page.tags[name].overwrite((numerator, denominator * factor))
+
+
+def test_a_slide_of_another_scale_is_left_out_of_its_centres_store(
+    synthetic_dataset: SynthManifest, tmp_path: Path
+) -> None:
+    """A store says one µm/px: a slide scanned at twice its centre's (0.5 against 0.25 at
+    level 0) would give patches of four times the tissue; it is dropped, named, and the
+    store is built from the others at their scale."""
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_dataset.root, root)
+    params = PatchParams(patch_size=128)
+    records = [
+        r for r in scan_camelyon(root).for_centers([0]) if r.node_label in ("negative", "macro")
+    ]
+    victim = records[-1]
+    _rescan(victim.path, 2)
+    patches = [slide_patches(r, params, CandidateCache(tmp_path / "cache")) for r in records]
+
+    report = center_store(0, patches, params, SamplingParams(patches_per_class=6), tmp_path / "out")
+
+    assert [(f.slide, f.stage) for f in report.failures] == [(victim.slide_id, "resolution")]
+    mpp = synthetic_dataset.config.mpp
+    assert report.failures[0].error == (f"{2 * mpp:.4g} µm/px at level 0, the centre's other "
+                                        f"slides {mpp:.4g}: its patches would be of another "
+                                        "scale")  # fmt: skip
+    info = read_store_info(store_path(tmp_path / "out", 0))
+    assert info.attrs.mpp == report.mpp == mpp
+    stored = info.splits["train"].slides + info.splits["test"].slides
+    assert victim.slide_id not in stored and len(stored) == 12

@@ -263,3 +263,25 @@ def test_a_stripped_slide_reads_by_regions_and_a_greyscale_one_is_refused_naming
     with pytest.raises(SlideReadError, match="1 channel") as caught:
         open_slide(grey, "tiffslide")
     assert str(grey) in str(caught.value)
+
+
+@pytest.mark.parametrize("backend", ["openslide", "tiffslide"])
+def test_a_slide_of_pixels_that_are_not_square_is_refused_naming_both(
+    tmp_path: Path, backend: str
+) -> None:
+    """A patch of such pixels is tissue stretched: 0.25 µm across, 0.5 µm down."""
+    import tifffile
+
+    image = np.full((512, 512, 3), 230, np.uint8)
+    square, stretched = tmp_path / "square.tif", tmp_path / "stretched.tif"
+    for path, down in ((square, 40000), (stretched, 20000)):
+        tifffile.imwrite(path, image, photometric="rgb", tile=(256, 256), metadata=None,
+                         resolution=(40000, down), resolutionunit="CENTIMETER")  # fmt: skip
+    with open_slide(square, backend) as slide:  # type: ignore[arg-type]
+        assert slide.mpp == pytest.approx(0.25)
+    with pytest.raises(SlideReadError) as caught:
+        open_slide(stretched, backend)  # type: ignore[arg-type]
+    assert caught.value.path == stretched
+    assert "its pixels are not square (0.25 µm across, 0.5 µm down)" in str(caught.value)
+    with open_slide(stretched, backend, mpp=0.25) as slide:  # type: ignore[arg-type]
+        assert slide.mpp == 0.25  # a resolution given is the user's word
