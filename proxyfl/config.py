@@ -371,6 +371,12 @@ class TrainConfig(TrainOptions):
                 f"--private-model lists {len(self.private_model)} models for "
                 f"{len(self.centers)} centres; give one name, or one per centre"
             )
+        if self.graph.startswith("file:") and self.centers is not None:
+            size = parse_schedule_spec(self.graph).matrices[0].shape[0]
+            if size != len(self.centers):  # else found in round 1, after the set-up
+                raise ValueError(f"--graph {self.graph}: its matrices are {size}x{size}, for "
+                                 f"a job of {len(self.centers)} clients (one row and column "
+                                 "per client)")  # fmt: skip
         return self
 
     def require_paths(self) -> tuple[Path, Path]:

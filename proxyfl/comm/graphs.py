@@ -124,10 +124,16 @@ def graph_matrices(raw: object, where: str) -> tuple[np.ndarray, ...]:
     return tuple(matrices)
 
 
+def matrices_lists(matrices: Sequence[np.ndarray]) -> list[list[list[float]]]:
+    """A graph file's matrices as nested lists of floats: what a federation's job carries
+    of them (every float64 to the bit in JSON)."""
+    return [matrix.tolist() for matrix in matrices]
+
+
 def matrices_json(matrices: Sequence[np.ndarray]) -> str:
-    """A graph file's matrices as canonical JSON: every float64 to the bit (``repr``), no
-    spaces; what a federation's job carries of them and what a run is identified by."""
-    return json.dumps([matrix.tolist() for matrix in matrices], separators=(",", ":"))
+    """:func:`matrices_lists` as canonical JSON: every float64 to the bit (``repr``), no
+    spaces; what a run is identified by."""
+    return json.dumps(matrices_lists(matrices), separators=(",", ":"))
 
 
 def matrices_digest(matrices: Sequence[np.ndarray]) -> str:

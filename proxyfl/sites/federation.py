@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.atomic import write_bytes
-from proxyfl.comm.graphs import graph_matrices, matrices_digest, matrices_json, parse_schedule_spec
+from proxyfl.comm.graphs import (
+    graph_matrices,
+    matrices_digest,
+    matrices_json,
+    matrices_lists,
+    parse_schedule_spec,
+)
 from proxyfl.config import TrainConfig
 from proxyfl.engine.validation import FAILURES_DIR
 from proxyfl.launch.rundir import CONFIG_FILE, write_config
@@ -67,7 +73,7 @@ def carried_graph(config: TrainConfig) -> list[list[list[float]]] | None:
     graph's matrices, read on the submitting machine; ``None`` for a built-in graph."""
     if not config.graph.startswith("file:"):
         return None
-    return [matrix.tolist() for matrix in parse_schedule_spec(config.graph).matrices]
+    return matrices_lists(parse_schedule_spec(config.graph).matrices)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from proxyfl.comm.graphs import parse_schedule_spec
 from proxyfl.config import TrainConfig
@@ -137,6 +138,9 @@ def test_a_file_graph_travels_as_its_matrices_and_no_site_reads_a_path_of_the_jo
         folders.run_config(job, "FedAvg/seed_3", graph=[[["root:x:0:0", 1.0], [0.0, 0.0]]])
     with pytest.raises(FederationError, match="carries a graph's matrices"):
         folders.run_config(_config_json(), "FedAvg/seed_3", graph=carried)
+    # a graph of another federation's size: refused here, not in the job's first round
+    with pytest.raises(ValidationError, match=r"its matrices are 3x3, for a job of 2 clients"):
+        folders.run_config(job, "FedAvg/seed_3", graph=[[[1 / 3] * 3] * 3])
 
 
 def test_a_run_name_names_one_run_never_one_holding_or_inside_another(tmp_path: Path) -> None:

@@ -171,11 +171,18 @@ def test_slide_without_tissue(blank_slide: Path) -> None:
     assert "patient_000_node_0" in str(caught.value) and "no tissue" in str(caught.value)
 
 
-def test_lesion_too_small_for_a_patch(tmp_path: Path) -> None:
+@pytest.fixture()
+def tissue_slide(tmp_path: Path) -> Path:
+    """A slide of one rectangle of tissue, (100..1400) x (100..900) px at 0.25 µm/px."""
     image = np.full((1024, 1536, 3), 240, np.uint8)
     image[100:900, 100:1400] = (190, 110, 170)
     path = tmp_path / "patient_000_node_1.tif"
     write_pyramidal_tiff(path, image, mpp=0.25, tile_size=256)
+    return path
+
+
+def test_lesion_too_small_for_a_patch(tissue_slide: Path, tmp_path: Path) -> None:
+    path = tissue_slide
     xml = tmp_path / "patient_000_node_1.xml"
     write_asap_xml(xml, {"metastases": [np.array([[500, 500], [530, 500], [530, 530.0]])]})
     with open_slide(path) as slide:
@@ -189,14 +196,11 @@ def test_lesion_too_small_for_a_patch(tmp_path: Path) -> None:
 
 
 def test_an_annotation_without_a_tumour_group_fails_the_slide_naming_the_file(
-    tmp_path: Path,
+    tissue_slide: Path, tmp_path: Path
 ) -> None:
     """A macro slide whose file's areas are all in groups that play no part would give no
     tumour patch, silently, though the catalogue planned it as their source."""
-    image = np.full((1024, 1536, 3), 240, np.uint8)
-    image[100:900, 100:1400] = (190, 110, 170)
-    path = tmp_path / "patient_000_node_1.tif"
-    write_pyramidal_tiff(path, image, mpp=0.25, tile_size=256)
+    path = tissue_slide
     xml = tmp_path / "patient_000_node_1.xml"
     write_asap_xml(xml, {"Lesion": [np.array([[200, 200], [900, 200], [900, 800.0]])]})
     with open_slide(path) as slide:
