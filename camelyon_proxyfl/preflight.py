@@ -148,7 +148,7 @@ def _current_store(params: Params, center: int) -> CentreSize | None:
     if not path.is_file():
         return None
     try:
-        info = read_store_info(path)
+        info = read_store_info(path, center=center)
     except StoreError:
         return None  # rebuilt by preprocessing
     if info.attrs.params_hash != params_hash(section.patch, section.sampling(center)):

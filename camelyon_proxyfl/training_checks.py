@@ -36,7 +36,7 @@ def stored_sizes(train: TrainSection) -> tuple[dict[int, CentreSize], list[Findi
     for center in sorted(centers):
         path = store_path(train.data, center)
         try:
-            info = read_store_info(path)
+            info = read_store_info(path, center=center)
         except StoreError as error:
             findings.append(Finding("error", f"centre {center}",
                                     f"{path}: {error.reason}; {rebuild_hint(center)}"))  # fmt: skip

@@ -175,6 +175,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: merged keys may be overridden, as YAML has it
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, typing.Hashable) and key in first:
                 raise yaml.constructor.ConstructorError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationInfo, field_validator
@@ -48,13 +48,44 @@ def _words(annotation: Any) -> set[str]:
     return set()
 
 
-def _items_type(annotation: Any) -> Any | None:
-    """The item type of a list, tuple or set type (``None`` for any other type)."""
-    if typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    if typing.get_origin(annotation) in (list, tuple, set, frozenset):
-        args = [arg for arg in typing.get_args(annotation) if arg is not Ellipsis]
-        return args[0] if len(set(args)) == 1 else None
+def _contained(annotation: Any, containers: tuple[type, ...], arg: int) -> Any | None:
+    """The type of what the ``containers`` among ``annotation``'s members hold (argument
+    ``arg`` of each: a list's items, a dict's values), a union where several; ``None``
+    where no member is such a container, or says nothing of its contents."""
+    origin = typing.get_origin(annotation)
+    if origin in (Annotated, typing.Union, types.UnionType):
+        members = typing.get_args(annotation)[:1] if origin is Annotated else typing.get_args(
+            annotation)  # fmt: skip
+        found = [t for t in (_contained(m, containers, arg) for m in members) if t is not None]
+        return typing.Union[tuple(found)] if found else None  # noqa: UP007
+    if origin in containers:
+        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+        return args[arg] if len(args) > arg else None
+    return None
+
+
+def boolean_where(value: Any, annotation: Any) -> str | None:
+    """Where in ``value`` a boolean stands that a field of type ``annotation`` does not hold
+    as one: ``""`` for ``value`` itself, ``"[0]"`` or ``"[2][1]"`` for an item of a list
+    or a dict's value (through unions and nesting); ``None`` where none does."""
+    if isinstance(value, bool):
+        return None if accepts_bool(annotation) else ""
+    if annotation is Any:
+        return None
+    if isinstance(value, Mapping):
+        inner = _contained(annotation, (dict, Mapping), 1)
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple | set | frozenset):
+        inner = _contained(annotation, (list, tuple, set, frozenset, Sequence), 0)
+        items = enumerate(value)
+    else:
+        return None
+    if inner is None:
+        return None
+    for key, item in items:
+        where = boolean_where(item, inner)
+        if where is not None:
+            return f"[{key!r}]{where}"
     return None
 
 
@@ -67,15 +98,12 @@ class Parameters(BaseModel):
         if info.field_name is None:
             return value
         annotation = cls.model_fields[info.field_name].annotation
-        if isinstance(value, bool) and not accepts_bool(annotation):
-            if {"on", "off"} <= _words(annotation):
-                return "on" if value else "off"
-            raise ValueError(BOOLEAN_HINT)
-        items = _items_type(annotation)
-        if isinstance(value, list | tuple) and items is not None and not accepts_bool(items):
-            booleans = [i for i, item in enumerate(value) if isinstance(item, bool)]
-            if booleans:
-                raise ValueError(f"item {booleans[0]} is {BOOLEAN_HINT}")
+        words = {"on", "off"} <= _words(annotation)
+        if isinstance(value, bool) and words and not accepts_bool(annotation):
+            return "on" if value else "off"
+        where = boolean_where(value, annotation)
+        if where is not None:
+            raise ValueError(f"item {where} is {BOOLEAN_HINT}" if where else BOOLEAN_HINT)
         return value
 
 

@@ -25,7 +25,7 @@ def canary_plan(audit: AuditSection, train: TrainSection, algorithm: str) -> Pat
     for center in train.centers:
         path = store_path(train.data, center)
         try:
-            attrs = read_store_info(path, splits=("train",)).attrs
+            attrs = read_store_info(path, splits=("train",), center=center).attrs
         except StoreError as error:
             raise CanaryPlanError(error.subject, error.reason) from None
         classes.add(attrs.n_classes)

@@ -60,7 +60,9 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
     ("a boolean for a number", lambda t: t.replace("rounds: 10", "rounds: yes"), "train",
      ("train.options.rounds: a YAML boolean", "quote the word")),
     ("a boolean in a list of numbers", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds:\n"
-     "  - on\n"), "train", ("train.seeds: item 0 is a YAML boolean",)),
+     "  - on\n"), "train", ("train.seeds: item [0] is a YAML boolean",)),
+    ("a boolean for a centre's count", lambda t: t.replace("    2: 300\n", "    2: yes\n", 1),
+     "preprocess", ("preprocess.patches_per_class: item [2] is a YAML boolean",)),
     ("a seed twice", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds:\n  - 0\n  - 0\n"),
      "train", ("train.seeds: seed(s) 0 listed more than once",)),
     ("no seed", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds: []\n"), "train",
@@ -119,7 +121,11 @@ def test_a_bad_parameters_file_exits_2_naming_file_and_key(
 ) -> None:
     _, break_file, _, expected = bad
     params = tmp_path / "params.yaml"
-    params.write_text(break_file(DEMO))
+    broken = break_file(DEMO)
+    # a case whose text params.yaml no longer holds would run the command for real, in
+    # this repository (the file's relative paths): hours of CPU and outputs in the tree
+    assert broken != DEMO, "the case no longer changes params.yaml: update its replace()"
+    params.write_text(broken)
     runs = tmp_path / "runs"
     assert COMMANDS[command](["--config", str(params)]) == 2
     error = capsys.readouterr().err
@@ -141,7 +147,9 @@ def test_a_command_does_not_read_the_sections_of_other_stages(
     not validate (or import the code of) the training options, nor training the data's."""
     _, break_file, section, _ = bad
     params = tmp_path / "params.yaml"
-    params.write_text(break_file(DEMO))
+    broken = break_file(DEMO)
+    assert broken != DEMO, "the case no longer changes params.yaml: update its replace()"
+    params.write_text(broken)
     parsed = PARSERS[command](["--config", str(params)])
     config = parsed[0] if isinstance(parsed, tuple) else parsed
     assert config is not None and section not in READS[command]
@@ -394,11 +402,24 @@ def test_the_synthetic_dataset_must_hold_the_centres_preprocessing_builds(
 ) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(DEMO.replace("    num_centers: 5 ", "    num_centers: 3 ", 1))
-    assert pipeline_main(["--config", str(params), "--check"]) == 2
-    error = capsys.readouterr().err
-    assert ("preprocess.centers: [3, 4] are not centres of the synthetic dataset, which "
-            "data.synth.num_centers (3) makes centres 0 to 2") in error  # fmt: skip
+    # the preprocess stage's view of the file (dvc.yaml's preprocess@c), and the whole file's
+    for main, extra in ((preprocess_main, []), (pipeline_main, ["--check"])):
+        assert main(["--config", str(params), *extra]) == 2
+        error = capsys.readouterr().err
+        assert ("preprocess.centers: [3, 4] are not centres of the synthetic dataset, which "
+                "data.synth.num_centers (3) makes centres 0 to 2") in error  # fmt: skip
     assert not (tmp_path / "data").exists()
+
+
+def test_a_merge_key_is_yaml_of_its_own_not_a_key_given_twice(tmp_path: Path) -> None:
+    """``<<: *anchor`` merges a mapping whose keys the mapping may override (YAML's merge
+    key, which DVC reads so too): no key is given twice there."""
+    from plumbing.cli import read_yaml
+
+    params = tmp_path / "params.yaml"
+    params.write_text("common: &common\n  rounds: 3\n  lr: 0.1\n"
+                      "options:\n  <<: *common\n  rounds: 4\n")  # fmt: skip
+    assert read_yaml(params)["options"] == {"rounds": 4, "lr": 0.1}
 
 
 def test_on_and_off_are_words_where_the_words_are_on_and_off() -> None:

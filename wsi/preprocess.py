@@ -208,29 +208,43 @@ percent; a slide scanned at another magnification (0.5 µm/px among 0.25) is off
 and would put patches of twice the tissue in a store that says one scale."""
 
 
-def centre_resolution(
+def level_resolutions(
     slides: Sequence[SlidePatches], level: int, backend: Backend = "auto"
-) -> tuple[float, dict[str, str]]:
-    """A centre's µm/px at ``level`` and its slides off that scale, slide id -> why.
-
-    The centre's is the lower median of its slides' (a value one of them has, and the
-    same whatever their order); a slide further than :data:`RESOLUTION_TOLERANCE` from it
-    is off. Raises :class:`SlideReadError` for a slide that says no resolution, or that
-    no longer opens."""
-    of_slide: dict[str, float] = {}
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Each slide's µm/px at ``level`` (slide id -> value), and the slides that no longer
+    open or say no resolution, with why (their candidates were computed earlier: a file
+    replaced or removed since)."""
+    resolutions: dict[str, float] = {}
+    unreadable: dict[str, str] = {}
     for record in slides:
-        with open_slide(record.path, backend) as slide:
-            mpp = slide.level_mpp(level)
+        try:
+            with open_slide(record.path, backend) as slide:
+                mpp = slide.level_mpp(level)
+        except SlideReadError as error:
+            unreadable[record.slide_id] = str(error)
+            continue
         if mpp is None:
-            raise SlideReadError(record.path, {backend: "no resolution (mpp) in the file"})
-        of_slide[record.slide_id] = mpp
-    values = sorted(of_slide.values())
+            unreadable[record.slide_id] = f"{record.path}: no resolution (mpp) in the file"
+        else:
+            resolutions[record.slide_id] = mpp
+    return resolutions, unreadable
+
+
+def centre_scale(
+    resolutions: Mapping[str, float], level: int, tolerance: float = RESOLUTION_TOLERANCE
+) -> tuple[float, dict[str, str]]:
+    """A centre's µm/px at ``level`` from its slides' (``resolutions``, slide id -> value,
+    at least one), and the slides off that scale, slide id -> why.
+
+    The centre's is the lower median (a value one slide has, the same whatever the
+    order); a slide further than ``tolerance`` (a fraction) from it is off."""
+    values = sorted(resolutions.values())
     centre = values[(len(values) - 1) // 2]
     off = {
         slide_id: (f"{mpp:.4g} µm/px at level {level}, the centre's other slides "
                    f"{centre:.4g}: its patches would be of another scale")
-        for slide_id, mpp in of_slide.items()
-        if abs(mpp - centre) > RESOLUTION_TOLERANCE * centre
+        for slide_id, mpp in resolutions.items()
+        if abs(mpp - centre) > tolerance * centre
     }  # fmt: skip
     return centre, off
 
@@ -273,11 +287,14 @@ def center_store(
     test_patients = (
         catalogue_test_patients(records, patch, sampling) if records is not None else None
     )
-    mpp, off_scale = centre_resolution(slides, patch.level, backend)
-    if off_scale:
-        for slide_id, why in off_scale.items():
-            log.warning("centre %d: dropping %s: %s", center, slide_id, why)
-        slides = [slide for slide in slides if slide.slide_id not in off_scale]
+    resolutions, unreadable = level_resolutions(slides, patch.level, backend)
+    if not resolutions:
+        first = slides[0]
+        raise SlideReadError(first.path, {backend: unreadable[first.slide_id]})
+    mpp, off_scale = centre_scale(resolutions, patch.level)
+    for slide_id, why in {**unreadable, **off_scale}.items():
+        log.warning("centre %d: dropping %s: %s", center, slide_id, why)
+    slides = [s for s in slides if s.slide_id not in unreadable and s.slide_id not in off_scale]
     result: CenterResult = write_center_store(
         center, slides, patch, sampling, path, reader, mpp=mpp, test_patients=test_patients,
     )  # fmt: skip
@@ -296,6 +313,7 @@ def center_store(
         store=path.name,
         failures=[
             *slide_failures,
+            *(SlideFailure(s, "open", e, center) for s, e in unreadable.items()),
             *(SlideFailure(s, "resolution", e, center) for s, e in off_scale.items()),
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],

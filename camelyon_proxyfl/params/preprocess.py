@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from camelyon_proxyfl.params.base import StageParams
 from camelyon_proxyfl.params.data import DataSection
@@ -108,11 +108,34 @@ class PreprocessConfig(PreprocessSection):
     data_root: Path = Field(description="dataset root (data.root)")
 
 
+def synthetic_centres_problem(data: DataSection, preprocess: PreprocessSection) -> str | None:
+    """Why the synthetic dataset cannot give every centre of ``preprocess.centers`` (they
+    would fail after the slides are written, as centres without slides), or ``None``."""
+    if not data.is_synthetic:
+        return None
+    written = range(data.synth.num_centers)
+    absent = [center for center in preprocess.centers if center not in written]
+    if not absent:
+        return None
+    last = len(written) - 1
+    return (f"{absent} are not centres of the synthetic dataset, which "
+            f"data.synth.num_centers ({len(written)}) makes centres 0 to {last}")  # fmt: skip
+
+
 class PreprocessParams(StageParams):
     """What ``python -m flows.preprocess`` reads of a parameters file."""
 
     data: DataSection = Field(default_factory=DataSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
+
+    @model_validator(mode="after")
+    def _synthetic_centres(self) -> PreprocessParams:
+        problem = synthetic_centres_problem(self.data, self.preprocess)
+        if problem is not None:
+            raise ValidationError.from_exception_data(self.__class__.__name__, [{
+                "type": "value_error", "loc": ("preprocess", "centers"), "input":
+                self.preprocess.centers, "ctx": {"error": ValueError(problem)}}])  # fmt: skip
+        return self
 
     def config(self) -> PreprocessConfig:
         return PreprocessConfig(**dict(self.preprocess), data_root=self.data.root)

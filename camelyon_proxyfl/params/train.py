@@ -78,6 +78,11 @@ class TrainSection(Section):
                              "method and seed)")  # fmt: skip
         return list(distinct(value, info.field_name.removesuffix("s") + "(s)"))
 
+    @field_validator("centers", "eval_centers")
+    @classmethod
+    def _each_centre_once(cls, value: list[int]) -> list[int]:
+        return list(distinct(value, "centre(s)"))
+
     @field_validator("hosts")
     @classmethod
     def _host_names(cls, hosts: list[str]) -> list[str]:
@@ -137,21 +142,20 @@ class TrainSection(Section):
 def _as_train_keys(error: Any) -> InitErrorDetails:
     """A job's configuration error (:class:`~proxyfl.config.TrainConfig`, whose fields
     and flags are ``proxyfl.run``'s) at the key of this section that sets it: ``graph`` is
-    ``options.graph``, and a message's ``--private-model`` is
-    ``train.options.private_model (--private-model)``."""
+    ``options.graph``; a message of the whole configuration (no key) names its flags'
+    keys too, ``--private-model`` as ``train.options.private_model (--private-model)``.
+    Each is a value error of its message (any type's, a custom one's included)."""
     loc = tuple(error["loc"])
-    if loc and loc[0] in TrainOptions.model_fields:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not loc:
+        message = _FLAG.sub(_key_of_flag, message)
+    elif loc[0] in TrainOptions.model_fields:
         loc = ("options", *loc)
-    context = dict(error.get("ctx") or {})
-    if isinstance(context.get("error"), Exception):
-        context["error"] = ValueError(_FLAG.sub(_key_of_flag, str(context["error"])))
-    details: InitErrorDetails = {"type": error["type"], "loc": loc, "input": error["input"]}
-    if context:
-        details["ctx"] = context
-    return details
+    return {"type": "value_error", "loc": loc, "input": error["input"],
+            "ctx": {"error": ValueError(message)}}  # fmt: skip
 
 
-_FLAG = re.compile(r"--([a-z][a-z0-9-]*)")
+_FLAG = re.compile(r"(?<![\w/.:-])--([a-z][a-z0-9-]*)\b")  # a flag, not a path's "--"
 
 
 def _key_of_flag(match: re.Match[str]) -> str:

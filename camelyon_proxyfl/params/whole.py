@@ -14,6 +14,7 @@ from camelyon_proxyfl.params.preprocess import (
     PreprocessConfig,
     PreprocessParams,
     PreprocessSection,
+    synthetic_centres_problem,
 )
 from camelyon_proxyfl.params.report import ReportConfig, ReportParams, ReportSection
 from camelyon_proxyfl.params.stage import StageSection
@@ -52,15 +53,9 @@ class Params(StageParams):
                 f"train.data: {self.train.data} must be preprocess.out ({self.preprocess.out}): "
                 f"training reads the stores preprocessing writes"
             )
-        if self.data.is_synthetic:
-            written = range(self.data.synth.num_centers)
-            absent = [c for c in self.preprocess.centers if c not in written]
-            if absent:
-                problems.append(
-                    f"preprocess.centers: {absent} are not centres of the synthetic dataset, "
-                    f"which data.synth.num_centers ({len(written)}) makes centres 0 to "
-                    f"{len(written) - 1}"
-                )
+        synthetic = synthetic_centres_problem(self.data, self.preprocess)
+        if synthetic is not None:
+            problems.append(f"preprocess.centers: {synthetic}")
         missing = sorted(set(self.train.centers) - set(self.preprocess.centers))
         if missing:
             problems.append(f"train.centers: {missing} are not in preprocess.centers")

@@ -151,10 +151,10 @@ def write_config(root: Path, cpus: int, memory_mb: int, user: str) -> Path:
         "JobAcctGatherType=jobacct_gather/none",
         # a killed task's step ends at once; a job's end is not held up for minutes
         "KillWait=5",
-        # no finished job's record purged: `sbatch --wait` then polls every 2 s, where it
-        # otherwise sleeps 2, 8, then 32 s between polls while MinJobAge allows (sbatch.c's
-        # _job_wait), noticing a 12 s job's end 30 s late; the test cluster lives minutes
-        "MinJobAge=0",
+        # every finished job's record kept for the cluster's life (minutes), for the tests to
+        # read its state and exit code: slurmctld 22.05 takes 0 ("never purge") for 2 s
+        # ("MinJobAge must be at least 2"), and a record read 2 s late was gone
+        "MinJobAge=3600",
         "InactiveLimit=0",
         "SlurmctldTimeout=30",
         "SlurmdTimeout=30",

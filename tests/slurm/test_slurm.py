@@ -99,16 +99,15 @@ def _export_after_options(script: Path, line: str) -> None:
 
 def _submit(project: Path, env: dict[str, str], script: Path, *options: str, wait: bool = True
             ) -> tuple[str, int, str]:  # fmt: skip
-    """``sbatch [--wait] OPTIONS SCRIPT`` from ``project``: the job's id, then, with ``wait``,
-    the job's exit status and its output (``slurm-%j.out``) once it has ended; else sbatch's
-    exit status. The job's, as slurmctld records it (:func:`_exit_status`), not ``sbatch
-    --wait``'s: under load (make test beside a hog of half a core, the slower machine kind,
-    Slurm 22.05.8) ``sbatch --wait`` once exited 0 for a job slurmctld had logged with
-    ``WEXITSTATUS 2``, and a refused job read as one that had run. Not a poll timing out:
-    with slurmctld stopped through a poll, sbatch says "retrying" and exits 2."""
+    """``sbatch OPTIONS SCRIPT`` from ``project``: the job's id, then, with ``wait``, the
+    job's exit status and its output (``slurm-%j.out``) once it has ended; else sbatch's
+    exit status. The job's, as slurmctld records it (:func:`_exit_status`, polled every
+    0.5 s), not ``sbatch --wait``'s: a job record purged before sbatch's next poll (2 s
+    apart) reads to it as a job that exited 0, and under load (make test beside a hog of
+    half a core, Slurm 22.05.8) a refused job, logged ``WEXITSTATUS 2``, once did."""
     submitted = subprocess.run(
-        ["sbatch", "--parsable", *(["--wait"] if wait else []), *options, str(script)],
-        cwd=project, env=env, capture_output=True, text=True, timeout=900,
+        ["sbatch", "--parsable", *options, str(script)],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     job = submitted.stdout.strip().split(";")[0].splitlines()[0] if submitted.stdout else ""
     assert job.isdigit(), submitted.stdout + submitted.stderr
@@ -117,9 +116,9 @@ def _submit(project: Path, env: dict[str, str], script: Path, *options: str, wai
     return job, _exit_status(job, env), (project / f"slurm-{job}.out").read_text()
 
 
-def _exit_status(job: str, env: dict[str, str], timeout_s: float = 300) -> int:
+def _exit_status(job: str, env: dict[str, str], timeout_s: float = 900) -> int:
     """Job ``job``'s exit status once it has ended (the cluster keeps every finished job's
-    record: ``MinJobAge=0``), as sbatch maps it: the script's, else 1 for a signal."""
+    record: ``MinJobAge=3600``), as sbatch maps it: the script's, else 1 for a signal."""
     deadline = time.monotonic() + timeout_s
     while True:
         shown = subprocess.run(["scontrol", "show", "job", "--oneliner", job], env=env,
@@ -215,7 +214,7 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_rerun_resumes_to_the_sam
         assert time.monotonic() - killed < ENDS_WITHIN_S, f"job {job} still runs"
         time.sleep(0.2)
     output = (project / f"slurm-{job}.out").read_text()
-    assert _job_state(slurm, job) in ("FAILED", "GONE"), output[-5000:]
+    assert _job_state(slurm, job) == "FAILED", output[-5000:]  # its record is kept
     assert ("failed with exit code 137; rank 1 (centre 1) failed at training: ended by signal "
             "SIGKILL") in output, output[-5000:]  # fmt: skip
     rounds_done = len((run / "metrics.jsonl").read_text().splitlines())

@@ -15,7 +15,7 @@ from wsi.cache import CandidateCache
 from wsi.catalogue import scan_camelyon
 from wsi.center import SamplingParams
 from wsi.patches import PatchParams
-from wsi.preprocess import center_store, data_root_of, slide_patches
+from wsi.preprocess import center_store, centre_scale, data_root_of, slide_patches
 from wsi.slide import is_synthetic_slide
 from wsi.store.reader import read_store_info
 from wsi.store.schema import store_path
@@ -209,18 +209,32 @@ def test_a_slide_of_another_scale_is_left_out_of_its_centres_store(
     records = [
         r for r in scan_camelyon(root).for_centers([0]) if r.node_label in ("negative", "macro")
     ]
-    victim = records[-1]
+    victim, gone = records[-1], records[0]
     _rescan(victim.path, 2)
     patches = [slide_patches(r, params, CandidateCache(tmp_path / "cache")) for r in records]
+    gone.path.unlink()  # removed once its candidates were known: left out, named, as well
 
     report = center_store(0, patches, params, SamplingParams(patches_per_class=6), tmp_path / "out")
 
-    assert [(f.slide, f.stage) for f in report.failures] == [(victim.slide_id, "resolution")]
+    assert [(f.slide, f.stage) for f in report.failures] == [
+        (gone.slide_id, "open"), (victim.slide_id, "resolution")]  # fmt: skip
+    assert str(gone.path) in report.failures[0].error
     mpp = synthetic_dataset.config.mpp
-    assert report.failures[0].error == (f"{2 * mpp:.4g} µm/px at level 0, the centre's other "
+    assert report.failures[1].error == (f"{2 * mpp:.4g} µm/px at level 0, the centre's other "
                                         f"slides {mpp:.4g}: its patches would be of another "
                                         "scale")  # fmt: skip
     info = read_store_info(store_path(tmp_path / "out", 0))
     assert info.attrs.mpp == report.mpp == mpp
-    stored = info.splits["train"].slides + info.splits["test"].slides
-    assert victim.slide_id not in stored and len(stored) == 12
+    stored = set(info.splits["train"].slides + info.splits["test"].slides)
+    assert not {victim.slide_id, gone.slide_id} & stored
+
+
+def test_a_centres_scale_is_its_slides_lower_median() -> None:
+    """A value one slide has, whatever their order; a slide more than 10 % off is out."""
+    assert centre_scale({"a": 0.25}, 0) == (0.25, {})
+    centre, off = centre_scale({"b": 0.5, "a": 0.25}, 1)  # two: the finer one
+    assert centre == 0.25 and list(off) == ["b"] and off["b"].startswith("0.5 µm/px at level 1")
+    scanners = {"a": 0.2431, "b": 0.25, "c": 0.243, "d": 1.0, "e": 0.2675}
+    centre, off = centre_scale(scanners, 2)
+    assert centre == 0.25 and set(off) == {"d"}  # 0.2675 is 7 % off: in at 10 %, out at 5 %
+    assert set(centre_scale(scanners, 2, tolerance=0.05)[1]) == {"d", "e"}

@@ -59,13 +59,17 @@ def _decode(values: np.ndarray) -> tuple[str, ...]:
     return tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values)
 
 
-def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS) -> StoreInfo:
+def read_store_info(
+    path: str | os.PathLike[str], splits: Sequence[str] = SPLITS, center: int | None = None
+) -> StoreInfo:
     """Open ``path``, check it against the schema and return the metadata of ``splits``.
 
     Every split's structure is checked (shapes and types, from the datasets' headers);
     labels, patients, slides and coordinates are read for ``splits`` alone, so a client
     can check another centre's store without reading anything of its training split.
-    When both splits are read, they must be patient-disjoint.
+    When both splits are read, they must be patient-disjoint. With ``center``, the store
+    must say it is that centre's (its ``center`` attribute): a store copied or renamed under
+    another centre's name would train and be reported as that centre.
     Raises :class:`StoreError` naming the file and the first thing wrong with it.
     """
     unknown = set(splits) - set(SPLITS)
@@ -85,6 +89,10 @@ def read_store_info(path: str | os.PathLike[str], splits: Sequence[str] = SPLITS
                     path, f"schema_version {version}, expected one of {READABLE_SCHEMA_VERSIONS}"
                 )
             provenance = _read_provenance(path, h5, version)
+            held = int(h5.attrs["center"])
+            if center is not None and held != center:
+                raise StoreError(path, f"its attribute center is {held}: it holds centre "
+                                       f"{held}'s patches, not centre {center}'s")  # fmt: skip
             attrs = StoreAttrs(
                 center=int(h5.attrs["center"]),
                 patch_size=int(h5.attrs["patch_size"]),

@@ -41,11 +41,12 @@ class PatchStoreWriter:
     >>> with PatchStoreWriter(path, attrs, {"train": 100, "test": 20}) as writer:
     ...     writer.write("train", 0, batch)
 
-    Every declared slot of every split must be written before the context exits, and no
-    patient may be in both splits (:class:`StoreError` otherwise: a patient's patches on
-    both sides would test the model on what it trained on); the file appears at ``path``
-    only then. On an exception the temporary file is removed and whatever store was at
-    ``path`` before is left untouched.
+    No patient may be in both splits: a batch of one split holding a patient of the
+    other's is refused (:class:`StoreError`; a patient's patches on both sides would test
+    the model on what it trained on). Every declared slot of every split must be written
+    before the context exits; the file appears at ``path`` only then. On an exception
+    the temporary file is removed and whatever store was at ``path`` before is left
+    untouched.
 
     Entering removes the temporaries of ``path`` left by killed runs
     (:func:`plumbing.atomic.remove_stale_temporaries`), then raises :class:`StoreSpaceError`
@@ -123,6 +124,11 @@ class PatchStoreWriter:
             raise ValueError(f"patches are {batch.images.shape[1:]}, store wants {size}x{size}")
         if len(batch) and (batch.labels.min() < 0 or batch.labels.max() >= self.attrs.n_classes):
             raise ValueError(f"labels outside 0..{self.attrs.n_classes - 1}")
+        # the other split's patients so far: refused at the batch, not after the whole store
+        other = next(name for name in SPLITS if name != split)
+        shared = shared_patients(self._patients[other], batch.patients)
+        if shared is not None:
+            raise StoreError(self.path, shared)
         group = self._file[split]
         group["images"][start:stop] = batch.images
         group["labels"][start:stop] = batch.labels
@@ -146,10 +152,6 @@ class PatchStoreWriter:
         if any(missing.values()):
             self._discard(None)
             raise RuntimeError(f"{self.path}: store closed with unwritten slots {missing}")
-        shared = shared_patients(self._patients["train"], self._patients["test"])
-        if shared:
-            self._discard(None)
-            raise StoreError(self.path, shared)
         assert self._file is not None
         try:
             # Flush before closing: a flush that fails leaves the file open, so that it can

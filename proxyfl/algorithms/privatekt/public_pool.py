@@ -100,7 +100,7 @@ class PublicPool:
     ) -> PublicPool:
         """Every patch of centre ``center``'s store, train split then test split."""
         path = store_path(directory, center)
-        read_store_info(path, splits=())  # the schema first: a clear error for a bad store
+        read_store_info(path, splits=(), center=center)  # the schema first: a clear error
         parts = [PoolPart(path, split, np.arange(split_length(path, split), dtype=np.int64))
                  for split in SPLITS]  # fmt: skip
         return cls(parts, log)
@@ -119,7 +119,7 @@ class PublicPool:
         parts = []
         for center in centers:
             path = store_path(directory, center)
-            read_store_info(path, splits=())
+            read_store_info(path, splits=(), center=center)
             rows = held_out_rows(split_length(path, "train"), share, seed, center)
             parts.append(PoolPart(path, "train", rows))
         return cls(parts, log)
