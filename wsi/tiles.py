@@ -515,8 +515,12 @@ def read_patches(
         raise ValueError(f"patch size must be positive, got {size}")
     points = _as_coords(coords)
     if backend in ("auto", "tiles"):
+        levels = _slide_levels(Path(slide_path))
+        if levels is None and backend == "auto" and Path(slide_path).is_file():
+            # the slide libraries refuse the file (it changed since its candidates were
+            # computed, say): so does this read, with their reasons; "tiles" reads it alone
+            open_slide(slide_path).close()
         try:
-            levels = _slide_levels(Path(slide_path))
             with TileReader(slide_path, level, expected_levels=levels) as reader:
                 return reader.read_patches(points, size)
         except TileReaderUnsupported as error:

@@ -248,3 +248,19 @@ def test_pages_the_slide_backends_do_not_count_as_levels_never_shift_the_tiles_l
             patch = read_patches(path, level, [[1024, 512]], 64)[0]
             assert np.abs(patch.astype(int) - expected[level]).mean() < 3, (path.name, level)
             assert patch[..., 2].mean() > 150, "the tissue's pink, not the overview's blue"
+
+
+def test_a_file_the_slide_libraries_refuse_is_refused_by_the_patch_read_too(
+    tmp_path: Path,
+) -> None:
+    """A slide whose pixels are not square opens with neither library (its candidates
+    could not be computed): ``auto`` refuses its patches with their reasons, where the
+    tile reader alone would read them; ``tiles`` asks for the tile reader alone."""
+    stretched = tmp_path / "stretched.tif"
+    tifffile.imwrite(stretched, np.full((512, 512, 3), 200, np.uint8), photometric="rgb",
+                     tile=(256, 256), metadata=None, resolution=(40000, 20000),
+                     resolutionunit="CENTIMETER")  # fmt: skip
+    with pytest.raises(SlideReadError, match="its pixels are not square") as caught:
+        read_patches(stretched, 0, [[0, 0]], 64)
+    assert caught.value.path == stretched
+    assert read_patches(stretched, 0, [[0, 0]], 64, backend="tiles")[0].mean() == 200
