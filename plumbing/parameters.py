@@ -13,14 +13,39 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePath
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationInfo, field_validator
 
 Item = TypeVar("Item")
 
-BOOLEAN_HINT = ("a YAML boolean (as yes/no, on/off and true/false are read): write the "
-                "number, or quote the word ('off')")  # fmt: skip
+BOOLEAN = "a YAML boolean (as yes/no, on/off and true/false are read)"
+
+
+def _members(annotation: Any) -> list[Any]:
+    """``annotation``'s types, through unions and ``Annotated``."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [member for arg in typing.get_args(annotation) for member in _members(arg)]
+    return [annotation]
+
+
+def boolean_hint(annotation: Any) -> str:
+    """What to write instead of a boolean where a field of type ``annotation`` holds none."""
+    members = _members(annotation)
+    number = any(m in (int, float) for m in members)
+    word = any(m is str or (isinstance(m, type) and issubclass(m, PurePath))
+               or typing.get_origin(m) is Literal for m in members)  # fmt: skip
+    if number and word:
+        return f"{BOOLEAN}: write the number, or quote the word"
+    if number:
+        return f"{BOOLEAN}: write the number"
+    if word:
+        return f"{BOOLEAN}: quote the word ('off')"
+    return f"{BOOLEAN}, which this key does not take"
 
 
 def accepts_bool(annotation: Any) -> bool:
@@ -64,12 +89,13 @@ def _contained(annotation: Any, containers: tuple[type, ...], arg: int) -> Any |
     return None
 
 
-def boolean_where(value: Any, annotation: Any) -> str | None:
+def boolean_where(value: Any, annotation: Any) -> tuple[str, Any] | None:
     """Where in ``value`` a boolean stands that a field of type ``annotation`` does not hold
-    as one: ``""`` for ``value`` itself, ``"[0]"`` or ``"[2][1]"`` for an item of a list
-    or a dict's value (through unions and nesting); ``None`` where none does."""
+    as one, and the type there: ``""`` for ``value`` itself, ``"[0]"`` or ``"[2][1]"`` for
+    an item of a list or a dict's value (through unions and nesting); ``None`` where none
+    does."""
     if isinstance(value, bool):
-        return None if accepts_bool(annotation) else ""
+        return None if accepts_bool(annotation) else ("", annotation)
     if annotation is Any:
         return None
     if isinstance(value, Mapping):
@@ -83,9 +109,9 @@ def boolean_where(value: Any, annotation: Any) -> str | None:
     if inner is None:
         return None
     for key, item in items:
-        where = boolean_where(item, inner)
-        if where is not None:
-            return f"[{key!r}]{where}"
+        found = boolean_where(item, inner)
+        if found is not None:
+            return f"[{key!r}]{found[0]}", found[1]
     return None
 
 
@@ -101,9 +127,11 @@ class Parameters(BaseModel):
         words = {"on", "off"} <= _words(annotation)
         if isinstance(value, bool) and words and not accepts_bool(annotation):
             return "on" if value else "off"
-        where = boolean_where(value, annotation)
-        if where is not None:
-            raise ValueError(f"item {where} is {BOOLEAN_HINT}" if where else BOOLEAN_HINT)
+        found = boolean_where(value, annotation)
+        if found is not None:
+            where, expected = found
+            hint = boolean_hint(expected)
+            raise ValueError(f"item {where} is {hint}" if where else hint)
         return value
 
 

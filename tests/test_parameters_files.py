@@ -58,7 +58,7 @@ BAD_FILES: list[tuple[str, Callable[[str], str], str | None, tuple[str, ...]]] =
      None, ("not valid YAML (line ", "key 'rounds' is given twice in one mapping (first on "
             "line ")),
     ("a boolean for a number", lambda t: t.replace("rounds: 10", "rounds: yes"), "train",
-     ("train.options.rounds: a YAML boolean", "quote the word")),
+     ("train.options.rounds: a YAML boolean", "write the number")),
     ("a boolean in a list of numbers", lambda t: t.replace("  seeds:\n  - 0\n", "  seeds:\n"
      "  - on\n"), "train", ("train.seeds: item [0] is a YAML boolean",)),
     ("a boolean for a centre's count", lambda t: t.replace("    2: 300\n", "    2: yes\n", 1),
