@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Annotated, Any, Literal, TypeVar
@@ -138,7 +139,8 @@ class Parameters(BaseModel):
 def distinct(values: Sequence[Item], what: str) -> Sequence[Item]:
     """``values`` if each is listed once; a ``ValueError`` naming the repeated ones (a
     repeated seed or method would run the same job twice into one folder)."""
-    repeated = list(dict.fromkeys(v for v in values if list(values).count(v) > 1))
+    counts = Counter(values)
+    repeated = [value for value, count in counts.items() if count > 1]
     if repeated:
         raise ValueError(f"{what} {', '.join(map(str, repeated))} listed more than once")
     return values

@@ -94,7 +94,7 @@ def read_store_info(
                 raise StoreError(path, f"its attribute center is {held}: it holds centre "
                                        f"{held}'s patches, not centre {center}'s")  # fmt: skip
             attrs = StoreAttrs(
-                center=int(h5.attrs["center"]),
+                center=held,
                 patch_size=int(h5.attrs["patch_size"]),
                 level=int(h5.attrs["level"]),
                 mpp=float(h5.attrs["mpp"]),
