@@ -210,23 +210,22 @@ and would put patches of twice the tissue in a store that says one scale."""
 
 def level_resolutions(
     slides: Sequence[SlidePatches], level: int, backend: Backend = "auto"
-) -> tuple[dict[str, float], dict[str, str]]:
+) -> tuple[dict[str, float], dict[str, SlideReadError]]:
     """Each slide's µm/px at ``level`` (slide id -> value), and the slides that no longer
-    open or say no resolution, with why (their candidates were computed earlier: a file
-    replaced or removed since)."""
+    open or say no resolution, with the error (their candidates were computed earlier: a
+    file replaced or removed since)."""
     resolutions: dict[str, float] = {}
-    unreadable: dict[str, str] = {}
+    unreadable: dict[str, SlideReadError] = {}
     for record in slides:
         try:
             with open_slide(record.path, backend) as slide:
                 mpp = slide.level_mpp(level)
+            if mpp is None:
+                raise SlideReadError(record.path, {backend: "no resolution (mpp) in the file"})
         except SlideReadError as error:
-            unreadable[record.slide_id] = str(error)
+            unreadable[record.slide_id] = error
             continue
-        if mpp is None:
-            unreadable[record.slide_id] = f"{record.path}: no resolution (mpp) in the file"
-        else:
-            resolutions[record.slide_id] = mpp
+        resolutions[record.slide_id] = mpp
     return resolutions, unreadable
 
 
@@ -289,8 +288,7 @@ def center_store(
     )
     resolutions, unreadable = level_resolutions(slides, patch.level, backend)
     if not resolutions:
-        first = slides[0]
-        raise SlideReadError(first.path, {backend: unreadable[first.slide_id]})
+        raise unreadable[slides[0].slide_id]
     mpp, off_scale = centre_scale(resolutions, patch.level)
     for slide_id, why in {**unreadable, **off_scale}.items():
         log.warning("centre %d: dropping %s: %s", center, slide_id, why)
@@ -313,7 +311,7 @@ def center_store(
         store=path.name,
         failures=[
             *slide_failures,
-            *(SlideFailure(s, "open", e, center) for s, e in unreadable.items()),
+            *(SlideFailure(s, "open", str(e), center) for s, e in unreadable.items()),
             *(SlideFailure(s, "resolution", e, center) for s, e in off_scale.items()),
             *(SlideFailure(s, "pixels", e, center) for s, e in result.dropped),
         ],
