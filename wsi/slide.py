@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -123,6 +124,59 @@ def composite_on_white(pixels: np.ndarray) -> np.ndarray:
     return rgb
 
 
+@dataclass(frozen=True)
+class EmptyTiles:
+    """The tiles of a level stored with no data: ``grid[row, col]`` is True for tile
+    (col, row) of ``tile_size`` = (width, height) level pixels."""
+
+    tile_size: tuple[int, int]
+    grid: np.ndarray
+
+
+def empty_tile_grid(
+    byte_counts: Sequence[int], tiles_across: int, tiles_down: int
+) -> np.ndarray | None:
+    """``(tiles_down, tiles_across)`` booleans, True where a tile's byte count is 0 (TIFF's
+    mark of a tile left out of a sparse file); ``None`` when every tile has data."""
+    counts = np.asarray(byte_counts, dtype=np.int64)[: tiles_across * tiles_down]
+    if counts.size < tiles_across * tiles_down or counts.all():
+        return None
+    return (counts == 0).reshape(tiles_down, tiles_across)
+
+
+def in_empty_tiles(
+    rows: np.ndarray, cols: np.ndarray, tile_size: tuple[int, int], grid: np.ndarray
+) -> np.ndarray:
+    """``(len(rows), len(cols))`` booleans: whether level pixel (row, col) lies in a tile
+    that ``grid`` marks empty. Pixels outside the grid are not."""
+    tile_width, tile_height = tile_size
+    tile_rows, tile_cols = rows // tile_height, cols // tile_width
+    rows_in = (tile_rows >= 0) & (tile_rows < grid.shape[0])
+    cols_in = (tile_cols >= 0) & (tile_cols < grid.shape[1])
+    hit = np.zeros((len(rows), len(cols)), dtype=bool)
+    hit[np.ix_(rows_in, cols_in)] = grid[np.ix_(tile_rows[rows_in], tile_cols[cols_in])]
+    return hit
+
+
+def _tiffslide_empty_tiles(handle: Any, level: int) -> EmptyTiles | None:
+    """What :func:`empty_tile_grid` finds in the page tiffslide reads ``level`` from; ``None``
+    where the level is stripped or its page cannot be matched to the level."""
+    try:
+        series = handle.ts_tifffile.series[int(handle.properties["tiffslide.series-index"])]
+        page = series.levels[level].keyframe
+        width, height = handle.level_dimensions[level]
+        if not page.is_tiled or (int(page.imagewidth), int(page.imagelength)) != (width, height):
+            return None
+        tile_size = (int(page.tilewidth), int(page.tilelength))
+    except Exception as error:  # a backing store without a TIFF (kerchunk), an odd layout
+        log.debug("no tile map of level %d: %s", level, describe(error))
+        return None
+    grid = empty_tile_grid(
+        page.databytecounts, -(-width // tile_size[0]), -(-height // tile_size[1])
+    )
+    return None if grid is None else EmptyTiles(tile_size, grid)
+
+
 class Slide:
     """An open whole-slide image. Use :func:`open_slide` to make one.
 
@@ -142,6 +196,7 @@ class Slide:
             float(d) for d in handle.level_downsamples
         )
         self.mpp = mpp
+        self._empty_tiles_by_level: dict[int, EmptyTiles | None] = {}
 
     @property
     def dimensions(self) -> tuple[int, int]:
@@ -184,22 +239,34 @@ class Slide:
         except Exception as error:
             raise SlideReadError(self.path, {self.backend: describe(error)}) from error
         pixels = composite_on_white(np.asarray(region))
-        return self._whiten_outside(pixels, x, y, level)
+        return self._whiten_unstored(pixels, x, y, level)
 
-    def _whiten_outside(self, pixels: np.ndarray, x: int, y: int, level: int) -> np.ndarray:
-        # openslide returns transparent pixels beyond the slide's edge, tiffslide black ones.
+    def _whiten_unstored(self, pixels: np.ndarray, x: int, y: int, level: int) -> np.ndarray:
+        """White where the file stores no pixels: beyond the level's edge (openslide returns
+        them transparent, tiffslide black) and in tiles stored empty (a sparse TIFF: openslide
+        returns them transparent and the tile reader white, tiffslide black)."""
         downsample = self.level_downsamples[level]
         level_width, level_height = self.level_dimensions[level]
         height, width = pixels.shape[:2]
-        cols = np.floor(x / downsample + np.arange(width))
-        rows = np.floor(y / downsample + np.arange(height))
+        cols = np.floor(x / downsample + np.arange(width)).astype(np.int64)
+        rows = np.floor(y / downsample + np.arange(height)).astype(np.int64)
         outside_cols = (cols < 0) | (cols >= level_width)
         outside_rows = (rows < 0) | (rows >= level_height)
-        if outside_cols.any() or outside_rows.any():
-            pixels = pixels.copy()
-            pixels[:, outside_cols] = WHITE
-            pixels[outside_rows, :] = WHITE
+        empty = self._empty_tiles(level) if self.backend == "tiffslide" else None
+        if not (outside_cols.any() or outside_rows.any() or empty is not None):
+            return pixels
+        pixels = pixels.copy()
+        if empty is not None:
+            pixels[in_empty_tiles(rows, cols, empty.tile_size, empty.grid)] = WHITE
+        pixels[:, outside_cols] = WHITE
+        pixels[outside_rows, :] = WHITE
         return pixels
+
+    def _empty_tiles(self, level: int) -> EmptyTiles | None:
+        """The tiles of ``level`` that the file stores with no data (read once a level)."""
+        if level not in self._empty_tiles_by_level:
+            self._empty_tiles_by_level[level] = _tiffslide_empty_tiles(self._handle, level)
+        return self._empty_tiles_by_level[level]
 
     def level_tile_size(self, level: int) -> tuple[int, int] | None:
         """(tile width, tile height) of ``level`` in its own pixels, ``None`` when untiled."""

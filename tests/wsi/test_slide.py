@@ -285,3 +285,73 @@ def test_a_slide_of_pixels_that_are_not_square_is_refused_naming_both(
     assert "its pixels are not square (0.25 µm across, 0.5 µm down)" in str(caught.value)
     with open_slide(stretched, backend, mpp=0.25) as slide:  # type: ignore[arg-type]
         assert slide.mpp == 0.25  # a resolution given is the user's word
+
+
+@pytest.fixture(scope="module")
+def sparse_slide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-level slide whose level-0 tile (col 1, row 1) and level-1 tile (1, 0) are
+    stored with no data (byte count 0), losslessly compressed so every reader agrees."""
+    import tifffile
+
+    rng = np.random.default_rng(5)
+    tile = 128
+    path = tmp_path_factory.mktemp("sparse") / "patient_000_node_0.tif"
+    with tifffile.TiffWriter(path) as writer:
+        for level, (height, width, empty) in enumerate([(512, 768, (1, 1)), (256, 384, (0, 1))]):
+            image = rng.integers(60, 200, (height, width, 3), dtype=np.uint8)
+            tiles = [
+                None if (row, col) == empty else image[row * tile : (row + 1) * tile,
+                                                       col * tile : (col + 1) * tile]
+                for row in range(height // tile) for col in range(width // tile)
+            ]  # fmt: skip
+            pixels_per_cm = 1e4 / (0.25 * 2**level)
+            writer.write(iter(tiles), shape=(height, width, 3), dtype=np.uint8, tile=(tile, tile),
+                         photometric="rgb", compression="zlib", subfiletype=1 if level else 0,
+                         resolution=(pixels_per_cm, pixels_per_cm), resolutionunit="CENTIMETER",
+                         metadata=None)  # fmt: skip
+    with tifffile.TiffFile(path) as tif:
+        assert [list(page.databytecounts).count(0) for page in tif.pages] == [1, 1]
+    return path
+
+
+def test_a_tile_stored_empty_reads_white_through_every_reader(sparse_slide: Path) -> None:
+    """A sparse TIFF leaves tiles out (byte count 0): openslide reads them transparent (white
+    here), and tiffslide reads them black unless the slide whitens them, which would hand
+    the tissue detector and the patches dark squares no other reader sees."""
+    from wsi.tiles import read_patches
+
+    reads = {}
+    for backend in ("openslide", "tiffslide"):
+        with open_slide(sparse_slide, backend) as slide:
+            reads[backend] = (
+                slide.read_region(64, 64, 0, (256, 256)),  # across the empty tile and others
+                slide.read_region(0, 0, 1, (384, 256)),  # level 1, whole
+                slide.thumbnail_at_downsample(16),
+            )
+    reads["tiles"] = (read_patches(sparse_slide, 0, [(64, 64)], 256, backend="tiles")[0],)
+    level0, level1, thumbnail = reads["openslide"]
+    assert (level0[64:192, 64:192] == 255).all()  # the empty tile: level-0 rows/cols 128..255
+    assert (level0[:64] < 255).all() and (level0[192:, 192:] < 255).all()
+    assert (level1[:128, 128:256] == 255).all()
+    assert (level1[128:] < 255).all() and (level1[:, 256:] < 255).all()
+    for backend, pixels in reads.items():
+        for got, expected in zip(pixels, reads["openslide"], strict=False):
+            np.testing.assert_array_equal(got, expected, err_msg=backend)
+    # From level 1: its empty tile is level-0 rows 0..255, columns 256..511.
+    assert (thumbnail[:16, 16:32] == 255).all()
+    assert (thumbnail[16:] < 255).all() and (thumbnail[:, 32:] < 255).all()
+
+
+def test_empty_tiles_are_found_from_the_byte_counts_and_mapped_to_pixels() -> None:
+    from wsi.slide import empty_tile_grid, in_empty_tiles
+
+    assert empty_tile_grid([5, 7, 9, 1], 2, 2) is None
+    grid = empty_tile_grid([5, 0, 9, 0, 4, 0], 3, 2)
+    assert grid is not None
+    np.testing.assert_array_equal(grid, [[False, True, False], [True, False, True]])
+    rows, cols = np.arange(-2, 12), np.arange(-3, 20)
+    hit = in_empty_tiles(rows, cols, (6, 5), grid)  # tiles 6 wide, 5 tall
+    brute = np.array([[0 <= r < 10 and 0 <= c < 18 and bool(grid[r // 5, c // 6])
+                       for c in cols] for r in rows])  # fmt: skip
+    np.testing.assert_array_equal(hit, brute)
+    assert hit.any() and not hit.all()
