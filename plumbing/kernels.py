@@ -2,7 +2,7 @@
 which x86-64 machine computed it.
 
 Float32 sums are not associative: torch's own kernels (ATen), oneDNN's convolutions, MKL's
-BLAS, numpy's OpenBLAS and numpy's own loops each choose their code for the CPU they find,
+BLAS and numpy's own loops each choose their code for the CPU they find,
 and AVX-512 code sums in another order than AVX2 code (and numpy's float64 ``exp`` and
 ``log`` are other approximations there: the audit's scores differed in their last bits).
 The same run then differs in its late digits between an AVX2 and an AVX-512 machine, and
@@ -11,9 +11,18 @@ read once when it loads, so the pin must be in the environment before the proces
 
 - ``native``: nothing is set; each library uses the best the CPU has (speed first: the
   paper's configuration);
-- ``avx2``: every library is capped at AVX2, which every x86-64 server of the last decade
+- ``avx2``: each of those is capped at AVX2, which every x86-64 server of the last decade
   has (the demo's configuration): the same bytes on an AVX2 and an AVX-512 machine.
   Another architecture (ARM) has other kernels: another draw.
+
+OpenBLAS (numpy's and scipy's BLAS) is left to choose: the one product it computes for a
+result, the audit's bootstrap (:func:`analysis.audit.membership.resampled_metrics`), sums
+multiples of ½ below 2⁵³, exactly, in any order, so its bits are every kernel's. Forcing
+its core (``OPENBLAS_CORETYPE=Haswell``, the pin until 2026-12-02) crashed it: OpenBLAS
+0.3.34 (numpy 2.5.2 to 2.5.5 bundle it) gives the GEMM blocking it tuned for AMD Zen 4
+and 5 to a forced core too, which overruns the Haswell kernel's stack buffer once the
+inner dimension exceeds about 300 (OpenBLAS issues 6021 and 6026): the audit died of
+SIGSEGV on an AMD EPYC Zen 4.
 
 ``python -m plumbing.kernels KERNELS -- COMMAND ...`` runs ``COMMAND`` with the pin in its
 environment (``exec``: the command is this process), as each stage of ``dvc.yaml`` does
@@ -55,7 +64,6 @@ PINS: Mapping[str, Mapping[str, str]] = {
         "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN: torch's convolutions on a CPU
         "MKL_CBWR": "AVX2",  # MKL's conditional numerical reproducibility: torch's BLAS
         "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-        "OPENBLAS_CORETYPE": "Haswell",  # numpy's and scipy's OpenBLAS: its AVX2 kernels
         # numpy's own loops (exp, log, sums, sorts): its AVX2 code, no AVX-512
         **({"NPY_DISABLE_CPU_FEATURES": _NUMPY_ABOVE_AVX2} if _NUMPY_ABOVE_AVX2 else {}),
     },

@@ -17,8 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from analysis.audit.membership import resampled_metrics
 from plumbing.kernels import PINS, in_effect, main, pinned_environment
 from proxyfl.launch.address_exchange import relaunched_on_unequal_addresses
 from tests.proxyfl.conftest import (
@@ -89,9 +91,7 @@ def test_the_command_runs_pinned_and_refuses_what_it_does_not_know(
         env={**os.environ, "ATEN_CPU_CAPABILITY": "avx512"},  # the configuration wins
     ).stdout  # fmt: skip
     assert json.loads(printed) == dict(PINS["avx2"])
-    assert in_effect({"OPENBLAS_CORETYPE": "Haswell", "HOME": "/"}) == {
-        "OPENBLAS_CORETYPE": "Haswell"
-    }
+    assert in_effect({"MKL_CBWR": "AVX2", "HOME": "/"}) == {"MKL_CBWR": "AVX2"}
     for argv in (["avx512", "--", "true"], ["avx2", "true"], ["avx2", "--"]):
         with pytest.raises(SystemExit, match=r"usage: python -m plumbing\.kernels"):
             main(argv)
@@ -157,3 +157,41 @@ def test_the_audits_numbers_under_the_pin_are_an_avx2_machines() -> None:
     native_enabled, native = _numpy_dispatch(base)
     if set(native_enabled) & set(above_avx2):  # an AVX-512 machine: the pin matters
         assert native != under_pin, "natively too the AVX2 bits: the test could not tell"
+
+
+def test_a_pinned_process_computes_a_float64_product_of_any_inner_dimension() -> None:
+    """The pin leaves OpenBLAS its own choice of core: forcing one (``OPENBLAS_CORETYPE=
+    Haswell``) crashed OpenBLAS 0.3.34 on AMD Zen 4 and 5 (its Zen blocking overran the
+    Haswell kernel's stack buffer beyond an inner dimension of about 300), and the audit
+    with it: a (256, 4,096) by (4,096, 256) product, which crashed there every time under
+    the old pin, must end in a process the pin starts."""
+    product = (
+        "import numpy as np; a = np.ones((256, 4096)); b = np.ones((4096, 256)); "
+        "assert (a @ b == 4096).all(); print('computed')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "plumbing.kernels", "avx2", "--", sys.executable, "-c", product],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "computed", (
+        f"exit {done.returncode}: {done.stderr[-2000:]}"
+    )
+
+
+def test_the_bootstraps_blas_product_is_exact_so_no_blas_core_changes_its_bits() -> None:
+    """Why OpenBLAS needs no pin: the audit's one BLAS product (the bootstrap's AUCs,
+    wᵀ K u with K of 0, ½ and 1 and integer counts) equals the same sums done in integers
+    (numpy's own int64 loops, no BLAS), bit for bit, ties and repeated scores included."""
+    rng = np.random.default_rng(3)
+    members = np.round(rng.normal(0.3, 1.0, 700), 1)  # rounded: many ties
+    non_members = np.round(rng.normal(0.0, 1.0, 900), 1)
+    member_counts = rng.multinomial(700, np.full(700, 1 / 700), size=40)
+    non_member_counts = rng.multinomial(900, np.full(900, 1 / 900), size=40)
+    aucs = resampled_metrics(members, non_members, member_counts, non_member_counts)[:, 0]
+    twice_kernel = 2 * (members[:, None] > non_members[None, :]) + (
+        members[:, None] == non_members[None, :]
+    )
+    twice_sums = ((member_counts @ twice_kernel) * non_member_counts).sum(axis=1)
+    assert twice_sums.dtype == np.int64
+    exact = (twice_sums / 2) / (700 * 900)
+    assert aucs.tobytes() == exact.tobytes()
