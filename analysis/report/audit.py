@@ -203,8 +203,9 @@ def membership_table(rows: Sequence[AuditRow]) -> list[MembershipRow]:
 
 def _membership_row(group: Sequence[AuditRow]) -> MembershipRow:
     aucs = [row.mia_auc for row in group]
-    epsilons = [row.epsilon_accounted for row in group if row.epsilon_accounted is not None]
-    epsilon = float(np.mean(epsilons)) if epsilons else None
+    epsilons = [_accounted(row) for row in group]
+    known = [value for value in epsilons if value is not None]
+    epsilon = (math.inf if math.inf in known else float(np.mean(known))) if known else None
     return MembershipRow(
         method=group[0].method,
         evaluated_model=group[0].evaluated_model,
@@ -223,6 +224,13 @@ def _membership_row(group: Sequence[AuditRow]) -> MembershipRow:
         n_non_members=_range(row.n_non_members for row in group),
         n_models=len(group),
     )
+
+
+def _accounted(row: AuditRow) -> float | None:
+    """The row's ε; a null sample-level one is infinite (σ = 0: run.json's strict JSON)."""
+    if row.epsilon_accounted is None and row.privacy_notion == "sample_dp":
+        return math.inf
+    return row.epsilon_accounted
 
 
 def notion_text(notion: str, epsilon: float | None, released: bool) -> str:
@@ -302,10 +310,10 @@ def canary_cells(row: AuditRow) -> tuple[str, ...]:
     """A row of the ε lower bound table, as text."""
     if row.privacy_notion == NO_DP:
         accounted = "none (no DP)"
-    elif row.epsilon_accounted is None:
+    elif _accounted(row) is None:
         accounted = "not recorded"
     else:
-        accounted = _epsilon(row.epsilon_accounted)
+        accounted = _epsilon(_accounted(row))
         if row.privacy_notion != "sample_dp":  # another notion: not what canaries test
             accounted += f" ({_NOTIONS.get(row.privacy_notion, row.privacy_notion)})"
     return (
@@ -525,7 +533,7 @@ def _fixed(value: float) -> str:
 def _epsilon(value: float) -> str:
     if math.isnan(value):
         return "—"
-    return "∞" if math.isinf(value) else f"{value:.2f}"
+    return "∞ (σ = 0: no DP)" if math.isinf(value) else f"{value:.2f}"
 
 
 def _csv_value(value: Any) -> Any:

@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 PAPER_ORDER: tuple[str, ...] = ALGORITHMS
 JOINT = "Joint"
+# the server's model (FedAvg, PrivateKT: proxyfl.algorithms.strategies): after a round every
+# client holds the same one and tests it on the same merged test set, so a seed's clients
+# report one model, not one each
+SERVER_MODELS = frozenset({"central"})
 _SEED_DIR = re.compile(r"^seed_(\d+)$")
 
 
@@ -60,6 +64,25 @@ class RunResult:
             if row.primary and (round_number is None or row.round == round_number)
         ]
         return sorted(rows, key=lambda row: (row.round, row.client))
+
+    def model_rows(self, round_number: int | None = None) -> list[MetricRow]:
+        """:meth:`primary_rows`, one per distinct model: a model of
+        :data:`SERVER_MODELS` counts once a round (its lowest client's row), so that a mean ±
+        std over these rows pools independent models, never one model repeated per client."""
+        kept: dict[tuple[int, str], MetricRow] = {}
+        distinct = []
+        for row in self.primary_rows(round_number):
+            if row.evaluated_model in SERVER_MODELS:
+                first = kept.setdefault((row.round, row.evaluated_model), row)
+                if first is not row:
+                    if first.accuracy != row.accuracy:  # one model, one test set: a fault
+                        logger.warning("%s: round %d: client %d's %s model scores %s, client "
+                                       "%d's %s", self.path, row.round, first.client,
+                                       row.evaluated_model, first.accuracy, row.client,
+                                       row.accuracy)  # fmt: skip
+                    continue
+            distinct.append(row)
+        return distinct
 
 
 def order_key(algorithm: str) -> tuple[int, str]:

@@ -115,17 +115,25 @@ def method_style(algorithm: str) -> MethodStyle:
 
 def sample_title(sizes: Mapping[str, SampleSize]) -> str:
     """What the mean ± std of a figure pools, e.g. "Mean ± std over 4 clients × 3 seeds
-    (Joint: 1 pooled model × 3 seeds)"; counts that differ between methods read as a range
-    ("2–4 clients"). Joint is stated apart: it is one model on pooled data, not a client."""
-    federated = [size for name, size in sizes.items() if name != JOINT]
+    (FedAvg, PrivateKT: 1 central model × 3 seeds; Joint: 1 pooled model × 3 seeds)";
+    counts that differ between methods read as a range ("2–4 clients"). A server's model
+    and Joint are stated apart: each is one model a seed, not one a client."""
+    per_client = [size for name, size in sizes.items()
+                  if name != JOINT and size.server_model is None]  # fmt: skip
+    apart: dict[str, list[str]] = {}  # "1 central model × 3 seeds" -> its methods
+    for name, size in sizes.items():
+        if name == JOINT or size.server_model is not None:
+            model = "pooled model" if name == JOINT else f"{size.server_model} model"
+            pooled = f"{_count([size.clients], model)} × {_count([size.seeds], 'seed')}"
+            apart.setdefault(pooled, []).append(name)
     parts = []
-    if federated:
-        clients = _count([size.clients for size in federated], "client")
-        parts.append(f"{clients} × {_count([size.seeds for size in federated], 'seed')}")
-    if JOINT in sizes:
-        joint = sizes[JOINT]
-        pooled = f"{_count([joint.clients], 'pooled model')} × {_count([joint.seeds], 'seed')}"
-        parts.append(f"(Joint: {pooled})" if federated else pooled)
+    if per_client:
+        clients = _count([size.clients for size in per_client], "client")
+        parts.append(f"{clients} × {_count([size.seeds for size in per_client], 'seed')}")
+    if apart:
+        stated = "; ".join(f"{', '.join(names)}: {pooled}" for pooled, names in apart.items())
+        alone = not per_client and len(apart) == 1 and len(next(iter(apart.values()))) == 1
+        parts.append(next(iter(apart)) if alone else f"({stated})" if per_client else stated)
     return "Mean ± std over " + " ".join(parts) if parts else "Mean ± std"
 
 

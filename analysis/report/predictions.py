@@ -88,7 +88,7 @@ def load_predictions(runs: Sequence[RunResult]) -> dict[str, MethodPredictions]:
             if not recorded:
                 logger.info("%s: no predictions recorded (a run made before they were)",
                             run.path)  # fmt: skip
-            for row in run.primary_rows(run.final_round):
+            for row in run.model_rows(run.final_round):  # a server's model once
                 names.append(row.evaluated_model)
                 name = f"seed_{run.seed}/client_{row.client}"
                 path = predictions_path(run.path, row.client)

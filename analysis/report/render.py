@@ -55,8 +55,8 @@ def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
     return (
         row.algorithm,
         row.evaluated_model or "—",
-        _pm(row.accuracy_mean, row.accuracy_std),
-        _pm(row.macro_accuracy_mean, row.macro_accuracy_std),
+        _pm(row.accuracy_mean, row.accuracy_std, row.n),
+        _pm(row.macro_accuracy_mean, row.macro_accuracy_std, row.n),
         str(row.n),
     )
 
@@ -105,7 +105,7 @@ def _privacy_cells(row: PrivacyRow) -> tuple[str, ...]:
         "—" if row.n_train is None else str(row.n_train),
         _general(row.sigma),
         _general(row.delta),
-        f"{row.epsilon:.2f}",
+        _epsilon_cell(row.epsilon),
         "—" if row.epsilon_per_round is None else _general(row.epsilon_per_round),
         _NOTION_TEXT[row.notion],
         row.source,
@@ -270,7 +270,8 @@ def per_centre_cells(
             cells = [NO_PREDICTIONS, *("—" for _ in centres[1:])] if centres else []
             table.append((algorithm, own[0].evaluated_model or "—", *cells, "0"))
             continue
-        cells = [_pm(by_centre[c].accuracy_mean, by_centre[c].accuracy_std)
+        cells = [_pm(by_centre[c].accuracy_mean, by_centre[c].accuracy_std,
+                     by_centre[c].n_models)
                  if c in by_centre and not math.isnan(by_centre[c].accuracy_mean) else "—"
                  for c in centres]  # fmt: skip
         models = max(row.n_models for row in own)
@@ -463,7 +464,11 @@ def dvc_metrics(
     clients = [row.epsilon for row in sample_level if row.client != JOINT] or [
         row.epsilon for row in sample_level
     ]
-    metrics["max_epsilon"] = max(clients) if clients else None
+    largest = max(clients) if clients else None
+    # strict JSON has no infinity: null, and a flag that says it is one (σ = 0: no DP)
+    metrics["max_epsilon"] = None if largest is not None and math.isinf(largest) else largest
+    if largest is not None and math.isinf(largest):
+        metrics["max_epsilon_infinite"] = True
     label_level = [row.epsilon for row in privacy if row.notion == LABEL_LDP]
     if label_level:  # another notion: never folded into max_epsilon
         metrics["max_epsilon_label_ldp"] = max(label_level)
@@ -477,10 +482,19 @@ def summary_line(metrics: dict[str, Any]) -> str:
         f"{name} {_number(values['accuracy'])} / {_number(values['macro_accuracy'])}"
         for name, values in metrics.items() if isinstance(values, dict) and name != MAJORITY_KEY
     )  # fmt: skip
-    line = f"accuracy / macro-accuracy: {methods}; max ε {_number(metrics.get('max_epsilon'))}"
+    largest = NO_DP if metrics.get("max_epsilon_infinite") else _number(metrics.get("max_epsilon"))
+    line = f"accuracy / macro-accuracy: {methods}; max ε {largest}"
     if metrics.get("max_epsilon_label_ldp") is not None:
         line += f" (sample-level DP), {_number(metrics['max_epsilon_label_ldp'])} (label-level LDP)"
     return line
+
+
+NO_DP = "∞ (σ = 0: no DP)"
+
+
+def _epsilon_cell(epsilon: float) -> str:
+    """ε to two decimals; an infinite one says why (no noise: no guarantee)."""
+    return NO_DP if math.isinf(epsilon) else f"{epsilon:.2f}"
 
 
 def _number(value: float | None) -> str:
@@ -507,8 +521,9 @@ def _markdown_line(cells: Iterable[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _pm(mean: float, std: float) -> str:
-    return f"{mean:.3f} ± {std:.3f}"
+def _pm(mean: float, std: float, n: int) -> str:
+    """``0.812 ± 0.031``; the mean alone for one model (no spread to show)."""
+    return f"{mean:.3f}" if n == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
 def _interval(value: float, low: float, high: float) -> str:

@@ -2,7 +2,10 @@
 
 Statistics are over the pooled sample of ``primary`` metric rows (the model the paper
 reports: ProxyFL's and FML's private models, FedAvg's central model, the local model
-otherwise), one value per (client, seed). For values x_1..x_n::
+otherwise), one value per model: per (client, seed), except that a server's model (FedAvg's
+and PrivateKT's central one, which every client holds and tests on the same merged test
+set) is one value per seed (:meth:`~analysis.report.load.RunResult.model_rows`). For values
+x_1..x_n::
 
     mean = (1/n) Σ x_i        std = sqrt((1/n) Σ (x_i − mean)²)
 
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from analysis.report.clinical import MajorityClass
-from analysis.report.load import JOINT, RunResult, by_algorithm
+from analysis.report.load import JOINT, SERVER_MODELS, RunResult, by_algorithm
 from proxyfl.results import LABEL_LDP, SAMPLE_DP, MetricRow
 
 logger = logging.getLogger(__name__)
@@ -35,8 +38,9 @@ EPSILON_SOURCES: tuple[str, ...] = ("ProxyFL", "AvgPush", "CWT", "FedAvg", "FML"
 
 @dataclass(frozen=True)
 class AccuracyRow:
-    """Final-round accuracy of one method: mean and population std over n = clients × seeds
-    of its reported model (``evaluated_model``: private, central, local, ...). A
+    """Final-round accuracy of one method: mean and population std over its n reported
+    models (``evaluated_model``: private, central, local, ...), clients × seeds, or seeds
+    for a server's model. A
     ``baseline`` row is no method but a constant answer (:func:`majority_row`)."""
 
     algorithm: str
@@ -87,10 +91,11 @@ class CurvePoint:
 @dataclass(frozen=True)
 class SampleSize:
     """How many values a method's mean ± std pools: distinct clients (primary rows of the
-    final round, over all seeds) and seeds."""
+    final round, over all seeds; 1 for a server's model, ``server_model``) and seeds."""
 
     clients: int
     seeds: int
+    server_model: str | None = None  # "central": one model a seed, whatever the clients
 
 
 def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
@@ -98,12 +103,13 @@ def accuracy_table(runs: Sequence[RunResult]) -> list[AccuracyRow]:
     the reported model (its name(s) in ``evaluated_model``, in order of first appearance).
 
     For method A with seeds S and clients C, the sample is {x_{c,s}}: the primary row of
-    client c at the final round of seed s, n = |C|·|S| values. Mean and *population* std
+    client c at the final round of seed s, n = |C|·|S| values; for a server's model, which
+    every client of a seed holds, {x_s}, n = |S|. Mean and *population* std
     (``numpy.std``, ``ddof=0``) of accuracy and of macro-accuracy (mean per-class recall).
     """
     table = []
     for algorithm, group in by_algorithm(runs).items():
-        rows = [row for run in group for row in run.primary_rows(run.final_round)]
+        rows = [row for run in group for row in run.model_rows(run.final_round)]
         finals = sorted({run.final_round for run in group})
         if len(finals) > 1:
             logger.warning("%s: seeds end at different rounds %s", algorithm, finals)
@@ -189,7 +195,7 @@ def _client_privacy_rows(source: str, runs: Sequence[RunResult]) -> list[Privacy
             n_train=info[client][1],
             sigma=sigma,
             delta=delta,
-            epsilon=_mean_std(epsilons[client])[0],
+            epsilon=_mean_epsilon(epsilons[client]),
             source=source,
             n_seeds=len(epsilons[client]),
             notion=notion,
@@ -209,18 +215,20 @@ def _joint_privacy_row(runs: Sequence[RunResult]) -> PrivacyRow:
         n_train=_optional_int(clients[0].get("n_train")),
         sigma=sigma,
         delta=delta,
-        epsilon=_mean_std(values)[0],
+        epsilon=_mean_epsilon(values),
         source=JOINT,
         n_seeds=len(runs),
     )
 
 
 def _final_epsilons(run: RunResult) -> dict[int, float]:
-    """client -> ε at the run's final round (the largest, if a client's rows disagree)."""
+    """client -> ε at the run's final round (the largest, if a client's rows disagree); a
+    null sample-level ε is infinite (σ = 0: no DP, :class:`~proxyfl.results.MetricRow`)."""
     values: dict[int, list[float]] = defaultdict(list)
     for row in run.rows:
         if row.round == run.final_round:
-            values[row.client].append(_float(row.epsilon))
+            infinite = row.epsilon is None and row.privacy_notion == SAMPLE_DP
+            values[row.client].append(math.inf if infinite else _float(row.epsilon))
     result = {}
     for client, eps in sorted(values.items()):
         if len(set(eps)) > 1:
@@ -251,12 +259,13 @@ def _sigma_delta(algorithm: str, runs: Sequence[RunResult]) -> tuple[float | Non
 
 def curves(runs: Sequence[RunResult]) -> dict[str, list[CurvePoint]]:
     """Per method (paper order), per round t: mean and population std (``ddof=0``) of
-    accuracy and macro-accuracy over the primary rows of round t of all clients × seeds."""
+    accuracy and macro-accuracy over the models of round t (clients × seeds, or seeds for
+    a server's model: :meth:`~analysis.report.load.RunResult.model_rows`)."""
     result: dict[str, list[CurvePoint]] = {}
     for algorithm, group in by_algorithm(runs).items():
         by_round: dict[int, list[MetricRow]] = defaultdict(list)
         for run in group:
-            for row in run.primary_rows():
+            for row in run.model_rows():
                 by_round[row.round].append(row)
         result[algorithm] = [_curve_point(t, rows) for t, rows in sorted(by_round.items())]
     return result
@@ -269,15 +278,19 @@ def _curve_point(round_number: int, rows: Sequence[MetricRow]) -> CurvePoint:
 
 
 def sample_sizes(runs: Sequence[RunResult]) -> dict[str, SampleSize]:
-    """Per method (paper order): distinct clients with a primary row in the final round of
-    any of its seeds, and its number of seeds."""
-    return {
-        algorithm: SampleSize(
-            clients=len({row.client for run in group for row in run.primary_rows(run.final_round)}),
+    """Per method (paper order): distinct clients with a model in the final round of any of
+    its seeds (1 for a server's model), its number of seeds, and the server's model's name
+    where the method reports one."""
+    sizes = {}
+    for algorithm, group in by_algorithm(runs).items():
+        rows = [row for run in group for row in run.model_rows(run.final_round)]
+        server = sorted({row.evaluated_model for row in rows} & SERVER_MODELS)
+        sizes[algorithm] = SampleSize(
+            clients=len({row.client for row in rows}),
             seeds=len({run.seed for run in group}),
+            server_model=server[0] if server else None,
         )
-        for algorithm, group in by_algorithm(runs).items()
-    }
+    return sizes
 
 
 def _mean_std(values: Iterable[float | None]) -> tuple[float, float]:
@@ -286,6 +299,13 @@ def _mean_std(values: Iterable[float | None]) -> tuple[float, float]:
     if array.size == 0:
         return math.nan, math.nan
     return float(np.mean(array)), float(np.std(array, ddof=0))
+
+
+def _mean_epsilon(values: Sequence[float]) -> float:
+    """The mean of ε over seeds: infinite if any seed's is (no DP there), NaN for none."""
+    if any(math.isinf(value) for value in values):
+        return math.inf
+    return _mean_std(values)[0]
 
 
 def _float(value: float | None) -> float:

@@ -134,8 +134,9 @@ def fedavg_rows(seed: int, final: Sequence[float], macro: Sequence[float]) -> li
 def runs_dir(tmp_path: Path) -> Path:
     """FedAvg and ProxyFL (2 clients × 2 seeds), Joint (1 seed), Regular (1 seed)."""
     root = tmp_path / "runs"
-    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.6, 0.7], [0.5, 0.5]))
-    make_run(root, "FedAvg", 1, fedavg_rows(1, [0.8, 0.9], [1.0, 1.0]))
+    # FedAvg's central model: one model a seed, which both clients test on the same set
+    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.6, 0.6], [0.5, 0.5]))
+    make_run(root, "FedAvg", 1, fedavg_rows(1, [0.9, 0.9], [1.0, 1.0]))
     for seed, eps in ((0, 2.0), (1, 2.2)):
         rows = []
         for client in (0, 1):
@@ -159,15 +160,17 @@ def test_paper_order_names_every_algorithm() -> None:
 def test_accuracy_table_final_round_primary_only_population_std(runs_dir: Path) -> None:
     table = {r.algorithm: r for r in accuracy_table(load_runs(runs_dir))}
     fedavg = table["FedAvg"]
-    # accuracies 0.6, 0.7, 0.8, 0.9: mean 0.75, deviations ±0.15, ±0.05 -> var 0.0125
+    # one central model a seed, 0.6 and 0.9: mean 0.75, std 0.15 over n = 2 models (not
+    # over 4 rows, two copies of each model)
     assert fedavg.accuracy_mean == pytest.approx(0.75)
-    assert fedavg.accuracy_std == pytest.approx(math.sqrt(0.0125))
+    assert fedavg.accuracy_std == pytest.approx(0.15)
     assert fedavg.macro_accuracy_mean == pytest.approx(0.75)
     assert fedavg.macro_accuracy_std == pytest.approx(0.25)
-    assert (fedavg.n, fedavg.n_seeds, fedavg.final_round) == (4, 2, 2)
-    proxy = table["ProxyFL"]  # 0.5, 0.6, 0.7, 0.8 -> same spread as FedAvg
+    assert (fedavg.n, fedavg.n_seeds, fedavg.final_round) == (2, 2, 2)
+    proxy = table["ProxyFL"]  # 0.5, 0.6, 0.7, 0.8: a private model a client and seed
     assert proxy.accuracy_mean == pytest.approx(0.65)
     assert proxy.accuracy_std == pytest.approx(math.sqrt(0.0125))
+    assert proxy.n == 4
     assert (table["Joint"].accuracy_mean, table["Joint"].accuracy_std, table["Joint"].n) == (
         pytest.approx(0.9),
         0.0,
@@ -216,9 +219,12 @@ def test_curves_mean_and_std_per_round(runs_dir: Path) -> None:
     assert (points[0].accuracy_mean, points[0].accuracy_std, points[0].n) == (
         pytest.approx(0.1),
         pytest.approx(0.0),
-        4,
+        2,  # one central model a seed
     )
     assert points[1].accuracy_mean == pytest.approx(0.75)
+    assert points[1].accuracy_std == pytest.approx(0.15)
+    proxy = curves(load_runs(runs_dir))["ProxyFL"]
+    assert (proxy[1].n, proxy[1].accuracy_std) == (4, pytest.approx(math.sqrt(0.0125)))
     assert points[1].macro_accuracy_std == pytest.approx(0.25)
 
 
@@ -330,7 +336,8 @@ def test_rows_are_metric_rows_and_unknown_keys_are_kept(runs_dir: Path) -> None:
     (run,) = load_runs(runs_dir, algorithms=["FedAvg"], seeds=[0])
     assert all(isinstance(r, MetricRow) for r in run.rows)
     assert run.rows[0].model_extra == {"note": "rerun on node 3"}
-    assert [r.accuracy for r in run.primary_rows(2)] == [0.6, 0.7]
+    assert [(r.client, r.accuracy) for r in run.primary_rows(2)] == [(0, 0.6), (1, 0.6)]
+    assert [(r.client, r.accuracy) for r in run.model_rows(2)] == [(0, 0.6)]  # one model
 
 
 def test_unfinished_run_says_how_to_resume(tmp_path: Path) -> None:
@@ -371,10 +378,10 @@ def test_write_report_files_parse_and_are_deterministic(runs_dir: Path, tmp_path
     accuracy = read_csv(paths.accuracy_csv)
     assert [r["method"] for r in accuracy] == ["Regular", "FedAvg", "ProxyFL", "Joint"]
     assert float(accuracy[1]["accuracy_mean"]) == pytest.approx(0.75)
-    assert float(accuracy[1]["accuracy_std"]) == pytest.approx(math.sqrt(0.0125))
-    assert "| FedAvg | central | 0.750 ± 0.112 | 0.750 ± 0.250 | 4 |" in (
-        paths.accuracy_md.read_text()
-    )
+    assert float(accuracy[1]["accuracy_std"]) == pytest.approx(0.15)
+    table = paths.accuracy_md.read_text()
+    assert "| FedAvg | central | 0.750 ± 0.150 | 0.750 ± 0.250 | 2 |" in table
+    assert "| Joint | local | 0.900 | 0.900 | 1 |" in table  # one model: no spread shown
     privacy = read_csv(paths.privacy_csv)
     assert [r["client"] for r in privacy] == ["0", "1", "Joint"]
     assert float(privacy[0]["epsilon"]) == pytest.approx(2.1)
@@ -417,7 +424,10 @@ def test_write_report_removes_stale_curves(runs_dir: Path, tmp_path: Path) -> No
         write_report([], tmp_path)
 
 
-FIXTURE_TITLE = "Mean ± std over 2 clients × 1–2 seeds (Joint: 1 pooled model × 1 seed)"
+FIXTURE_TITLE = (
+    "Mean ± std over 2 clients × 1–2 seeds "
+    "(FedAvg: 1 central model × 2 seeds; Joint: 1 pooled model × 1 seed)"
+)
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -440,7 +450,7 @@ def test_figure_panels_legend_and_title(runs_dir: Path, tmp_path: Path) -> None:
     runs = load_runs(runs_dir)
     assert sample_sizes(runs) == {
         "Regular": SampleSize(clients=2, seeds=1),
-        "FedAvg": SampleSize(clients=2, seeds=2),
+        "FedAvg": SampleSize(clients=1, seeds=2, server_model="central"),
         "ProxyFL": SampleSize(clients=2, seeds=2),
         "Joint": SampleSize(clients=1, seeds=1),
     }
@@ -527,6 +537,12 @@ def test_sample_title_states_clients_and_seeds() -> None:
         "Mean ± std over 3–4 clients × 1 seed (Joint: 1 pooled model × 2 seeds)"
     )
     assert sample_title({"Joint": SampleSize(1, 5)}) == "Mean ± std over 1 pooled model × 5 seeds"
+    central = SampleSize(1, 3, server_model="central")
+    servers = {"FedAvg": central, "ProxyFL": SampleSize(4, 3), "PrivateKT": central}
+    assert sample_title(servers) == (
+        "Mean ± std over 4 clients × 3 seeds (FedAvg, PrivateKT: 1 central model × 3 seeds)"
+    )
+    assert sample_title({"FedAvg": central}) == "Mean ± std over 1 central model × 3 seeds"
 
 
 def _keys(tree: dict[str, Any]) -> list[str]:
@@ -536,6 +552,23 @@ def _keys(tree: dict[str, Any]) -> list[str]:
         if isinstance(value, dict):
             keys += _keys(value)
     return keys
+
+
+def test_no_noise_is_an_infinite_epsilon_in_every_file(tmp_path: Path) -> None:
+    """σ = 0: the metric rows hold ε as null (infinite; strict JSON). The privacy table
+    says ∞ and why, its CSV inf, metrics.json null with a flag, the summary ∞: never NaN,
+    blank or "n/a", which would read as a missing value."""
+    root = tmp_path / "runs"
+    make_run(root, "ProxyFL", 0, [{**row("ProxyFL", 0, c, 2, 0.8), "epsilon": None}
+                                  for c in (0, 1)], sigma=0.0)  # fmt: skip
+    runs = load_runs(root)
+    assert [r.epsilon for r in privacy_table(runs)] == [math.inf, math.inf]
+    paths = write_report(runs, tmp_path / "results")
+    assert "| 0 | 0 | 100 | 0 | 1e-05 | ∞ (σ = 0: no DP) | — |" in paths.privacy_md.read_text()
+    assert [r["epsilon"] for r in read_csv(paths.privacy_csv)] == ["inf", "inf"]
+    metrics = json.loads(paths.metrics_json.read_text())
+    assert (metrics["max_epsilon"], metrics["max_epsilon_infinite"]) == (None, True)
+    assert summary_line(metrics).endswith("max ε ∞ (σ = 0: no DP)")
 
 
 def test_privatekt_privacy_rows_say_label_level_ldp_and_stay_out_of_max_epsilon(
@@ -619,8 +652,28 @@ def clinical_runs(tmp_path: Path) -> Path:
     for client in (0, 1):
         write_model_predictions(run_dir, client, {"private": PRIVATE[client],
                                                   "proxy": [0.99] * 8})  # fmt: skip
-    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.6, 0.7], [0.5, 0.5]))
+    make_run(root, "FedAvg", 0, fedavg_rows(0, [0.65, 0.65], [0.5, 0.5]))
     return root
+
+
+def test_a_server_model_is_one_model_a_seed_in_every_table(tmp_path: Path) -> None:
+    """FedAvg's central model, which both clients hold and test on the same patches, is one
+    model of seed 0 and one of seed 1: the accuracy table, the curves, the per-centre and
+    clinical tables count 2 models, not 4 (its copies would shrink the spread's n)."""
+    root = tmp_path / "runs"
+    for seed, final in ((0, 0.6), (1, 0.9)):
+        run_dir = make_run(root, "FedAvg", seed, fedavg_rows(seed, [final, final], [0.5, 0.5]))
+        for client in (0, 1):
+            write_model_predictions(run_dir, client, {"central": PRIVATE[seed]})
+    runs = load_runs(root)
+    (fedavg,) = accuracy_table(runs)
+    assert (fedavg.n, fedavg.accuracy_std) == (2, pytest.approx(0.15))
+    assert [point.n for point in curves(runs)["FedAvg"]] == [2, 2]
+    methods = load_predictions(runs)
+    assert [(m.seed, m.client) for m in methods["FedAvg"].models] == [(0, 0), (1, 0)]
+    assert {row.n_models for row in per_centre_table(methods)} == {2}
+    (clinical,) = clinical_table(methods, n_resamples=50)
+    assert clinical.n_models == 2
 
 
 def test_clinical_measures_of_the_reported_models_by_hand(clinical_runs: Path) -> None:

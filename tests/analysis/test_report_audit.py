@@ -330,3 +330,18 @@ def test_the_report_stage_reads_audit_out(tmp_path: Path) -> None:
     assert parse_config(["--config", str(file)]).audit == Path("elsewhere/audit.json")
     flag = parse_config(["--config", str(file), "--audit", str(tmp_path / "b.json")])
     assert flag.audit == tmp_path / "b.json"
+
+
+def test_no_noise_reads_as_an_infinite_epsilon_not_as_a_missing_one(
+    runs_dir: Path, tmp_path: Path
+) -> None:
+    """σ = 0 (no DP): run.json holds ε as null (strict JSON has no infinity); the tables
+    say ∞ and why, never "not recorded"."""
+    rows = [audit_row("FedAvg", c, "central", auc=0.6, epsilon=None) for c in (0, 1)]
+    rows.append(audit_row("FedAvg", 0, "central", auc=0.6, run="canary", bound=1.0))
+    audit = write_audit(tmp_path / "audit.json", audit_document(rows=rows))
+    paths = write_report(load_runs(runs_dir), tmp_path / "results", audit=audit)
+    membership, canaries = markdown_tables(paths.audit_md)
+    assert membership[1][3] == "sample-level DP, ε = ∞ (σ = 0: no DP)"
+    assert canaries[1][4] == "∞ (σ = 0: no DP)"
+    assert "not recorded" not in paths.audit_md.read_text()
