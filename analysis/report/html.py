@@ -332,7 +332,7 @@ seed(s) {{ seeds | join(", ") }}; runs from <code>{{ runs_dir }}</code>.</p>
 <img id="figure-8"
      alt="Test accuracy (left) and macro-accuracy (right) per round, one line per method"
      src="data:image/png;base64,{{ figure }}">
-<figcaption>{{ figure_title }}: mean over clients × seeds (line) and ± one standard deviation
+<figcaption>{{ figure_title }}: mean over those models (line) and ± one standard deviation
 (band), every round{{ figure_rows }}{% if majority_line %}; the dashed line is the
 score of always answering the majority class{% endif %}.</figcaption>
 </figure>

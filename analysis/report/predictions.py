@@ -64,7 +64,8 @@ class ModelPredictions:
 
 @dataclass(frozen=True)
 class MethodPredictions:
-    """A method's reported models with predictions (clients × seeds), the names of the
+    """A method's reported models with predictions (clients × seeds; seeds for a server's
+    model, which every client holds), the names of the
     evaluated models, and the ``seed_S/client_C`` models without any."""
 
     algorithm: str
@@ -143,7 +144,8 @@ def merged_majority(methods: Mapping[str, MethodPredictions]) -> MajorityClass |
 @dataclass(frozen=True)
 class PerCentreRow:
     """A method's accuracy on one centre's test patches: mean and population std over its
-    reported models (clients × seeds); NaN without predictions."""
+    reported models (clients × seeds, or seeds for a server's model); NaN without
+    predictions."""
 
     algorithm: str
     evaluated_model: str

@@ -229,7 +229,8 @@ def accuracy_note(rows: Sequence[AccuracyRow]) -> str:
     finals = sorted({row.final_round for row in rows if not row.baseline})
     return (
         f"\nFinal round {', '.join(map(str, finals))}; mean ± population std (ddof=0) "
-        "over clients × seeds of the reported model (Model: private, central, local ...).\n"
+        "over the reported models (Model: private, central, local ...): one a client and "
+        "seed, one a seed for a central model, which every client holds; n counts them.\n"
     )
 
 
@@ -315,7 +316,8 @@ def per_centre_note(missing: Sequence[str]) -> str:
     note = (
         "\nAccuracy of each method's reported model on each centre's test patches (a patch "
         "is called tumour when the model's probability of tumour exceeds 0.5), mean ± "
-        "population std (ddof=0) over clients × seeds. Every client is tested on every "
+        "population std (ddof=0) over its models (clients × seeds; seeds for a central "
+        "model, which every client holds). Every client is tested on every "
         "centre's test split: only its own centre's is from the hospital it trained on.\n"
     )
     return note + _missing_note(missing)
@@ -348,7 +350,8 @@ def clinical_note(
         "of tumour exceeds 0.5. Sensitivity = TP / (TP + FN), specificity = TN / (TN + FP), "
         "AUC = the probability that a random tumour patch scores above a random healthy one "
         "(Mann–Whitney, ties count ½). A method's value is the mean over its reported models "
-        f"(clients × seeds). {percent} intervals: percentile bootstrap over the {patients} test "
+        f"(clients × seeds; seeds for a central model). {percent} intervals: percentile "
+        f"bootstrap over the {patients} test "
         f"patients ({patches} test patches), the independent units (a patient's patches are "
         f"not): {n_resamples} resamples of the patients with replacement "
         f"(numpy default_rng({seed})), the same resamples for every model of a method, the "

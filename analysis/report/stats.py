@@ -78,7 +78,8 @@ class PrivacyRow:
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """Mean and population std over clients × seeds of one method's primary rows at a round."""
+    """Mean and population std over the models of one method at a round (clients × seeds,
+    seeds for a server's model)."""
 
     round: int
     accuracy_mean: float
