@@ -16,6 +16,10 @@ about 20 % tissue in 4 irregular sections and one ASAP lesion. Measured:
    memory first, which no reader of this file can beat on one core), and ``read_patches``
    in pools of 1 and 2 workers. Targets: at least 4x the naive loop, at least half the
    decode limit, near-linear scaling from 1 to 2 workers.
+3. **``read_patches``' open check**: before decoding tiles it asks the slide libraries for the
+   file's levels (so that the tile reader never reads a page they would not), once per slide
+   and worker, then a ``stat`` and a cache lookup per chunk: both figures, and their share of
+   reading one chunk (``wsi.center.write_plan``'s 64 patches).
 
 Every figure is the median of ``--repeats`` runs. ``python -m bench preprocess`` (real size);
 ``python -m bench.bench_preprocess --small`` for a 0.8-gigapixel slide in a minute.
@@ -24,6 +28,7 @@ Every figure is the median of ``--repeats`` runs. ``python -m bench preprocess``
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import multiprocessing
 import os
@@ -41,7 +46,8 @@ import numpy as np
 
 from bench.process_memory import peak_rss_bytes
 from bench.slidegen import CACHE, SlideSpec, WrittenSlide, cached_slide
-from wsi.tiles import TileReader, read_patches
+from wsi.center import write_plan
+from wsi.tiles import TileReader, _backend_levels, _slide_levels, read_patches
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,7 @@ N_PATCHES = 300
 REPEATS = 5
 MASK_REPEATS = 3
 SEED = 17
+CHUNK = inspect.signature(write_plan).parameters["chunk_size"].default  # patches per read
 MASK_MPPS = (8.0, 4.0)  # the default PatchParams, and twice as fine
 SMALL = {"width": 20_000, "height": 40_000}
 SPIN_ITERATIONS = 4_000_000  # the control workload, about as long as reading the patches
@@ -204,6 +211,22 @@ def run_spin(pool: ProcessPoolExecutor, workers: int) -> tuple[float, float]:
     futures = [pool.submit(_spin, SPIN_ITERATIONS // workers) for _ in range(workers)]
     results = [future.result() for future in futures]
     return max(r[0] for r in results), sum(r[1] for r in results)
+
+
+def measure_open_check(path: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``read_patches``' level check on a slide's first chunk (the
+    slide libraries open the file) and on each later one (a ``stat`` and the cache)."""
+    first, later = [], []
+    for _ in range(repeats):
+        _backend_levels.cache_clear()
+        start = time.perf_counter()
+        _slide_levels(path)
+        first.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for _ in range(100):
+            _slide_levels(path)
+        later.append((time.perf_counter() - start) / 100)
+    return statistics.median(first), statistics.median(later)
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
@@ -413,6 +436,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(textwrap.fill(note, width=100))
     print(f"pixels identical to openslide and tiffslide: {'yes' if identical else 'NO'}")
+
+    # 3. read_patches' open check, against the chunk it guards.
+    first, later = measure_open_check(path, args.repeats)
+    chunk = CHUNK / rate["ours"]
+    print(
+        f"\nread_patches' level check, median of {args.repeats}: {1000 * first:.1f} ms on a "
+        f"slide's first chunk (the slide libraries open it), {1e6 * later:.0f} µs on each "
+        f"later one; reading a chunk of {CHUNK} patches takes {1000 * chunk:.0f} ms here, so "
+        f"{first / chunk:.1%} and {later / chunk:.3%} of it"
+    )
     print()
     for label, ok in checks:
         print(f"{_verdict(ok)} {label}")
