@@ -89,7 +89,13 @@ def load_predictions(runs: Sequence[RunResult]) -> dict[str, MethodPredictions]:
             if not recorded:
                 logger.info("%s: no predictions recorded (a run made before they were)",
                             run.path)  # fmt: skip
-            for row in run.model_rows(run.final_round):  # a server's model once
+            distinct = run.model_rows(run.final_round)  # a server's model once
+            read = {id(r) for r in distinct}
+            for copy in (r for r in run.primary_rows(run.final_round) if id(r) not in read):
+                path = predictions_path(run.path, copy.client)
+                if recorded and path.is_file():  # unread, but a kept file: still verified
+                    verify_kept(path, run.path)
+            for row in distinct:
                 names.append(row.evaluated_model)
                 name = f"seed_{run.seed}/client_{row.client}"
                 path = predictions_path(run.path, row.client)

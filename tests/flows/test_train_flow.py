@@ -406,5 +406,7 @@ def test_train_ranks_places_every_job_s_clients_on_that_many_processes(tmp_path:
     assert TrainingJob(default.job_config("FedAvg", 0)).ranks == 3  # a rank per client
     with pytest.raises(ValidationError, match="flare runs a site per centre"):
         _config(tmp_path, tmp_path / "runs", launcher="flare", ranks=1)
-    with pytest.raises(ValidationError, match="in --centers and --eval-centers"):
+    with pytest.raises(
+        ValidationError, match=r"in train\.centers \(--centers\) and train\.eval_centers"
+    ):
         _config(tmp_path, tmp_path / "runs", eval_centers=[1])
