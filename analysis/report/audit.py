@@ -239,7 +239,9 @@ def notion_text(notion: str, epsilon: float | None, released: bool) -> str:
     if notion == NO_DP:
         return "none (no DP)" if released else "none (never leaves)"
     name = _NOTIONS.get(notion, notion)
-    return f"{name}, ε not recorded" if epsilon is None else f"{name}, ε = {_epsilon(epsilon)}"
+    if epsilon is None:
+        return f"{name}, ε not recorded"
+    return f"{name}, ε = {_accounted_epsilon(epsilon)}"
 
 
 def attack_text(row: AuditRow) -> str:
@@ -313,7 +315,7 @@ def canary_cells(row: AuditRow) -> tuple[str, ...]:
     elif _accounted(row) is None:
         accounted = "not recorded"
     else:
-        accounted = _epsilon(_accounted(row))
+        accounted = _accounted_epsilon(_accounted(row))
         if row.privacy_notion != "sample_dp":  # another notion: not what canaries test
             accounted += f" ({_NOTIONS.get(row.privacy_notion, row.privacy_notion)})"
     return (
@@ -533,7 +535,12 @@ def _fixed(value: float) -> str:
 def _epsilon(value: float) -> str:
     if math.isnan(value):
         return "—"
-    return "∞ (σ = 0: no DP)" if math.isinf(value) else f"{value:.2f}"
+    return "∞" if math.isinf(value) else f"{value:.2f}"
+
+
+def _accounted_epsilon(value: float) -> str:
+    """An accounted ε; an infinite one says why (σ = 0: no noise, no guarantee)."""
+    return "∞ (σ = 0: no DP)" if math.isinf(value) else _epsilon(value)
 
 
 def _csv_value(value: Any) -> Any:
