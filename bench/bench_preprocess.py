@@ -47,7 +47,7 @@ import numpy as np
 from bench.process_memory import peak_rss_bytes
 from bench.slidegen import CACHE, SlideSpec, WrittenSlide, cached_slide
 from wsi.center import write_plan
-from wsi.tiles import TileReader, _backend_levels, _slide_levels, read_patches
+from wsi.tiles import TileReader, forget_slide_levels, read_patches, slide_levels
 
 log = logging.getLogger(__name__)
 
@@ -218,13 +218,13 @@ def measure_open_check(path: Path, repeats: int) -> tuple[float, float]:
     slide libraries open the file) and on each later one (a ``stat`` and the cache)."""
     first, later = [], []
     for _ in range(repeats):
-        _backend_levels.cache_clear()
+        forget_slide_levels()
         start = time.perf_counter()
-        _slide_levels(path)
+        slide_levels(path)
         first.append(time.perf_counter() - start)
         start = time.perf_counter()
         for _ in range(100):
-            _slide_levels(path)
+            slide_levels(path)
         later.append((time.perf_counter() - start) / 100)
     return statistics.median(first), statistics.median(later)
 

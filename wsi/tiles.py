@@ -469,19 +469,25 @@ def _as_coords(coords: Sequence[Sequence[float]] | np.ndarray) -> list[tuple[int
     return [(int(x), int(y)) for x, y in points]
 
 
-def _slide_levels(path: Path) -> tuple[tuple[int, int], ...] | None:
+def slide_levels(path: Path) -> tuple[tuple[int, int], ...] | None:
     """The level dimensions :func:`open_slide` gives the file, which the candidates were
-    computed from (``None``: it opens it not)."""
+    computed from (``None``: it opens it not). The slide libraries open a file once per
+    identity (size, mtime): a store reads a slide's patches by chunks, and each chunk's
+    read checks its levels; :func:`forget_slide_levels` empties that cache."""
     if not path.is_file():
         return None
     stat = path.stat()
     return _backend_levels(str(path), (stat.st_size, stat.st_mtime_ns))
 
 
+def forget_slide_levels() -> None:
+    """Empty :func:`slide_levels`' cache: the next check of every slide opens it again."""
+    _backend_levels.cache_clear()
+
+
 @functools.lru_cache(maxsize=64)
 def _backend_levels(path: str, identity: tuple[int, int]) -> tuple[tuple[int, int], ...] | None:
-    """:func:`_slide_levels`, once per file and identity (size, mtime): a store reads a
-    slide's patches by chunks."""
+    """:func:`slide_levels`, once per file and identity."""
     try:
         with open_slide(path) as slide:
             return slide.level_dimensions
@@ -515,7 +521,7 @@ def read_patches(
         raise ValueError(f"patch size must be positive, got {size}")
     points = _as_coords(coords)
     if backend in ("auto", "tiles"):
-        levels = _slide_levels(Path(slide_path))
+        levels = slide_levels(Path(slide_path))
         if levels is None and backend == "auto" and Path(slide_path).is_file():
             # the slide libraries refuse the file (it changed since its candidates were
             # computed, say): so does this read, with their reasons; "tiles" reads it alone

@@ -41,11 +41,12 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.report.load import ReportError, describe_validation_error
+from analysis.report.load import ReportError, accounted_epsilon, describe_validation_error
+from proxyfl.results import LABEL_LDP, SAMPLE_DP
 
 TRAINING, CANARY = "training", "canary"
 NO_DP = "none"
-_NOTIONS = {"sample_dp": "sample-level DP", "label_ldp": "label-level LDP"}
+_NOTIONS = {SAMPLE_DP: "sample-level DP", LABEL_LDP: "label-level LDP"}
 _ATTACKS = {"lira_offline": "LiRA offline", "loss": "loss"}
 
 
@@ -227,10 +228,8 @@ def _membership_row(group: Sequence[AuditRow]) -> MembershipRow:
 
 
 def _accounted(row: AuditRow) -> float | None:
-    """The row's ε; a null sample-level one is infinite (σ = 0: run.json's strict JSON)."""
-    if row.epsilon_accounted is None and row.privacy_notion == "sample_dp":
-        return math.inf
-    return row.epsilon_accounted
+    """The row's ε (:func:`~analysis.report.load.accounted_epsilon`)."""
+    return accounted_epsilon(row.epsilon_accounted, row.privacy_notion)
 
 
 def notion_text(notion: str, epsilon: float | None, released: bool) -> str:
@@ -312,11 +311,11 @@ def canary_cells(row: AuditRow) -> tuple[str, ...]:
     """A row of the ε lower bound table, as text."""
     if row.privacy_notion == NO_DP:
         accounted = "none (no DP)"
-    elif _accounted(row) is None:
+    elif (epsilon := _accounted(row)) is None:
         accounted = "not recorded"
     else:
-        accounted = _accounted_epsilon(_accounted(row))
-        if row.privacy_notion != "sample_dp":  # another notion: not what canaries test
+        accounted = _accounted_epsilon(epsilon)
+        if row.privacy_notion != SAMPLE_DP:  # another notion: not what canaries test
             accounted += f" ({_NOTIONS.get(row.privacy_notion, row.privacy_notion)})"
     return (
         row.method,
@@ -351,7 +350,7 @@ def audit_violations(audit: Audit) -> list[str]:
     found = list(audit.document.violations)
     for row in audit.rows:
         bound, accounted = row.epsilon_lower_bound, row.epsilon_accounted
-        if (row.privacy_notion == "sample_dp" and bound is not None and accounted is not None
+        if (row.privacy_notion == SAMPLE_DP and bound is not None and accounted is not None
                 and math.isfinite(accounted) and bound > accounted):  # fmt: skip
             line = (f"{row.method} seed {row.seed} client {row.client} {row.evaluated_model}: "
                     f"ε lower bound {bound:.3f} > accounted ε {accounted:.3f}")  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from proxyfl.kept import verify_kept
 from proxyfl.names import ALGORITHMS
-from proxyfl.results import METRICS_FILE, RUN_FILE, MetricRow
+from proxyfl.results import METRICS_FILE, RUN_FILE, SAMPLE_DP, MetricRow
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,15 @@ class RunResult:
                     continue
             distinct.append(row)
         return distinct
+
+
+def accounted_epsilon(epsilon: float | None, notion: str) -> float | None:
+    """The ε a record states: a null sample-level ε is infinite, since σ = 0 (no DP)
+    accounts ε = ∞ and strict JSON writes it as null (:class:`~proxyfl.results.MetricRow`,
+    ``run.json``, ``audit.json``); a null ε of another notion stays unknown (None)."""
+    if epsilon is None and notion == SAMPLE_DP:
+        return math.inf
+    return epsilon
 
 
 def order_key(algorithm: str) -> tuple[int, str]:

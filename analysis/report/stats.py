@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 
 from analysis.report.clinical import MajorityClass
-from analysis.report.load import JOINT, SERVER_MODELS, RunResult, by_algorithm
+from analysis.report.load import (
+    JOINT,
+    SERVER_MODELS,
+    RunResult,
+    accounted_epsilon,
+    by_algorithm,
+)
 from proxyfl.results import LABEL_LDP, SAMPLE_DP, MetricRow
 
 logger = logging.getLogger(__name__)
@@ -228,8 +234,7 @@ def _final_epsilons(run: RunResult) -> dict[int, float]:
     values: dict[int, list[float]] = defaultdict(list)
     for row in run.rows:
         if row.round == run.final_round:
-            infinite = row.epsilon is None and row.privacy_notion == SAMPLE_DP
-            values[row.client].append(math.inf if infinite else _float(row.epsilon))
+            values[row.client].append(_float(accounted_epsilon(row.epsilon, row.privacy_notion)))
     result = {}
     for client, eps in sorted(values.items()):
         if len(set(eps)) > 1:

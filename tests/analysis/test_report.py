@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -338,6 +339,27 @@ def test_rows_are_metric_rows_and_unknown_keys_are_kept(runs_dir: Path) -> None:
     assert run.rows[0].model_extra == {"note": "rerun on node 3"}
     assert [(r.client, r.accuracy) for r in run.primary_rows(2)] == [(0, 0.6), (1, 0.6)]
     assert [(r.client, r.accuracy) for r in run.model_rows(2)] == [(0, 0.6)]  # one model
+
+
+def test_a_server_model_whose_clients_disagree_is_named_and_counted_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A central model is one model on one test set: clients scoring it differently is a
+    fault the report names (run, round, both clients and scores) while counting the model
+    once, by its lowest client's row."""
+    rows = [
+        {**row("FedAvg", 0, client, 1, accuracy), "evaluated_model": "central"}
+        for client, accuracy in ((0, 0.7), (1, 0.7), (2, 0.65))
+    ]
+    run_dir = make_run(tmp_path, "FedAvg", 0, rows)
+    (run,) = load_runs(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="analysis.report.load"):
+        kept = run.model_rows(1)
+    assert [(r.client, r.accuracy) for r in kept] == [(0, 0.7)]
+    (warning,) = caplog.records
+    assert warning.getMessage() == (
+        f"{run_dir}: round 1: client 0's central model scores 0.7, client 2's 0.65"
+    )
 
 
 def test_unfinished_run_says_how_to_resume(tmp_path: Path) -> None:
