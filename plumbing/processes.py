@@ -82,9 +82,11 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # SIGTERM, then SIGKILL once the grace is over or the program alone is left (a launcher
 # has nothing to stop once its children are gone; MPICH's fork launcher ignores SIGTERM
 # and notices its ranks' end only at its next poll, seconds later), and, once the program
-# has exited, kills and reaps whatever it left. The program gets every descriptor the
-# supervisor has (a launcher's ranks write to one their environment names, not only to
-# standard output). It exits as the program did: its status, or 128 + the signal.
+# has exited, kills and reaps whatever it left. What it adopts is reaped as it ends, not
+# at the program's end: a zombie looks alive to whoever waits for that process to end.
+# The program gets every descriptor the supervisor has (a launcher's ranks write to one
+# their environment names, not only to standard output). It exits as the program did:
+# its status, or 128 + the signal.
 _SUPERVISE_TREE = (
     "import ctypes, os, signal, subprocess, sys, threading, time\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -128,7 +130,11 @@ _SUPERVISE_TREE = (
     "child = subprocess.Popen(sys.argv[3:], close_fds=False)\n"
     "if asked:\n"
     "    signal_all(signal.SIGKILL)\n"
-    "code = child.wait()\n"
+    "while True:\n"
+    "    pid, status = os.waitpid(-1, 0)\n"
+    "    if pid == child.pid:\n"
+    "        code = os.waitstatus_to_exitcode(status)\n"
+    "        break\n"
     "while under():\n"
     "    signal_all(signal.SIGKILL)\n"
     "    while True:\n"

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from plumbing.atomic import write_json
-from plumbing.processes import parent_bound_command, stop_tree
+from plumbing.processes import parent_bound_command, stop_tree, tree_bound_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,32 +203,36 @@ def coverage_environment(workdir: Path) -> dict[str, str]:
             "PYTHONPATH": f"{site}:{path}" if path else site}  # fmt: skip
 
 
-def as_background_job() -> None:
-    """What a non-interactive shell does to a command it starts with ``&``: SIGINT and
-    SIGQUIT ignored, which every process the command starts inherits (CI's are so)."""
-    for number in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(number, signal.SIG_IGN)
+# What a non-interactive shell does to a command it starts with ``&``: SIGINT and SIGQUIT
+# ignored, which every process the command starts inherits (CI's are so); then the command
+AS_BACKGROUND_JOB = (
+    "import os, signal, sys\n"
+    "for number in (signal.SIGINT, signal.SIGQUIT):\n"
+    "    signal.signal(number, signal.SIG_IGN)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 def run_group(files: Sequence[str], workdir: Path, pytest_args: Sequence[str],
               background: bool = True, coverage: bool = True) -> RunOutcome:  # fmt: skip
     """One run of a group in a fresh pytest, its folders and report in ``workdir``; started
-    as a background job (:func:`as_background_job`) unless ``background`` is false, under
+    as a background job (:data:`AS_BACKGROUND_JOB`) unless ``background`` is false, under
     coverage (:func:`coverage_environment`) unless ``coverage`` is false."""
     report = workdir / "report.xml"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                f"--basetemp={workdir / 'tmp'}", f"--junitxml={report}", *pytest_args,
                *files]  # fmt: skip
+    if background:  # started by its own exec: the supervisor below takes SIGINT to stop
+        command = [sys.executable, "-c", AS_BACKGROUND_JOB, *command]
     started = time.perf_counter()
-    # this process runs no thread of its own, which makes preexec_fn safe here
-    setup = as_background_job if background else None
     environment = coverage_environment(workdir) if coverage else None
-    # bound to this process (SIGKILL when it dies), and stopped with every process under
-    # it when this one is stopped: a stress command ended mid-run otherwise left that run,
-    # its Prefect server and Slurm daemons running on, loading whatever ran next
-    process = subprocess.Popen(parent_bound_command(command), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, preexec_fn=setup,
-                               env=environment)  # fmt: skip
+    # under a supervisor bound to this process that ends every process under it, what it
+    # adopts included (tree_bound_command): stopped or killed mid-run, a stress command
+    # otherwise left that run, its Prefect server and Slurm daemons running on, loading
+    # whatever ran next, and a job's slurmstepd (slurmd's double fork: no descendant of
+    # pytest's) kept the step's ranks going with its scratch folder
+    process = subprocess.Popen(tree_bound_command(command), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=environment)  # fmt: skip
     try:
         output, _ = process.communicate()
     except BaseException:
@@ -291,7 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     stopped_with: int | None = None
     run = 0
-    with hog(args.hog), tempfile.TemporaryDirectory(prefix="stress-") as scratch:
+    # a folder a stopped run's last process still wrote into is not worth a traceback:
+    # the record is what the command is for, and it is said before the folder goes
+    folder = tempfile.TemporaryDirectory(prefix="stress-", ignore_cleanup_errors=True)
+    with hog(args.hog), folder as scratch:
         try:
             for run in range(1, args.runs + 1):
                 for record in records.values():
@@ -322,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stopped_with = stop.code if isinstance(stop.code, int) else 1
             print(f"\nstopped during run {run} of {args.runs}; the runs finished before it:",
                   flush=True)  # fmt: skip
-    summarize(records.values(), args.json)
+        summarize(records.values(), args.json)
     if stopped_with is not None:
         return stopped_with
     return 1 if any(record.failed_runs for record in records.values()) else 0

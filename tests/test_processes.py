@@ -204,6 +204,43 @@ def test_a_tree_bound_launcher_keeps_every_descriptor_it_was_given() -> None:
             os.close(write_end)
 
 
+# a program whose child leaves a short-lived grandchild behind (a daemon's double fork,
+# slurmd's slurmstepd), then runs on; the grandchild's pid in argv[1]
+_ORPHANING_PROGRAM = """
+import subprocess, sys, time
+leaver = "import subprocess, sys; print(subprocess.Popen(['sleep', '0.2']).pid)"
+grandchild = subprocess.run([sys.executable, "-c", leaver], capture_output=True, text=True)
+with open(sys.argv[1], "w") as pid_file:
+    pid_file.write(grandchild.stdout.strip())
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_tree_bound_program_s_orphans_are_reaped_as_they_end_not_at_its_end(
+    tmp_path: Path,
+) -> None:
+    """The supervisor adopts what the program's children orphan, and reaps each as it ends
+    while the program runs on: left a zombie until the program's end, it looked alive to
+    whoever waited for it to end (the Slurm tests' job steps under the flake hunt)."""
+    pid_file = tmp_path / "grandchild.pid"
+    command = tree_bound_command([sys.executable, "-c", _ORPHANING_PROGRAM, str(pid_file)])
+    process = subprocess.Popen(command, cwd=REPO)
+    try:
+        grandchild = _wait_for_pid(pid_file)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, "the program ended first: nothing tested"
+        assert not Path(f"/proc/{grandchild}").exists(), "the ended orphan was left a zombie"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 # the launch's wrapper (tree_bound_command): a subreaper that reaps only at its end, above a
 # launcher that stops a tree (a FLARE site) whose member (its job process) outlives it
 _WRAPPER = """
