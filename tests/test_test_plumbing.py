@@ -181,9 +181,17 @@ def pytest_sessionstart(session):
     workdir = Path(session.config.option.basetemp).parent  # stress's <group>-<run>
     if workdir.name != os.environ["STRESS_HELD_RUN"]:
         return
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    child = subprocess.Popen(sleeper)
+    # and one no descendant of this pytest's: started in a session of its own by a process
+    # that ends at once (slurmd's double fork of a job step)
+    # (its output elsewhere: holding the pipe read here, it would hold this read up)
+    leaver = ("import subprocess; print(subprocess.Popen("
+              f"{sleeper!r}, start_new_session=True, stdout=subprocess.DEVNULL, "
+              "stderr=subprocess.DEVNULL).pid)")
+    orphan = subprocess.run([sys.executable, "-c", leaver], capture_output=True, text=True)
     marker = Path(os.environ["STRESS_HELD_MARKER"])
-    marker.with_suffix(".part").write_text(f"{os.getpid()} {child.pid}")
+    marker.with_suffix(".part").write_text(f"{os.getpid()} {child.pid} {orphan.stdout.strip()}")
     marker.with_suffix(".part").rename(marker)
     time.sleep(600)
 """
@@ -194,7 +202,8 @@ def test_a_stress_command_stopped_mid_run_stops_the_run_and_its_processes(
     tmp_path: Path, held_run: int
 ) -> None:
     """SIGTERM to a stress command while a group's pytest runs (held there by a plugin,
-    with a child of its own) ends that pytest and every process under it, not only the
+    with a child of its own and an orphan it left in another session, as a Slurm job step
+    is) ends that pytest and every process under it, the orphan included, not only the
     command: a run left going would load whatever the machine ran next. What the runs
     finished before it found is still said and written (``--json``), none at all when the
     first is stopped: a hunt of hours is often ended so."""
