@@ -79,11 +79,14 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # (PR_SET_CHILD_SUBREAPER), so that what the program's children leave behind when they die
 # becomes its own child rather than init's. It starts the program and ends every process
 # under it when asked to stop (SIGTERM, SIGINT, SIGHUP: the parent's death sends SIGTERM):
-# SIGTERM, then SIGKILL once the grace is over or the program alone is left (a launcher
-# has nothing to stop once its children are gone; MPICH's fork launcher ignores SIGTERM
-# and notices its ranks' end only at its next poll, seconds later), and, once the program
-# has exited, kills and reaps whatever it left. What it adopts is reaped as it ends, not
-# at the program's end: a zombie looks alive to whoever waits for that process to end.
+# SIGTERM, then SIGKILL once the grace is over or the program alone is left of a tree it
+# had (a launcher has nothing to stop once its children are gone; MPICH's fork launcher
+# ignores SIGTERM and notices its ranks' end only at its next poll, seconds later). A
+# program alone from the start gets the whole grace: SIGKILL on the heels of SIGTERM
+# would cut short its own handling of it (a handler's cleanup, its exit status). Once the
+# program has exited, it kills and reaps whatever the program left. What it adopts is
+# reaped as it ends, not at the program's end: a zombie looks alive to whoever waits for
+# that process to end.
 # The program gets every descriptor the supervisor has (a launcher's ranks write to one
 # their environment names, not only to standard output). It exits as the program did:
 # its status, or 128 + the signal.
@@ -109,22 +112,24 @@ _SUPERVISE_TREE = (
     "        found, todo = found + below, todo + below\n"
     "    return found\n"
     "def signal_all(number):\n"
-    "    for pid in under():\n"
+    "    signalled = under()\n"
+    "    for pid in signalled:\n"
     "        try:\n"
     "            os.kill(pid, number)\n"
     "        except ProcessLookupError:\n"
     "            pass\n"
+    "    return signalled\n"
     "grace, child, asked = float(sys.argv[2]), None, []\n"
-    "def finish():\n"
+    "def finish(had_company):\n"
     "    deadline = time.monotonic() + grace\n"
-    "    while time.monotonic() < deadline and under() != [child.pid]:\n"
+    "    while time.monotonic() < deadline and not (had_company and under() == [child.pid]):\n"
     "        time.sleep(0.05)\n"
     "    signal_all(signal.SIGKILL)\n"
     "def stop(number, frame):\n"
     "    asked.append(number)\n"
     "    if child is not None and len(asked) == 1:\n"
-    "        signal_all(signal.SIGTERM)\n"
-    "        threading.Thread(target=finish, daemon=True).start()\n"
+    "        had_company = signal_all(signal.SIGTERM) != [child.pid]\n"
+    "        threading.Thread(target=finish, args=(had_company,), daemon=True).start()\n"
     "for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
     "    signal.signal(number, stop)\n"
     "child = subprocess.Popen(sys.argv[3:], close_fds=False)\n"
@@ -150,11 +155,11 @@ def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
     """``argv`` run by a supervisor that ends every process under it, in whatever session
     or group: when the calling process dies (even by SIGKILL), when the supervisor gets
     SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or as soon as
-    ``argv`` alone is left), and once ``argv`` has exited. For a launcher whose children
-    would otherwise outlive it: hydra's ``mpiexec`` starts each ``ssh`` in a session of
-    its own, and leaves one to a host that does not answer running when it is stopped.
-    The supervisor exits as ``argv`` did (128 + N for signal N). ``argv`` itself off
-    Linux."""
+    ``argv`` alone is left of the processes it had then), and once ``argv`` has exited.
+    For a launcher whose children would otherwise outlive it: hydra's ``mpiexec`` starts
+    each ``ssh`` in a session of its own, and leaves one to a host that does not answer
+    running when it is stopped. The supervisor exits as ``argv`` did (128 + N for signal
+    N). ``argv`` itself off Linux."""
     if not binds_children():
         return list(argv)
     return [sys.executable, "-c", _SUPERVISE_TREE, str(os.getpid()), str(float(grace_s)),

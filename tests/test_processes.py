@@ -241,6 +241,70 @@ def test_a_tree_bound_program_s_orphans_are_reaped_as_they_end_not_at_its_end(
             process.wait()
 
 
+# a program that handles SIGTERM itself: a moment's cleanup, a marker, then its own status
+_CLEANING_UP = """
+import os, signal, sys, time
+def clean_up(number, frame):
+    time.sleep(0.5)
+    open(sys.argv[2], "w").write("cleaned up")
+    sys.exit(7)
+signal.signal(signal.SIGTERM, clean_up)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+# a launcher that ignores SIGTERM (MPICH's fork launcher) above a child that does not
+_IGNORING_LAUNCHER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen(["sleep", "600"], preexec_fn=lambda: signal.signal(
+    signal.SIGTERM, signal.SIG_DFL))
+open(sys.argv[1], "w").write(str(child.pid))
+child.wait()  # reaped, and the launcher lives on
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_stopped_program_alone_under_the_supervisor_gets_its_grace(tmp_path: Path) -> None:
+    """A program with no process under it, stopped: it is left its grace to handle SIGTERM
+    itself, and the supervisor exits with the program's own status. SIGKILL on the heels
+    of SIGTERM (it alone was left) cut its cleanup short: exit 137, nothing written."""
+    ready, cleaned = tmp_path / "ready", tmp_path / "cleaned"
+    command = tree_bound_command([sys.executable, "-c", _CLEANING_UP, str(ready), str(cleaned)],
+                                 grace_s=30.0)  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO)
+    try:
+        _wait_for_pid(ready)  # its handler is set
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 7
+        assert cleaned.read_text() == "cleaned up"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_stopped_launcher_that_ignores_sigterm_is_killed_once_its_children_are_gone(
+    tmp_path: Path,
+) -> None:
+    """A launcher that ignores SIGTERM, stopped with a child under it: once the child has
+    ended, the launcher alone is left and is killed then, not at the end of its grace."""
+    pid_file = tmp_path / "child.pid"
+    command = tree_bound_command([sys.executable, "-c", _IGNORING_LAUNCHER, str(pid_file)],
+                                 grace_s=600.0)  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO)
+    try:
+        child = _wait_for_pid(pid_file)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGKILL  # the grace is 600 s
+        assert not _alive(child)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 # the launch's wrapper (tree_bound_command): a subreaper that reaps only at its end, above a
 # launcher that stops a tree (a FLARE site) whose member (its job process) outlives it
 _WRAPPER = """
