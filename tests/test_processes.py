@@ -305,6 +305,42 @@ def test_a_stopped_launcher_that_ignores_sigterm_is_killed_once_its_children_are
             process.wait()
 
 
+# a launcher that, stopped, waits for its child to end, then cleans up and exits as it says
+_CLEANING_LAUNCHER = """
+import signal, subprocess, sys, time
+child = subprocess.Popen(["sleep", "600"])
+def clean_up(number, frame):
+    child.wait()
+    time.sleep(0.3)
+    open(sys.argv[2], "w").write("cleaned up")
+    sys.exit(5)
+signal.signal(signal.SIGTERM, clean_up)
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_stopped_launcher_left_alone_has_a_moment_to_end_itself(tmp_path: Path) -> None:
+    """A launcher whose children have ended is given a second to end by itself (its own
+    cleanup, its own status: a Python launcher's, or coverage's saving its data) before
+    SIGKILL; killed as soon as it was alone, it left a half-written file."""
+    pid_file, cleaned = tmp_path / "child.pid", tmp_path / "cleaned"
+    command = tree_bound_command(
+        [sys.executable, "-c", _CLEANING_LAUNCHER, str(pid_file), str(cleaned)], grace_s=600.0
+    )
+    process = subprocess.Popen(command, cwd=REPO)
+    try:
+        _wait_for_pid(pid_file)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 5
+        assert cleaned.read_text() == "cleaned up"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 # the launch's wrapper (tree_bound_command): a subreaper that reaps only at its end, above a
 # launcher that stops a tree (a FLARE site) whose member (its job process) outlives it
 _WRAPPER = """
