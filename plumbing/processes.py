@@ -79,10 +79,10 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # (PR_SET_CHILD_SUBREAPER), so that what the program's children leave behind when they die
 # becomes its own child rather than init's. It starts the program and ends every process
 # under it when asked to stop (SIGTERM, SIGINT, SIGHUP: the parent's death sends SIGTERM):
-# SIGTERM, then SIGKILL once the grace is over, or a second after the program alone is
-# left of a tree it had (a launcher has nothing to stop once its children are gone;
-# MPICH's fork launcher ignores SIGTERM and notices its ranks' end only at its next poll,
-# seconds later). A program alone from the start gets the whole grace: SIGKILL on the
+# SIGTERM, then SIGKILL once the grace is over, or 2 s after the program alone is left
+# of a tree it had (a launcher has nothing to stop once its children are gone; MPICH's
+# fork launcher ignores SIGTERM and notices its ranks' end only at its next poll, seconds
+# later). A program alone from the start gets the whole grace: SIGKILL on the
 # heels of SIGTERM cut short its own handling of it, a handler's cleanup and its exit
 # status (coverage's SIGTERM handler saving a test's data: exit 137, not 143). Once the
 # program has exited, it kills and reaps whatever the program left. What it adopts is
@@ -125,7 +125,7 @@ _SUPERVISE_TREE = (
     "    deadline = time.monotonic() + grace\n"
     "    while time.monotonic() < deadline:\n"
     "        if had_company and under() == [child.pid]:\n"
-    "            had_company, deadline = False, min(deadline, time.monotonic() + 1.0)\n"
+    "            had_company, deadline = False, min(deadline, time.monotonic() + 2.0)\n"
     "        time.sleep(0.05)\n"
     "    signal_all(signal.SIGKILL)\n"
     "def stop(number, frame):\n"
@@ -157,9 +157,8 @@ _SUPERVISE_TREE = (
 def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
     """``argv`` run by a supervisor that ends every process under it, in whatever session
     or group: when the calling process dies (even by SIGKILL), when the supervisor gets
-    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or a second
-    after ``argv`` alone is left of the processes it had then), and once ``argv`` has
-    exited.
+    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or 2 s after
+    ``argv`` alone is left of the processes it had then), and once ``argv`` has exited.
     For a launcher whose children would otherwise outlive it: hydra's ``mpiexec`` starts
     each ``ssh`` in a session of its own, and leaves one to a host that does not answer
     running when it is stopped. The supervisor exits as ``argv`` did (128 + N for signal

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -116,6 +116,18 @@ def _wait_for_pid(path: Path) -> int:
         assert time.monotonic() < deadline, "the launcher never started its child"
         time.sleep(0.1)
     return int(path.read_text())
+
+
+@contextlib.contextmanager
+def _supervised(argv: list[str], grace_s: float = 3.0) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` started under tree_bound_command's supervisor; killed if a test leaves it."""
+    process = subprocess.Popen(tree_bound_command(argv, grace_s), cwd=REPO)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
@@ -224,9 +236,7 @@ def test_a_tree_bound_program_s_orphans_are_reaped_as_they_end_not_at_its_end(
     while the program runs on: left a zombie until the program's end, it looked alive to
     whoever waited for it to end (the Slurm tests' job steps under the flake hunt)."""
     pid_file = tmp_path / "grandchild.pid"
-    command = tree_bound_command([sys.executable, "-c", _ORPHANING_PROGRAM, str(pid_file)])
-    process = subprocess.Popen(command, cwd=REPO)
-    try:
+    with _supervised([sys.executable, "-c", _ORPHANING_PROGRAM, str(pid_file)]) as process:
         grandchild = _wait_for_pid(pid_file)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
@@ -235,10 +245,6 @@ def test_a_tree_bound_program_s_orphans_are_reaped_as_they_end_not_at_its_end(
         assert not Path(f"/proc/{grandchild}").exists(), "the ended orphan was left a zombie"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 128 + signal.SIGTERM
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 # a program that handles SIGTERM itself: a moment's cleanup, a marker, then its own status
@@ -270,18 +276,12 @@ def test_a_stopped_program_alone_under_the_supervisor_gets_its_grace(tmp_path: P
     itself, and the supervisor exits with the program's own status. SIGKILL on the heels
     of SIGTERM (it alone was left) cut its cleanup short: exit 137, nothing written."""
     ready, cleaned = tmp_path / "ready", tmp_path / "cleaned"
-    command = tree_bound_command([sys.executable, "-c", _CLEANING_UP, str(ready), str(cleaned)],
-                                 grace_s=30.0)  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO)
-    try:
+    argv = [sys.executable, "-c", _CLEANING_UP, str(ready), str(cleaned)]
+    with _supervised(argv, grace_s=30.0) as process:
         _wait_for_pid(ready)  # its handler is set
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 7
         assert cleaned.read_text() == "cleaned up"
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
@@ -291,18 +291,12 @@ def test_a_stopped_launcher_that_ignores_sigterm_is_killed_once_its_children_are
     """A launcher that ignores SIGTERM, stopped with a child under it: once the child has
     ended, the launcher alone is left and is killed then, not at the end of its grace."""
     pid_file = tmp_path / "child.pid"
-    command = tree_bound_command([sys.executable, "-c", _IGNORING_LAUNCHER, str(pid_file)],
-                                 grace_s=600.0)  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO)
-    try:
+    argv = [sys.executable, "-c", _IGNORING_LAUNCHER, str(pid_file)]
+    with _supervised(argv, grace_s=600.0) as process:
         child = _wait_for_pid(pid_file)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 128 + signal.SIGKILL  # the grace is 600 s
         assert not _alive(child)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 # a launcher that, stopped, waits for its child to end, then cleans up and exits as it says
@@ -311,7 +305,7 @@ import signal, subprocess, sys, time
 child = subprocess.Popen(["sleep", "600"])
 def clean_up(number, frame):
     child.wait()
-    time.sleep(0.3)
+    time.sleep(0.2)  # past the supervisor's look (every 50 ms), within its moment (2 s)
     open(sys.argv[2], "w").write("cleaned up")
     sys.exit(5)
 signal.signal(signal.SIGTERM, clean_up)
@@ -322,23 +316,16 @@ time.sleep(600)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
 def test_a_stopped_launcher_left_alone_has_a_moment_to_end_itself(tmp_path: Path) -> None:
-    """A launcher whose children have ended is given a second to end by itself (its own
+    """A launcher whose children have ended is given two seconds to end by itself (its own
     cleanup, its own status: a Python launcher's, or coverage's saving its data) before
     SIGKILL; killed as soon as it was alone, it left a half-written file."""
     pid_file, cleaned = tmp_path / "child.pid", tmp_path / "cleaned"
-    command = tree_bound_command(
-        [sys.executable, "-c", _CLEANING_LAUNCHER, str(pid_file), str(cleaned)], grace_s=600.0
-    )
-    process = subprocess.Popen(command, cwd=REPO)
-    try:
+    argv = [sys.executable, "-c", _CLEANING_LAUNCHER, str(pid_file), str(cleaned)]
+    with _supervised(argv, grace_s=600.0) as process:
         _wait_for_pid(pid_file)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 5
         assert cleaned.read_text() == "cleaned up"
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 # the launch's wrapper (tree_bound_command): a subreaper that reaps only at its end, above a
