@@ -16,7 +16,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PREFECT_HOME := $(CURDIR)/.prefect
 
-.PHONY: setup bytecode test test-fast demo serve bench fidelity privatekt lint clean wheelhouse docs docs-serve
+.PHONY: setup lock bytecode test test-fast demo serve bench fidelity privatekt lint clean wheelhouse docs docs-serve
 
 setup: $(STAMP)
 
@@ -24,13 +24,27 @@ setup: $(STAMP)
 # 2.5-4.5 min for pip on 2 cores, docs/getting-started.md), compiled to bytecode as pip does
 # (without it every rank of every job compiles torch's modules again where
 # PYTHONDONTWRITEBYTECODE is set: 10 s of imports instead of 4.5); pip is the fallback
-# where uv cannot be had
-$(STAMP): pyproject.toml
+# where uv cannot be had. Every version is requirements.lock's (make lock): a store records
+# its pixel libraries' versions, so a release of one changes the bytes dvc.lock records
+# (docs/reproducibility.md, "The environment").
+$(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.12 or 3.11, or name one: 'make PYTHON=python3.11 ...'"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q uv && $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python -e '.[dev]' \
-	  || { $(BIN)/pip install --upgrade pip setuptools wheel && $(BIN)/pip install -e '.[dev]'; }
+	$(BIN)/pip install -q uv && $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python \
+	    -c requirements.lock -e '.[dev]' \
+	  || { $(BIN)/pip install --upgrade pip setuptools wheel \
+	       && $(BIN)/pip install -c requirements.lock -e '.[dev]'; }
 	touch $(STAMP)
+
+# requirements.lock again from pyproject.toml, keeping its pins where they still hold, for
+# Python 3.11 and 3.12 on every platform; `make lock UPGRADE=--upgrade` (or
+# UPGRADE='--upgrade-package NAME') takes newer releases. Then `make demo` and commit
+# dvc.lock with it: the stores' provenance names the new versions.
+# (uv alone is needed: a pyproject.toml the old lock no longer satisfies cannot be installed)
+lock:
+	@[ -x $(BIN)/uv ] || { $(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q uv; }
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
+	  --custom-compile-command "make lock" -o requirements.lock --quiet $(UPGRADE)
 
 # The project's own modules as bytecode, as uv compiles the packages it installs (it does not
 # compile an editable install's): where PYTHONDONTWRITEBYTECODE is set, every process that

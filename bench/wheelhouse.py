@@ -5,8 +5,9 @@
 
 Resolves the project's dependencies (``pyproject.toml``) less the orchestration (Prefect,
 prefect-dask, fastapi, DVC: a rank and ``bench gpu`` import none of them) for that Python
-and platform with uv, then downloads each pinned wheel, without its own dependencies,
-into ``--out`` with a ``requirements.txt`` listing them. torch, torchvision and their CUDA
+and platform with uv, at requirements.lock's versions (``make setup``'s), then downloads
+each pinned wheel, without its own dependencies, into ``--out`` with a ``requirements.txt``
+listing them. torch, torchvision and their CUDA
 libraries are left out unless ``--with-torch`` (GPU servers have a torch built for their
 driver; its wheels are ~3 GB). On the server, in the project's folder:
 
@@ -126,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     platform = args.platform.replace("manylinux_", "x86_64-manylinux_").removesuffix("_x86_64")
     pinned = subprocess.run(
         [uv(), "pip", "compile", str(wanted), "--python-version", args.python,
-         "--python-platform", platform, "--no-header", "--no-annotate", "--quiet"],
+         "--python-platform", platform, "--constraint", str(REPO / "requirements.lock"),
+         "--no-header", "--no-annotate", "--quiet"],
         check=True, capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     wanted_pins = [pin for pin in pinned
