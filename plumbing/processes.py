@@ -79,8 +79,8 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # (PR_SET_CHILD_SUBREAPER), so that what the program's children leave behind when they die
 # becomes its own child rather than init's. It starts the program and ends every process
 # under it when asked to stop (SIGTERM, SIGINT, SIGHUP: the parent's death sends SIGTERM):
-# SIGTERM, then SIGKILL once the grace is over, or 2 s after the program alone is left
-# of a tree it had (a launcher has nothing to stop once its children are gone; MPICH's
+# SIGTERM, then SIGKILL once the grace is over, or LEFT_ALONE_S after the program alone is
+# left of a tree it had (a launcher has nothing to stop once its children are gone; MPICH's
 # fork launcher ignores SIGTERM and notices its ranks' end only at its next poll, seconds
 # later). A program alone from the start gets the whole grace: SIGKILL on the
 # heels of SIGTERM cut short its own handling of it, a handler's cleanup and its exit
@@ -91,6 +91,9 @@ def parent_bound_command(argv: Sequence[str], signal_number: int = signal.SIGKIL
 # The program gets every descriptor the supervisor has (a launcher's ranks write to one
 # their environment names, not only to standard output). It exits as the program did:
 # its status, or 128 + the signal.
+LEFT_ALONE_S = 2.0
+"""Seconds a stopped program left alone of the tree it had is given to end by itself (its
+own cleanup and status, coverage's save) before SIGKILL; within the job's grace."""
 _SUPERVISE_TREE = (
     "import ctypes, os, signal, subprocess, sys, threading, time\n"
     "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -120,12 +123,12 @@ _SUPERVISE_TREE = (
     "        except ProcessLookupError:\n"
     "            pass\n"
     "    return signalled\n"
-    "grace, child, asked = float(sys.argv[2]), None, []\n"
+    "grace, left_alone, child, asked = float(sys.argv[2]), float(sys.argv[3]), None, []\n"
     "def finish(had_company):\n"
     "    deadline = time.monotonic() + grace\n"
     "    while time.monotonic() < deadline:\n"
     "        if had_company and under() == [child.pid]:\n"
-    "            had_company, deadline = False, min(deadline, time.monotonic() + 2.0)\n"
+    "            had_company, deadline = False, min(deadline, time.monotonic() + left_alone)\n"
     "        time.sleep(0.05)\n"
     "    signal_all(signal.SIGKILL)\n"
     "def stop(number, frame):\n"
@@ -135,7 +138,7 @@ _SUPERVISE_TREE = (
     "        threading.Thread(target=finish, args=(had_company,), daemon=True).start()\n"
     "for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
     "    signal.signal(number, stop)\n"
-    "child = subprocess.Popen(sys.argv[3:], close_fds=False)\n"
+    "child = subprocess.Popen(sys.argv[4:], close_fds=False)\n"
     "if asked:\n"
     "    signal_all(signal.SIGKILL)\n"
     "while True:\n"
@@ -157,8 +160,9 @@ _SUPERVISE_TREE = (
 def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
     """``argv`` run by a supervisor that ends every process under it, in whatever session
     or group: when the calling process dies (even by SIGKILL), when the supervisor gets
-    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or 2 s after
-    ``argv`` alone is left of the processes it had then), and once ``argv`` has exited.
+    SIGTERM, SIGINT or SIGHUP (SIGTERM to all, SIGKILL ``grace_s`` later, or
+    :data:`LEFT_ALONE_S` after ``argv`` alone is left of the processes it had then), and
+    once ``argv`` has exited.
     For a launcher whose children would otherwise outlive it: hydra's ``mpiexec`` starts
     each ``ssh`` in a session of its own, and leaves one to a host that does not answer
     running when it is stopped. The supervisor exits as ``argv`` did (128 + N for signal
@@ -166,7 +170,7 @@ def tree_bound_command(argv: Sequence[str], grace_s: float = 3.0) -> list[str]:
     if not binds_children():
         return list(argv)
     return [sys.executable, "-c", _SUPERVISE_TREE, str(os.getpid()), str(float(grace_s)),
-            *argv]  # fmt: skip
+            str(LEFT_ALONE_S), *argv]  # fmt: skip
 
 
 def adopt_orphans() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from plumbing.processes import parent_bound_command, tree_bound_command
+from plumbing.processes import LEFT_ALONE_S, parent_bound_command, tree_bound_command
 
 REPO = Path(__file__).resolve().parents[1]
 # a command's __main__ in miniature: start_command, then live 4 s and say so
@@ -284,6 +284,32 @@ def test_a_stopped_program_alone_under_the_supervisor_gets_its_grace(tmp_path: P
         assert cleaned.read_text() == "cleaned up"
 
 
+# a program alone that ignores SIGTERM: only SIGKILL ends it
+_IGNORING_PROGRAM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
+def test_a_stopped_program_alone_that_ignores_sigterm_is_killed_when_its_grace_ends(
+    tmp_path: Path,
+) -> None:
+    """Alone from the start, it has the whole grace (not LEFT_ALONE_S: it never had a
+    tree), and not a moment more: SIGKILL at the grace's end, and nothing of it is left."""
+    pid_file = tmp_path / "program.pid"
+    grace_s = LEFT_ALONE_S + 2.0
+    with _supervised([sys.executable, "-c", _IGNORING_PROGRAM, str(pid_file)], grace_s) as process:
+        program = _wait_for_pid(pid_file)
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGKILL
+        assert time.monotonic() - stopped >= grace_s
+        assert not _alive(program)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
 def test_a_stopped_launcher_that_ignores_sigterm_is_killed_once_its_children_are_gone(
     tmp_path: Path,
@@ -305,7 +331,7 @@ import signal, subprocess, sys, time
 child = subprocess.Popen(["sleep", "600"])
 def clean_up(number, frame):
     child.wait()
-    time.sleep(0.2)  # past the supervisor's look (every 50 ms), within its moment (2 s)
+    time.sleep(0.2)  # past the supervisor's look (every 50 ms), within LEFT_ALONE_S
     open(sys.argv[2], "w").write("cleaned up")
     sys.exit(5)
 signal.signal(signal.SIGTERM, clean_up)
@@ -316,7 +342,7 @@ time.sleep(600)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent binding is Linux's")
 def test_a_stopped_launcher_left_alone_has_a_moment_to_end_itself(tmp_path: Path) -> None:
-    """A launcher whose children have ended is given two seconds to end by itself (its own
+    """A launcher whose children have ended is given LEFT_ALONE_S to end by itself (its own
     cleanup, its own status: a Python launcher's, or coverage's saving its data) before
     SIGKILL; killed as soon as it was alone, it left a half-written file."""
     pid_file, cleaned = tmp_path / "child.pid", tmp_path / "cleaned"
