@@ -26,7 +26,7 @@ setup: $(STAMP)
 # PYTHONDONTWRITEBYTECODE is set: 10 s of imports instead of 4.5); pip is the fallback
 # where uv cannot be had. Every version is requirements.lock's (make lock): a store records
 # its pixel libraries' versions, so a release of one changes the bytes dvc.lock records
-# (docs/reproducibility.md, "The environment").
+# (docs/reproducibility.md, "The same versions").
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.12 or 3.11, or name one: 'make PYTHON=python3.11 ...'"; exit 1; }
 	$(PYTHON) -m venv $(VENV)

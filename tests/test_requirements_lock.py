@@ -3,7 +3,7 @@
 A store records the versions of the libraries that decide its bytes
 (:data:`wsi.store.provenance.PIXEL_AND_FILE_LIBRARIES`) and dvc.lock records the store's
 hash, so a release of any of them changes the bytes a fresh clone builds: imagecodecs
-2026.11.11 did, with every pixel the same (docs/reproducibility.md, "The environment").
+2026.11.11 did, with every pixel the same (docs/reproducibility.md, "The same versions").
 These tests hold the lock to pyproject.toml and the suite's environment to the lock."""
 
 from __future__ import annotations
