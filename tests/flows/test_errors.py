@@ -53,10 +53,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[int, str]:
+def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+                            timeout=300, env=env)  # fmt: skip
     return result.returncode, result.stdout + result.stderr
+
+
+@pytest.fixture()
+def harness_server() -> dict[str, str]:
+    """An environment whose ``PREFECT_API_URL`` is the flow tests' server (conftest.py's
+    harness), as a user's beside `make serve`: the script's runs report there, and do not
+    each start a server of their own (6-15 s of CPU each; the commands below that start
+    their own are flows.stage's, the sleeper's and the refusals')."""
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    assert api_url, "the flow tests' Prefect harness is not running"
+    return {**os.environ, "PREFECT_API_URL": api_url}
 
 
 @pytest.mark.parametrize(
@@ -68,11 +81,11 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, str]:
     ],
 )  # fmt: skip
 def test_an_expected_error_in_a_task_is_one_line_without_a_traceback(
-    tmp_path: Path, kind: str, status: int, line: str
+    tmp_path: Path, harness_server: dict[str, str], kind: str, status: int, line: str
 ) -> None:
     script = tmp_path / "command.py"
     script.write_text(SCRIPT)
-    code, output = _run(tmp_path, str(script), kind)
+    code, output = _run(tmp_path, str(script), kind, env=harness_server)
     assert code == status, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert [row for row in output.splitlines() if row.startswith("error:")] == [line]
@@ -80,11 +93,13 @@ def test_an_expected_error_in_a_task_is_one_line_without_a_traceback(
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
-def test_a_full_disk_is_one_line_that_names_the_file_and_exit_3(tmp_path: Path) -> None:
+def test_a_full_disk_is_one_line_that_names_the_file_and_exit_3(
+    tmp_path: Path, harness_server: dict[str, str]
+) -> None:
     script = tmp_path / "command.py"
     script.write_text(SCRIPT)
     table = tmp_path / "tables" / "accuracy.md"
-    code, output = _run(tmp_path, str(script), "full", str(table))
+    code, output = _run(tmp_path, str(script), "full", str(table), env=harness_server)
     assert code == 3, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert [row for row in output.splitlines() if row.startswith("error:")] == [
@@ -132,10 +147,12 @@ def test_a_prefect_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     assert raised.value.exit_status == 3
 
 
-def test_a_bug_keeps_its_traceback_and_says_where_to_report_it(tmp_path: Path) -> None:
+def test_a_bug_keeps_its_traceback_and_says_where_to_report_it(
+    tmp_path: Path, harness_server: dict[str, str]
+) -> None:
     script = tmp_path / "command.py"
     script.write_text(SCRIPT)
-    code, output = _run(tmp_path, str(script), "bug")
+    code, output = _run(tmp_path, str(script), "bug", env=harness_server)
     assert code == 1
     assert "Traceback" in output and "ZeroDivisionError: a bug" in output
     assert output.rstrip().splitlines()[-1] == (

@@ -96,9 +96,12 @@ def test_peaks_report_this_process() -> None:
 
 
 def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() -> None:
-    """configure_torch (in a fresh interpreter: it sets process-wide state): the allocator's
-    expandable segments unless the user chose, cuBLAS's deterministic workspace and torch's
-    deterministic mode when asked; the launcher gives a job's ranks the allocator too."""
+    """configure_torch (in a process of its own for each case: it sets process-wide state):
+    the allocator's expandable segments unless the user chose, cuBLAS's deterministic
+    workspace and torch's deterministic mode when asked; the launcher gives a job's ranks
+    the allocator too. Each case is a child forked from one interpreter that imported
+    torch, as a warm server forks its ranks (one import of torch, not one a case)."""
+    import json
     import subprocess
     import sys
 
@@ -106,28 +109,31 @@ def test_a_rank_takes_the_lean_allocator_and_deterministic_mode_before_cuda() ->
     from proxyfl.launch.placement import Placement
 
     probe = (
-        "import os, sys, torch\n"
+        "import json, os, sys, torch\n"
         "from proxyfl.engine.runtime import configure_torch\n"
-        "configure_torch(sys.argv[1] == 'on')\n"
-        "print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'),"
+        "for mode, extra in json.loads(sys.argv[1]):\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        os.environ.update(extra)\n"
+        "        configure_torch(mode == 'on')\n"
+        "        print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'),"
         " os.environ.get('CUBLAS_WORKSPACE_CONFIG'),"
         " torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,"
-        " torch.utils.deterministic.fill_uninitialized_memory)\n"
+        " torch.utils.deterministic.fill_uninitialized_memory, flush=True)\n"
+        "        os._exit(0)\n"
+        "    assert os.waitpid(child, 0)[1] == 0\n"
     )
     clean = {k: v for k, v in __import__("os").environ.items()
              if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")}  # fmt: skip
-
-    def run(mode: str, **extra: str) -> str:
-        done = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True,
-                              text=True, check=True, env={**clean, **extra})  # fmt: skip
-        return done.stdout.strip()
+    cases = [("on", {}), ("off", {}), ("on", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})]
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(cases)], capture_output=True,
+                          text=True, check=True, env=clean)  # fmt: skip
+    on, off, chosen = done.stdout.strip().splitlines()
 
     # deterministic, without torch's fill of fresh memory (proxyfl.engine.runtime)
-    assert run("on") == "expandable_segments:True :4096:8 True False False"
-    assert run("off") == "expandable_segments:True None False False False"
-    assert run("on", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128").startswith(
-        "max_split_size_mb:128 "
-    )
+    assert on == "expandable_segments:True :4096:8 True False False"
+    assert off == "expandable_segments:True None False False False"
+    assert chosen.startswith("max_split_size_mb:128 ")
     assert rank_environment(Placement())["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert (
         rank_environment(Placement(), {"PYTORCH_CUDA_ALLOC_CONF": "x"})["PYTORCH_CUDA_ALLOC_CONF"]

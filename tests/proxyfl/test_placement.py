@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +99,46 @@ def test_a_placement_of_two_minds_is_refused(placement: dict, refused: str) -> N
         Placement(**placement)
 
 
-def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -> None:
+# One process imports the warm server's modules as a server does, and says what that did:
+# whether MPI and Prefect were imported, what of torch's CUDA bindings was called (every
+# function of them wrapped to record its calls before the imports), and what the first
+# optimizer a rank builds then imports. One probe for the three tests below: each import
+# of them all costs a new interpreter 4-7 s of CPU.
+WARM_IMPORTS_PROBE = f"""
+import importlib, json, sys
+import torch
+called = []
+def recorded(name, function):
+    def call(*args, **kwargs):
+        called.append(name)
+        return function(*args, **kwargs)
+    return call
+for name in dir(torch._C):
+    if name.startswith(("_cuda_", "_cuda")) and callable(getattr(torch._C, name)):
+        setattr(torch._C, name, recorded(name, getattr(torch._C, name)))
+for name in {list(RANK_IMPORTS)!r}:
+    importlib.import_module(name)
+mpi, prefect = "mpi4py.MPI" in sys.modules, "prefect" in sys.modules
+cuda_initialized, cuda_called = torch.cuda.is_initialized(), sorted(set(called))
+before = set(sys.modules)
+torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+print(json.dumps({{"mpi": mpi, "prefect": prefect, "cuda_initialized": cuda_initialized,
+                  "cuda_called": cuda_called,
+                  "imported_by_an_optimizer": sorted(set(sys.modules) - before)}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def warm_imports() -> dict[str, Any]:
+    """What importing :data:`RANK_IMPORTS` did in a new interpreter (WARM_IMPORTS_PROBE)."""
+    result = subprocess.run([sys.executable, "-c", WARM_IMPORTS_PROBE], capture_output=True,
+                            text=True, cwd=REPO, check=True)  # fmt: skip
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone(
+    warm_imports: dict[str, Any],
+) -> None:
     """RANK_IMPORTS holds every module proxyfl.run's main imports once its input is checked
     (else each rank would still import it itself), and importing them all does not
     initialise MPI (the server forks the ranks: MPI must start in each) nor import
@@ -119,50 +160,25 @@ def test_the_warm_servers_imports_are_what_a_rank_defers_and_leave_mpi_alone() -
                 deferred.add(submodule if is_module else node.module)
     assert deferred <= set(RANK_IMPORTS), deferred - set(RANK_IMPORTS)
     assert {"torch", "opacus"} <= set(RANK_IMPORTS)
-    probe = ("import importlib, sys\n"
-             f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
-             "print('mpi4py.MPI' in sys.modules, 'prefect' in sys.modules)\n")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            cwd=REPO, check=True)  # fmt: skip
+    assert warm_imports["mpi"] is False
     # nor Prefect: a warm server is matched to its jobs with Prefect's settings left out
-    assert result.stdout.strip() == "False False"
+    assert warm_imports["prefect"] is False
 
 
-def test_the_warm_servers_imports_never_touch_cuda() -> None:
+def test_the_warm_servers_imports_never_touch_cuda(warm_imports: dict[str, Any]) -> None:
     """The warm server imports torch and then forks every rank: CUDA initialised (or even
     its driver asked for devices) before a fork breaks CUDA in the ranks. Every function of
     torch's CUDA bindings is wrapped to record its calls before the server's imports."""
-    probe = (
-        "import importlib, torch\n"
-        "called = []\n"
-        "def recorded(name, function):\n"
-        "    def call(*args, **kwargs):\n"
-        "        called.append(name)\n"
-        "        return function(*args, **kwargs)\n"
-        "    return call\n"
-        "for name in dir(torch._C):\n"
-        "    if name.startswith(('_cuda_', '_cuda')) and callable(getattr(torch._C, name)):\n"
-        "        setattr(torch._C, name, recorded(name, getattr(torch._C, name)))\n"
-        f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
-        "print(torch.cuda.is_initialized(), sorted(set(called)))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            cwd=REPO, check=True)  # fmt: skip
-    assert result.stdout.strip() == "False []"
+    assert warm_imports["cuda_initialized"] is False
+    assert warm_imports["cuda_called"] == []
 
 
-def test_a_ranks_first_optimizer_imports_nothing_the_server_did_not() -> None:
+def test_a_ranks_first_optimizer_imports_nothing_the_server_did_not(
+    warm_imports: dict[str, Any],
+) -> None:
     """torch's optimizers import torch._dynamo when the first one is built (0.85 s of CPU
     in every rank): the warm server imports it, so a forked rank does not."""
-    probe = ("import importlib, sys\n"
-             f"for name in {list(RANK_IMPORTS)!r}: importlib.import_module(name)\n"
-             "before = set(sys.modules)\n"
-             "import torch\n"
-             "torch.optim.Adam(torch.nn.Linear(2, 2).parameters())\n"
-             "print(sorted(set(sys.modules) - before))\n")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            cwd=REPO, check=True)  # fmt: skip
-    assert result.stdout.strip() == "[]"
+    assert warm_imports["imported_by_an_optimizer"] == []
 
 
 def test_a_warm_job_runs_each_rank_through_the_shim(tmp_path: Path) -> None:
