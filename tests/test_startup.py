@@ -12,9 +12,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# every flow command's module and the CLI's (each imports its subcommands on use)
+# every flow command's module and the CLI's (each imports its subcommands on use), and the
+# privacy planner's (`python -m proxyfl.privacy`: Opacus with its first ε, not its --help)
 COMMANDS = ("flows.pipeline", "flows.preprocess", "flows.train", "flows.canary",
-            "flows.audit", "flows.stage", "flows.report", "camelyon_proxyfl.cli")  # fmt: skip
+            "flows.audit", "flows.stage", "flows.report", "camelyon_proxyfl.cli",
+            "proxyfl.privacy.planned")  # fmt: skip
 ONLY_FOR_THE_WORK = ("torch", "opacus", "scipy.stats", "scipy.optimize", "matplotlib")
 
 

@@ -20,7 +20,10 @@ histopathology sizes (2338, 2726, 2937, 2841 and pooled 10842; B = 32, σ = 1.4,
 δ = 1e-5, 30 epochs) this gives ε = 2.36, 2.17, 2.08, 2.12 and 1.00: Table 2 exactly.
 
 Training reads its ε from its accountant's history through :func:`epsilon_from_history`,
-and ``python -m proxyfl.privacy`` feeds the planned history to the same function.
+and ``python -m proxyfl.privacy`` feeds the planned history to the same function. Opacus is
+imported by the first ε asked for, not with this module: importing it imports torch and
+scipy.stats (~4 s of a start on 2 cores), which ``python -m proxyfl.privacy --help``, a
+refusal of its input and the schedule's arithmetic never need.
 """
 
 from __future__ import annotations
@@ -30,10 +33,15 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from opacus.accountants import RDPAccountant
-from opacus.accountants.analysis import rdp as privacy_analysis
 
-RDP_ORDERS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS)
+
+@functools.cache
+def rdp_orders() -> tuple[float, ...]:
+    """The Rényi orders λ the minimum is taken over: Opacus' ``RDPAccountant`` defaults."""
+    from opacus.accountants import RDPAccountant
+
+    return tuple(RDPAccountant.DEFAULT_ALPHAS)
+
 
 # (noise multiplier σ, sample rate q, number of steps)
 HistoryEntry = tuple[float, float, int]
@@ -73,8 +81,10 @@ def _rdp_epsilon(steps: tuple[tuple[float, float, int], ...], delta: float) -> f
     asks for the same ε for its metrics, its log line and its rank record): the RDP of a
     segment of T steps is T times that of one step, summed over the segments, then
     converted to (ε, δ) by Opacus' ``get_privacy_spent``."""
+    from opacus.accountants.analysis import rdp as privacy_analysis
+
     rdp = sum([_rdp_of_one_step(sigma, q) * t for sigma, q, t in steps])
-    epsilon, _ = privacy_analysis.get_privacy_spent(orders=list(RDP_ORDERS), rdp=rdp,
+    epsilon, _ = privacy_analysis.get_privacy_spent(orders=list(rdp_orders()), rdp=rdp,
                                                     delta=delta)  # fmt: skip
     return float(epsilon)
 
@@ -82,10 +92,13 @@ def _rdp_epsilon(steps: tuple[tuple[float, float, int], ...], delta: float) -> f
 @functools.lru_cache(maxsize=64)
 def _rdp_of_one_step(sigma: float, q: float) -> np.ndarray:
     """Opacus' RDP of one sampled Gaussian step at every order: ~0.05 s of series over
-    RDP_ORDERS, the same for every round of a run, so computed once per (σ, q). Opacus'
-    ``compute_rdp(steps=T)`` is this array times T, the same floating-point product."""
+    :func:`rdp_orders`, the same for every round of a run, so computed once per (σ, q).
+    Opacus' ``compute_rdp(steps=T)`` is this array times T, the same floating-point
+    product."""
+    from opacus.accountants.analysis import rdp as privacy_analysis
+
     rdp = privacy_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
-                                       orders=list(RDP_ORDERS))  # fmt: skip
+                                       orders=list(rdp_orders()))  # fmt: skip
     rdp.flags.writeable = False  # shared by every caller through the cache
     return rdp
 
