@@ -22,6 +22,11 @@
 (e) ``--jobs`` such jobs in a row, as ``flows.train`` runs a flow's jobs: each with a warm
     server of its own (before) against one server kept for them all
     (:func:`proxyfl.launch.job.warm_ranks`, as the flows do now). Interleaved, medians.
+(f) A rank's end: a process forked from one that imported the ranks' modules (as a warm
+    server has) runs a step of torch, then the C library's ``exit``: with the destructors of
+    everything imported (before) against ending after the handlers registered since
+    (:func:`plumbing.exit_early.exit_here`, as ``proxyfl.run`` does now); the forked
+    process's CPU seconds (user + system), interleaved, median.
 
     python -m bench.bench_startup [--repeats N] [--test N] [--ranks N] [--jobs N]
 """
@@ -230,6 +235,40 @@ def bench_job(repeats: int, ranks: int) -> dict[str, float]:
             "cold_max": max(cold), "warm_max": max(warm)}  # fmt: skip
 
 
+_RANK_END = """\
+import ctypes, importlib, json, os, sys
+from plumbing.exit_early import exit_here
+from proxyfl.launch.job import RANK_IMPORTS
+for name in RANK_IMPORTS:
+    importlib.import_module(name)
+seconds = {"exit": [], "exit_here": []}
+for _ in range(int(sys.argv[1])):
+    for mode in seconds:  # interleaved
+        pid = os.fork()
+        if pid == 0:
+            if mode == "exit_here":
+                exit_here()
+            import torch
+            x = torch.randn(64, 64, requires_grad=True)
+            (x @ x).sum().backward()
+            ctypes.PyDLL(None).exit(0)
+        _, status, usage = os.wait4(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        seconds[mode].append(usage.ru_utime + usage.ru_stime)
+print(json.dumps(seconds))
+"""
+
+
+def bench_rank_end(repeats: int) -> dict[str, float]:
+    """(f): the forked rank's CPU seconds at its end, median, each way."""
+    import json
+
+    done = subprocess.run([sys.executable, "-c", _RANK_END, str(repeats)], cwd=REPO,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    seconds = json.loads(done.stdout)
+    return {mode: statistics.median(values) for mode, values in seconds.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_startup", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
@@ -277,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"    one server kept for the flow     {flow['kept']:6.2f} s   ratio "
         f"{flow['own'] / flow['kept']:.2f}x"
+    )
+    end = bench_rank_end(args.repeats)
+    print(f"(f) a forked rank's end, its CPU (user + system), median of {args.repeats}")
+    print(f"    exit with every destructor (before)  {end['exit']:6.3f} s")
+    print(
+        f"    ended after MPI's handlers (now)     {end['exit_here']:6.3f} s   ratio "
+        f"{end['exit'] / end['exit_here']:.1f}x"
     )
     return 0
 

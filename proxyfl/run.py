@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
+from plumbing.exit_early import exit_here, flush_c_streams
 from plumbing.output import adopt_passed_output
 from plumbing.processes import stoppable_by_launcher
 from plumbing.verified import record_digest
@@ -158,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """An MPI rank: this process is the rank, MPI's world its job."""
     adopt_passed_output()  # before any line: around the fork launcher's relay
     stoppable_by_launcher()
+    # before MPI_Init registers MPICH's exit handler, after a warm server's imports: the
+    # rank's exit runs MPICH's, then ends before torch's destructors (plumbing.exit_early)
+    exit_here()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -484,10 +488,12 @@ def leave(status: int) -> NoReturn:
     copies, page by page, the memory it shares with its server. Left frozen out of the
     collector instead, the same objects made nanobind (Triton's bindings) print ~100 lines
     of "leaked" types and functions per rank. So the rank ends as a C program does: the
-    interpreter's exit handlers (logging's flush among them), MPI finalised, the standard
-    streams flushed, then the C library's ``exit`` (whose handlers include MPICH's: it
-    tells the launcher the rank finalised) with the GIL held, should one of those handlers
-    call back into Python."""
+    interpreter's exit handlers (logging's flush, coverage's save), MPI finalised, Python's
+    and C's standard streams flushed, then the C library's ``exit`` (whose handlers include
+    MPICH's: it tells the launcher the rank finalised) with the GIL held, should one of
+    those handlers call back into Python. In a rank forked warm, that ``exit`` ends after
+    MPICH's handler, before the destructors of the libraries the server had loaded
+    (:func:`~plumbing.exit_early.exit_here`, in :func:`main`)."""
     from mpi4py import MPI
 
     atexit._run_exitfuncs()  # what the interpreter's own exit would run first
@@ -495,6 +501,7 @@ def leave(status: int) -> NoReturn:
         MPI.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
+    flush_c_streams()  # exit_here's _exit would leave them unflushed
     ctypes.PyDLL(None).exit(status)
     raise AssertionError("exit returned")  # pragma: no cover
 
