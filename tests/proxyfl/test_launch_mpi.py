@@ -206,6 +206,7 @@ LEAVING_RANK = """\
 import atexit, ctypes, os, sys, time
 from pathlib import Path
 from plumbing.exit_early import exit_here
+exit_here()  # as proxyfl.run.main does, before MPI_Init
 from mpi4py import MPI
 from proxyfl import run
 rank = MPI.COMM_WORLD.Get_rank()
@@ -215,9 +216,8 @@ atexit.register(lambda: (folder / f"exit_handler_{rank}").write_text("ran"))
 ctypes.CDLL(None).printf(b"rank %d pid %d: said in C\\n", ctypes.c_int(rank),
                          ctypes.c_int(os.getpid()))
 MPI.COMM_WORLD.Barrier()
-MPI.Finalize()
-exit_here()
 if rank == 0:  # rank 1 ends first: the launcher must know it finalised, or it stops rank 0
+    MPI.Finalize()
     time.sleep(1)
 run.leave(3 if rank == 1 else 0)
 """
