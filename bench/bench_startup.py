@@ -27,6 +27,12 @@
     everything imported (before) against ending after the handlers registered since
     (:func:`plumbing.exit_early.exit_here`, as ``proxyfl.run`` does now); the forked
     process's CPU seconds (user + system), interleaved, median.
+(g) A command's start and end with the cyclic collector walking its imports (before)
+    against paused while it imports and its imports frozen after (:mod:`plumbing.collector`,
+    as now): ``python -m flows.report --help`` (Prefect's imports, the interpreter's exit)
+    run as a module (now) and through ``runpy`` from ``-c`` (as before: nothing pauses); a
+    warm server's imports (``RANK_IMPORTS``, collected and frozen as the server does). Each
+    process's CPU seconds (user + system), fresh interpreters, interleaved, median.
 
     python -m bench.bench_startup [--repeats N] [--test N] [--ranks N] [--jobs N]
 """
@@ -34,6 +40,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -269,6 +276,48 @@ def bench_rank_end(repeats: int) -> dict[str, float]:
     return {mode: statistics.median(values) for mode, values in seconds.items()}
 
 
+_SERVER_IMPORTS = """\
+import gc, importlib, sys
+from plumbing.collector import imports_done, pause
+from proxyfl.launch.job import RANK_IMPORTS
+if sys.argv[1] == "paused":
+    pause()
+for name in RANK_IMPORTS:
+    importlib.import_module(name)
+gc.collect()
+imports_done() if sys.argv[1] == "paused" else gc.freeze()
+"""
+_FLOW_HELP_BEFORE = (
+    "import runpy, sys; sys.argv = ['flows.report', '--help']; "
+    "runpy.run_module('flows.report', run_name='__main__', alter_sys=True)"
+)
+
+
+def _cpu_seconds(command: list[str]) -> float:
+    """The CPU seconds (user + system) of ``command``'s process and what it waited for."""
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    return usage.ru_utime + usage.ru_stime
+
+
+def bench_collector(repeats: int) -> dict[str, float]:
+    """(g): median CPU seconds of each process, each way."""
+    commands = {
+        "flow before": [sys.executable, "-c", _FLOW_HELP_BEFORE],
+        "flow now": [sys.executable, "-m", "flows.report", "--help"],
+        "server before": [sys.executable, "-c", _SERVER_IMPORTS, "collected"],
+        "server now": [sys.executable, "-c", _SERVER_IMPORTS, "paused"],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, command in commands.items():  # interleaved
+            seconds[name].append(_cpu_seconds(command))
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_startup", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
@@ -324,6 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         f"    ended after MPI's handlers (now)     {end['exit_here']:6.3f} s   ratio "
         f"{end['exit'] / end['exit_here']:.1f}x"
     )
+    collector = bench_collector(args.repeats)
+    print(f"(g) a process's CPU (user + system) with the collector over its imports, median of "
+          f"{args.repeats}")  # fmt: skip
+    for what, label in (("flow", "python -m flows.report --help"),
+                        ("server", "a warm server's imports")):  # fmt: skip
+        before, now = collector[f"{what} before"], collector[f"{what} now"]
+        print(f"    {label:30s} collected (before) {before:6.2f} s   paused, frozen (now) "
+              f"{now:6.2f} s   ratio {before / now:.2f}x")  # fmt: skip
     return 0
 
 

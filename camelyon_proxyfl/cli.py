@@ -16,6 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from plumbing.collector import imports_uncollected
 from plumbing.processes import start_command
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    if argv is None:  # a command of its own: no collection walks its imports
+        with imports_uncollected():  # (plumbing.collector)
+            module = importlib.import_module(COMMANDS[name][0])
+    else:
+        module = importlib.import_module(COMMANDS[name][0])
     sys.argv[0] = f"camelyon-proxyfl {name}"
     return int(module.main(rest) or 0)
 

@@ -2,6 +2,11 @@
 
 import os
 
+from plumbing.collector import pause_while_a_command_imports
+
+# `python -m flows.X`: the collector off while X imports Prefect, until its __main__
+pause_while_a_command_imports()
+
 # Offline by default (these machines reach only package registries): no telemetry, and
 # time for a temporary server to start on a loaded machine. A user's own settings win.
 for _name, _value in {

@@ -29,6 +29,7 @@ from pathlib import Path
 from camelyon_proxyfl.params.base import enter_project
 from flows.server import ServerStartError, prefect_server
 from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError
+from plumbing.collector import imports_done
 from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
 
 POOL = "proxyfl"  # prefect.yaml's work pool
@@ -148,5 +149,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    imports_done()  # the collector on again (flows/__init__.py paused it)
     end_with_parent()
     sys.exit(main())

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from plumbing.collector import imports_done
 from plumbing.environment import environment_variable
 from plumbing.errors import PipelineError
 from plumbing.network import free_port
@@ -347,4 +348,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    imports_done()  # the collector on again (flows/__init__.py paused it)
     sys.exit(main())

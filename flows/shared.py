@@ -32,6 +32,7 @@ from camelyon_proxyfl.params.base import DEFAULT_PARAMS, enter_project, load_sec
 from camelyon_proxyfl.params.machine import MachineParams
 from flows.server import ServerStartError, prefect_server
 from plumbing.cli import ConfigError
+from plumbing.collector import imports_done
 from plumbing.kernels import pinned_environment
 from proxyfl.launch.job import warm_ranks
 from proxyfl.launch.placement import Placement
@@ -75,4 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    imports_done()  # the collector on again (flows/__init__.py paused it)
     sys.exit(main())

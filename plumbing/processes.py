@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plumbing.collector import imports_done
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -344,8 +346,10 @@ def stoppable_by_launcher() -> None:
 
 
 def start_command() -> None:
-    """For a command's ``__main__``: interruptible wherever it was started, and ended with
-    the process that ran it unless started detached."""
+    """For a command's ``__main__``: its imports done (the collector back on where its
+    package paused it: :mod:`plumbing.collector`), interruptible wherever it was started,
+    and ended with the process that ran it unless started detached."""
+    imports_done()
     interruptible()
     end_with_parent()
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from plumbing import warm_shim
+from plumbing.collector import imports_done, pause
 from plumbing.environment import environment_variable
 from plumbing.processes import die_with_parent
 
@@ -352,10 +353,11 @@ def server_main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     listener = socket.socket(fileno=int(args[0]))
     die_with_parent(int(args[1]))
+    pause()  # no collection walks the imports as they arrive (plumbing.collector)
     for name in filter(None, args[2].split(",")):
         importlib.import_module(name)
     gc.collect()
-    gc.freeze()  # what every rank shares stays out of its collections (and its pages)
+    imports_done()  # frozen: what every rank shares stays out of its collections (and pages)
     request = _Server(listener, control_fd=0).serve()
     if request is None:
         os._exit(0)  # nothing to flush; skips collecting torch at exit (~1 s of CPU)

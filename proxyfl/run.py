@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from plumbing.atomic import remove_stale_temporaries
 from plumbing.cli import ConfigError, Flag, add_model_flags, given, validate
+from plumbing.collector import imports_done, pause
 from plumbing.exit_early import exit_here, flush_c_streams
 from plumbing.output import adopt_passed_output
 from plumbing.processes import stoppable_by_launcher
@@ -258,6 +259,7 @@ def run_rank(comm: Any, argv: Sequence[str] | None = None, fault_record: bool = 
     )
     from proxyfl.trainer import ClientTrainer
 
+    imports_done()  # where the rank's __main__ paused the collector: frozen, then on again
     configure_torch(config.deterministic)  # before any CUDA work
     runtime, error = run_phase(lambda: make_runtime(comm, config.device, config.torch_threads))
     _fail_if_any(comm, error, label, run_dir)
@@ -530,6 +532,9 @@ def stopped() -> NoReturn:
 
 
 if __name__ == "__main__":
+    # the collector off until run_rank has imported torch, then torch's objects frozen
+    # (plumbing.collector): a rank ends by leave(), whose exit never collects them
+    pause()
     try:
         status = main()
     except KeyboardInterrupt:

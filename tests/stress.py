@@ -57,6 +57,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     # the warm server: forked ranks, their shims, signals passed on, queued requests
     "warm": ("tests/test_warm.py",),
+    # ranks that host several clients: one killed mid-round and resumed, a client failing
+    # mid-training, a run stopped and resumed on fewer ranks (one failed under a hog and
+    # a second worker's load, 2026-12-03: the resumed run's files were not the whole's)
+    "clients": ("tests/proxyfl/test_clients_mpi.py",),
     # Ctrl-C and SIGTERM through flows, process trees bound to their parents, file locks,
     # a killed preprocessing run's pool and server (one failed under a hog, 2026-12-01)
     "signals": (
