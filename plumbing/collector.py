@@ -4,10 +4,13 @@ A command imports its heavy modules once, as it starts: torch, ``torch._dynamo``
 (~400,000 objects: a training rank, a warm server), Prefect (~130,000: every flow command).
 They live as long as the process, and importing them makes next to no cyclic garbage, yet
 the collector walks them as they arrive: the newest objects every 700 allocations, the
-whole heap each time it has grown by a quarter (CPython 3.12). Measured with
-``gc.callbacks`` (AMD EPYC Zen 4, under load): 1.40 s of a rank's 6.80 s of imports and
-0.28 s of a flow command's 2.31 s were collections that freed nothing, and the collection
-the interpreter runs at its exit walks the heap once more (0.1-0.3 s).
+whole heap each time it has grown by a quarter (CPython 3.12). Counted with
+``gc.callbacks`` (AMD EPYC Zen 4, the machine loaded): 1.40 s of a rank's 6.80 s of
+imports and 0.28 s of a flow command's 2.31 s were collections that freed nothing, and the
+collection the interpreter runs at its exit walks the heap once more (0.1-0.3 s). Paused
+and frozen, a warm server's imports take 5.35 s of CPU instead of 6.41 s, and
+``python -m flows.report --help`` 1.95 s instead of 2.43 s (``python -m bench startup``,
+(g): medians of 7, the same machine quiet).
 
 :func:`pause` turns the collector off where a command starts; :func:`imports_done`, once
 the command has imported what it runs, moves every object it holds to the permanent
