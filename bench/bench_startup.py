@@ -33,6 +33,11 @@
     run as a module (now) and through ``runpy`` from ``-c`` (as before: nothing pauses); a
     warm server's imports (``RANK_IMPORTS``, collected and frozen as the server does). Each
     process's CPU seconds (user + system), fresh interpreters, interleaved, median.
+(h) A Prefect server's start, to its first healthy answer: ``prefect server start``
+    (before) against ``python -m flows.prefect_api`` (:func:`flows.server.prefect_server`
+    now), each on its own copy of one Prefect home whose database is migrated (as every
+    start after a home's first). The server's CPU seconds (user + system) when it first
+    answers, and the wall to it; interleaved, medians.
 
     python -m bench.bench_startup [--repeats N] [--test N] [--ranks N] [--jobs N]
 """
@@ -46,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,6 +324,50 @@ def bench_collector(repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in seconds.items()}
 
 
+def _server_start(command: Sequence[str], home: Path) -> tuple[float, float]:
+    """(h): ``command`` serving Prefect's API on a free port with ``home``: its CPU seconds
+    when it first answers, and the wall seconds to that answer."""
+    import psutil
+
+    from flows.server import prefect_server
+    from plumbing.environment import environment_variable
+
+    started = time.perf_counter()
+    with environment_variable("PREFECT_HOME", str(home)), prefect_server(command=command):
+        wall = time.perf_counter() - started
+        (server,) = psutil.Process().children()  # the server, exec'd by its bound command
+        times = server.cpu_times()
+    return times.user + times.system, wall
+
+
+def bench_prefect_server(repeats: int) -> dict[str, dict[str, float]]:
+    """(h): median CPU and wall seconds of a server's start, each way."""
+    import shutil
+
+    from flows.server import PREFECT_API_COMMAND, prefect_server
+    from plumbing.environment import environment_variable
+
+    prefect = str(Path(sys.executable).parent / "prefect")
+    commands: dict[str, Sequence[str]] = {"prefect server start": [prefect, "server", "start"],
+                "flows.prefect_api": PREFECT_API_COMMAND}  # fmt: skip
+    measured: dict[str, dict[str, list[float]]] = {
+        name: {"cpu": [], "wall": []} for name in commands
+    }
+    with tempfile.TemporaryDirectory() as work:
+        template = Path(work) / "migrated"
+        with environment_variable("PREFECT_HOME", str(template)), prefect_server():
+            pass  # the database migrated, the block types registered
+        for repeat in range(repeats):
+            for name, command in commands.items():  # interleaved
+                home = Path(work) / f"{name}-{repeat}"
+                shutil.copytree(template, home)
+                cpu, wall = _server_start(command, home)
+                measured[name]["cpu"].append(cpu)
+                measured[name]["wall"].append(wall)
+    return {name: {kind: statistics.median(values) for kind, values in figures.items()}
+            for name, figures in measured.items()}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_startup", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
@@ -381,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
         before, now = collector[f"{what} before"], collector[f"{what} now"]
         print(f"    {label:30s} collected (before) {before:6.2f} s   paused, frozen (now) "
               f"{now:6.2f} s   ratio {before / now:.2f}x")  # fmt: skip
+    server = bench_prefect_server(args.repeats)
+    print(f"(h) a Prefect server's start to its first answer (a migrated home), median of "
+          f"{args.repeats}")  # fmt: skip
+    before, now = server["prefect server start"], server["flows.prefect_api"]
+    for name, figures in server.items():
+        print(f"    {name:22s} CPU {figures['cpu']:6.2f} s   wall {figures['wall']:6.2f} s")
+    print(f"    ratio (before / now)   CPU {before['cpu'] / now['cpu']:5.2f}x    wall "
+          f"{before['wall'] / now['wall']:5.2f}x")  # fmt: skip
     return 0
 
 

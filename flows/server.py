@@ -26,7 +26,7 @@ import time
 import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -58,20 +58,25 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
+# Prefect's server as `prefect server start` runs it, started sooner (flows.prefect_api)
+PREFECT_API_COMMAND = (sys.executable, "-m", "flows.prefect_api")
+
+
 @contextlib.contextmanager
 def prefect_server(
     host: str = "127.0.0.1",
     port: int | None = None,
     timeout_s: float = 180.0,
     log_path: Path | None = None,
+    command: Sequence[str] = PREFECT_API_COMMAND,
 ) -> Iterator[str]:
-    """Start ``prefect server start`` and yield its API URL; stop it on exit.
+    """Start Prefect's server (``command``, which takes ``--host`` and ``--port``) and
+    yield its API URL; stop it on exit.
 
     The server is killed with the calling process if that dies first (Linux).
     """
     port = port or free_port(host)
     api_url = f"http://{host}:{port}/api"
-    prefect = Path(sys.executable).parent / "prefect"
     # its output is kept (in log_path, else a temporary file) for the error that says why
     # it did not start
     output = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
@@ -83,8 +88,7 @@ def prefect_server(
                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
                    **os.environ}  # fmt: skip
     server = subprocess.Popen(
-        parent_bound_command([str(prefect), "server", "start", "--host", host,
-                              "--port", str(port)]),
+        parent_bound_command([*command, "--host", host, "--port", str(port)]),
         stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=environment,
     )  # fmt: skip
     try:
@@ -102,7 +106,7 @@ def prefect_server(
             # command wait 0.25 s longer on average for its server
         yield api_url
     finally:
-        stop_tree(server.pid)  # `prefect server start` and the uvicorn it runs
+        stop_tree(server.pid)  # the server and anything it started
         server.wait()
         output.close()
 

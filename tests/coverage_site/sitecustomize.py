@@ -5,7 +5,8 @@
 inherits both, and runs this file as it starts: pytest and its workers, MPI ranks and the
 warm server they fork from, flow, CLI and bench commands, DVC's stage commands, slide and
 pool workers. Each starts measuring itself, except the tools whose code is not this
-project's: Prefect's server and CLI, uvicorn, DVC's own command and MkDocs, FLARE's
+project's: Prefect's server (``flows.prefect_api`` too: a dozen lines of ours before
+Prefect's serving) and CLI, uvicorn, DVC's own command and MkDocs, FLARE's
 server and ``nvflare provision`` (a FLARE site is measured: it runs our job launcher, and
 the server's job process our controller). Measuring them measured nothing of ours and
 slowed them by half (coverage's tracer sees every call: a Prefect server took 4.6 s to
@@ -17,7 +18,8 @@ import sys
 
 CONFIG_ENV = "CAMELYON_PROXYFL_TEST_COVERAGE"
 NOT_OURS = frozenset({"prefect", "uvicorn", "dvc", "mkdocs", "nvflare.cli",
-                      "nvflare.private.fed.app.server.server_train"})  # fmt: skip
+                      "nvflare.private.fed.app.server.server_train",
+                      "flows.prefect_api"})  # fmt: skip
 
 
 def program(argv: list[str]) -> str:

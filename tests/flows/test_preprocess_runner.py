@@ -42,8 +42,8 @@ def _flags(root: Path, out: Path, runner: str, workers: int = 2) -> list[str]:
 
 
 def is_prefect_server(command_line: str) -> bool:
-    """``prefect server start`` (flows.server), or a temporary server (uvicorn)."""
-    return " server start " in command_line or "uvicorn" in command_line
+    """Prefect's server (flows.server's, flows.prefect_api), or a temporary one (uvicorn)."""
+    return "flows.prefect_api" in command_line or "uvicorn" in command_line
 
 
 def is_spawned_worker(command_line: str) -> bool:
@@ -170,7 +170,8 @@ def test_a_run_and_its_pool_workers_report_to_one_prefect_server(pool_run: PoolR
     assert pool_run.descendants.workers_seen() >= 2, "the tasks ran in pool workers"
     assert pool_run.descendants.most_servers == 1, "one server for the flow and its workers"
     servers = [c for c in pool_run.descendants.seen.values() if is_prefect_server(c)]
-    assert len(servers) == 1 and " server start " in servers[0], servers
+    # flows.server's (not a temporary one of Prefect's: uvicorn)
+    assert len(servers) == 1 and " -m flows.prefect_api " in servers[0], servers
 
 
 def test_a_local_dask_cluster_builds_the_same_stores_as_the_process_pool(
