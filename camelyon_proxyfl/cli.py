@@ -12,6 +12,7 @@ command's module is imported (Prefect and torch load only where they are needed)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -58,10 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    if argv is None:  # a command of its own: no collection walks its imports
-        with imports_uncollected():  # (plumbing.collector)
-            module = importlib.import_module(COMMANDS[name][0])
-    else:
+    # a command of its own: no collection walks its imports (plumbing.collector); called
+    # in-process (argv given), the caller's collector is left as it is
+    with imports_uncollected() if argv is None else contextlib.nullcontext():
         module = importlib.import_module(COMMANDS[name][0])
     sys.argv[0] = f"camelyon-proxyfl {name}"
     return int(module.main(rest) or 0)

