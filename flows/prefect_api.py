@@ -24,7 +24,6 @@ It spares two costs of every start, neither of them serving:
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
 import prefect
@@ -39,28 +38,11 @@ from prefect.settings import (
 )
 
 from plumbing.collector import imports_done
+from plumbing.network import port_taken
 
 # What the app's start loads for the block registry's hash, loaded (once, cached) while
 # `python -m flows.prefect_api` imports, with the collector paused (flows/__init__.py)
 prefect.plugins.load_prefect_collections()
-
-
-def port_taken(host: str, port: int) -> str | None:
-    """Why the server cannot listen on ``host``:``port`` (in the words of ``prefect server
-    start``'s same check), or None where it can."""
-    try:
-        family, kind, protocol, _, address = socket.getaddrinfo(
-            host, port, socket.AF_UNSPEC, socket.SOCK_STREAM
-        )[0]
-        with socket.socket(family, kind, protocol) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except socket.gaierror:
-        return f"Invalid host '{host}'. Please specify a valid hostname or IP address."
-    except OSError:
-        return (f"Port {port} is already in use. Please specify a different port with the "
-                "`--port` flag.")  # fmt: skip
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=4200, help="API and UI port")
     args = parser.parse_args(argv)
-    refused = port_taken(args.host, args.port)
-    if refused:
-        print(refused, file=sys.stderr)
+    if port_taken(args.port, args.host):  # in the words of `prefect server start`
+        print(f"Port {args.port} is already in use. Please specify a different port with "
+              "the `--port` flag.", file=sys.stderr)  # fmt: skip
         return 1
     uvicorn.run(
         app=create_app(final=True),

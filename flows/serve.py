@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from camelyon_proxyfl.params.base import enter_project
 from flows.server import ServerStartError, prefect_server
 from plumbing.cli import EXIT_BAD_PARAMETERS, ConfigError
 from plumbing.collector import imports_done
+from plumbing.network import port_taken
 from plumbing.processes import end_with_parent, parent_bound_command, stop_tree
 
 POOL = "proxyfl"  # prefect.yaml's work pool
@@ -38,15 +38,6 @@ WORKER_STOP_SECONDS = 4.0  # for the worker to stop by itself before SIGKILL: Ct
 
 class ServeError(RuntimeError):
     """A step of serving failed; the message says which and holds its output."""
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _prefect(env: dict[str, str], *args: str) -> str:
@@ -77,7 +68,7 @@ def serve(host: str, port: int, pool: str) -> int:
     """Server, pool, deployments, worker; blocks until Ctrl-C (or SIGTERM), then stops all."""
     if not Path("prefect.yaml").is_file():
         raise ServeError(f"no prefect.yaml in {Path.cwd()}: run this from the repository root")
-    if not _port_is_free(host, port):
+    if port_taken(port, host):
         raise ServeError(
             f"{host}:{port} is in use (another Prefect server?): stop it, or give --port"
         )
