@@ -37,7 +37,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from plumbing.atomic import remove_stale_temporaries, write_json, write_text
+from plumbing.atomic import parse_temporary, remove_stale_temporaries, write_json, write_text
 from plumbing.errors import PipelineError
 from plumbing.locks import exclusive
 from plumbing.verified import DamagedFileError, record_digest, verify
@@ -176,8 +176,10 @@ def read_recorded_run(run_dir: Path) -> RecordedRun:
     """The state of ``run_dir`` from its ``run.json`` (else its ``config.json``: a launch
     whose ranks never started training); an empty or absent directory is ABSENT."""
     run_dir = Path(run_dir)
-    # a launch cut short before its job wrote anything leaves its inputs.json alone
-    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {INPUTS_FILE}:
+    # a launch cut short before its job wrote anything leaves its inputs.json alone, and
+    # one killed inside an atomic write (of inputs.json, config.json) a temporary: neither
+    # records a run (the launch that resumes here removes the dead writers' temporaries)
+    if not run_dir.is_dir() or _records(run_dir) <= {INPUTS_FILE}:
         return RecordedRun(run_dir, RunState.ABSENT)
     inputs = _json_object(run_dir / INPUTS_FILE)
     run = _json_object(run_dir / RUN_FILE)
@@ -195,6 +197,11 @@ def read_recorded_run(run_dir: Path) -> RecordedRun:
         except ValueError:
             fingerprint = None
     return RecordedRun(run_dir, RunState.UNFINISHED, fingerprint, inputs)
+
+
+def _records(run_dir: Path) -> set[str]:
+    """The names in ``run_dir`` but the temporaries of atomic writes."""
+    return {p.name for p in run_dir.iterdir() if parse_temporary(p) is None}
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:

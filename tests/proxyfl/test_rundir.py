@@ -102,6 +102,31 @@ def test_a_resumed_run_loses_the_temporaries_of_the_job_killed_in_it(
     assert (run_dir / "metrics.jsonl").exists()  # the run itself is kept whole
 
 
+@pytest.mark.parametrize("torn", ["inputs.json", "config.json"])
+def test_a_launch_killed_inside_its_first_writes_left_no_run(
+    data: Path, tmp_path: Path, torn: str
+) -> None:
+    """A launch killed while writing inputs.json or config.json (before its job wrote
+    anything) leaves that file's temporary: no run, so the next launch starts, and removes
+    it (CI stop 91: a campaign's train killed at 17.4 s was refused as "an unfinished run
+    whose configuration was not recorded")."""
+    run_dir = tmp_path / "runs" / "FedAvg" / "seed_0"
+    config = _config(data, run_dir)
+    if torn == "config.json":
+        prepare(plan_launch(config), config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    temporary = run_dir / f".{torn}.{_dead_pid()}.tmp"
+    temporary.write_text('{"algorithm": "Fed')
+    assert read_recorded_run(run_dir).state is RunState.ABSENT
+    assert not holds_another_configuration(config)
+    plan = plan_launch(config)
+    assert plan.action is Action.START
+    prepare(plan, config)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["inputs.json"]
+    (run_dir / "metrics.jsonl").write_text("{}\n")  # but a file of the job's is a run
+    assert read_recorded_run(run_dir).state is RunState.UNFINISHED
+
+
 def _dead_pid() -> int:
     """The PID of a process that has exited (and was reaped)."""
     child = subprocess.Popen(["true"])
